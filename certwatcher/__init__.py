@@ -1,0 +1,1 @@
+"""Serving-certificate reload and caBundle sync. Depends on nothing else in sidecarctl."""

@@ -1,0 +1,1 @@
+"""The /inject admission webhook, its injection engine, and the `sidecarctl` command line."""
