@@ -1,0 +1,162 @@
+"""List-then-watch into an in-memory cache, the way client-go's reflector does it.
+
+Why our own: the official client's Watch retries a 410 once with the same stale resourceVersion
+and then gives up, and without a client-side timeout a dead connection hangs forever. Here:
+paginated list, watch from the list's resourceVersion with bookmarks, resume from the newest
+resourceVersion seen after a normal stream end, re-list on 410 Gone (emitting the difference as
+events so consumers converge), finite timeouts, jittered exponential backoff on errors.
+
+Objects pass through `transform` before they are stored, so the controller can keep small pod
+projections instead of whole pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from sidecarsets import kubeapi
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.metrics import WATCH_RESTARTS
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# (event type, old value or None, new value or None); event type is ADDED, MODIFIED or DELETED.
+Handler = Callable[[str, Any, Any], None]
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+class Informer(Generic[T]):
+    """Keeps `store` (key → transformed object) in step with the API server."""
+
+    def __init__(
+        self,
+        client: kubeapi.KubeClient,
+        path: str,
+        *,
+        name: str,
+        transform: Callable[[JsonObj], T],
+        handler: Handler | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.path = path
+        self.name = name
+        self.transform = transform
+        self.handler = handler
+        self.params: dict[str, str | int] = {}
+        if label_selector:
+            self.params["labelSelector"] = label_selector
+        if field_selector:
+            self.params["fieldSelector"] = field_selector
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.max_backoff = max_backoff
+        self.store: dict[str, T] = {}
+        self.synced = asyncio.Event()
+        self.resource_version = ""
+        self.relists = 0
+
+    def _emit(self, kind: str, old: T | None, new: T | None) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler(kind, old, new)
+        except Exception:  # a consumer bug must not stop the cache
+            log.exception("informer %s: handler failed on %s", self.name, kind)
+
+    async def _list(self) -> None:
+        fresh: dict[str, T] = {}
+        cont = ""
+        rv = ""
+        while True:
+            params = {**self.params, "limit": self.page_size}
+            if cont:
+                params["continue"] = cont
+            page = await self.client.get(self.path, params=params)
+            for item in page.get("items") or []:
+                fresh[object_key(item)] = self.transform(item)
+            meta = page.get("metadata") or {}
+            rv = str(meta.get("resourceVersion") or "")
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                break
+        old = self.store
+        self.store = fresh
+        self.resource_version = rv
+        for key, value in fresh.items():
+            prev = old.get(key)
+            if prev is None:
+                self._emit("ADDED", None, value)
+            elif prev != value:
+                self._emit("MODIFIED", prev, value)
+        for key, prev in old.items():
+            if key not in fresh:
+                self._emit("DELETED", prev, None)
+        self.relists += 1
+        self.synced.set()
+
+    def _apply(self, event: JsonObj) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self.resource_version = str(rv)
+        if kind == "BOOKMARK":
+            return
+        key = object_key(obj)
+        if kind == "DELETED":
+            prev = self.store.pop(key, None)
+            self._emit("DELETED", prev, None)
+            return
+        value = self.transform(obj)
+        prev = self.store.get(key)
+        self.store[key] = value
+        self._emit("ADDED" if prev is None else "MODIFIED", prev, value)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set. Never raises for API or network errors: it backs off and retries."""
+        backoff = 0.2
+        need_list = True
+        while not stop.is_set():
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                timeout = self.watch_timeout + random.randint(0, max(1, self.watch_timeout // 5))
+                async for event in self.client.watch(
+                    self.path, resource_version=self.resource_version, timeout_seconds=timeout, params=self.params
+                ):
+                    self._apply(event)
+                    backoff = 0.2
+                    if stop.is_set():
+                        return
+                # A normal end of the stream: resume from the newest resourceVersion we saw.
+            except kubeapi.Gone:
+                log.info("informer %s: resourceVersion %s expired, listing again", self.name, self.resource_version)
+                WATCH_RESTARTS.labels(self.name, "gone").inc()
+                need_list = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
+                WATCH_RESTARTS.labels(self.name, "error").inc()
+                log.warning("informer %s: watch failed (%s), retrying in %.1fs", self.name, e, backoff)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, self.max_backoff)
+                if not self.resource_version:
+                    need_list = True

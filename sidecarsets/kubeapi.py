@@ -1,0 +1,249 @@
+"""A small async Kubernetes API client that speaks raw JSON.
+
+Why not the generated client: its pydantic models cost time and memory per object, drop
+fields they do not know, and its watch helper retries a 410 with the stale resourceVersion.
+The controller and the webhook's template store need list, watch, get, create, update, patch
+and delete on plain JSON, with finite timeouts and typed errors; that fits in one module over
+aiohttp (already a dependency of `kubernetes` >= 37). Credentials come from the official
+client's kubeconfig / in-cluster loaders, so exec plugins and token refresh keep working.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from sidecarsets.jsontypes import JsonObj
+
+PATCH_TYPES = {
+    "json": "application/json-patch+json",
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+
+
+class ApiError(Exception):
+    """An error status from the API server, with the Status object's reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str, body: JsonObj | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = body or {}
+
+
+class NotFound(ApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: resourceVersion mismatch, or AlreadyExists on create (see `.reason`)."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion is too old; the caller must list again."""
+
+
+class Invalid(ApiError):
+    """422: the object or patch was rejected (includes a failed JSON Patch `test`)."""
+
+
+_ERRORS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
+
+
+def error_from_status(status: int, body: Any) -> ApiError:
+    reason, message = "", ""
+    if isinstance(body, dict):
+        reason = str(body.get("reason") or "")
+        message = str(body.get("message") or "")
+    else:
+        message = str(body)[:500]
+    return _ERRORS.get(status, ApiError)(status, reason, message, body if isinstance(body, dict) else None)
+
+
+@dataclass
+class ClusterConfig:
+    """Where the API server is and how to authenticate; built once, used by every request."""
+
+    server: str
+    ssl_context: ssl.SSLContext | None
+    headers: Callable[[], dict[str, str]] = field(default=lambda: {})
+
+
+def _config_from_official(cfg: Any) -> ClusterConfig:
+    ctx: ssl.SSLContext | None = None
+    if cfg.host.startswith("https"):
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.verify_ssl else ssl._create_unverified_context()
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        if not cfg.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+
+    def headers() -> dict[str, str]:
+        token = cfg.get_api_key_with_prefix("authorization")  # runs the refresh hook
+        return {"Authorization": token} if token else {}
+
+    return ClusterConfig(server=cfg.host.rstrip("/"), ssl_context=ctx, headers=headers)
+
+
+def load_config(kubeconfig: str | None = None, *, context: str | None = None) -> ClusterConfig:
+    """Kubeconfig when given (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
+    from kubernetes import client, config  # the loaders only; imported lazily, they are slow to import
+
+    cfg = client.Configuration()
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            return _config_from_official(cfg)
+        except config.ConfigException:
+            pass
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context, client_configuration=cfg
+    )
+    return _config_from_official(cfg)
+
+
+class KubeClient:
+    """One aiohttp session per process; every call has a finite timeout."""
+
+    def __init__(self, config: ClusterConfig, *, timeout: float = 30.0, user_agent: str = "sidecarctl") -> None:
+        self.config = config
+        self.timeout = timeout
+        self._user_agent = user_agent
+        self._session: aiohttp.ClientSession | None = None
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context or False, limit=64)
+            self._session = aiohttp.ClientSession(connector=conn, json_serialize=lambda o: orjson.dumps(o).decode())
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        h = {"Accept": "application/json", "User-Agent": self._user_agent, **self.config.headers()}
+        if content_type:
+            h["Content-Type"] = content_type
+        return h
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Any:
+        data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
+        to = aiohttp.ClientTimeout(total=timeout or self.timeout)
+        async with self._sess().request(
+            method,
+            self.config.server + path,
+            params={k: str(v) for k, v in (params or {}).items()},
+            data=data,
+            headers=self._headers(content_type if data is not None else None),
+            timeout=to,
+        ) as resp:
+            raw = await resp.read()
+            try:
+                parsed = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                parsed = raw.decode(errors="replace")
+            if resp.status >= 400:
+                raise error_from_status(resp.status, parsed)
+            return parsed
+
+    async def get(self, path: str, *, params: Mapping[str, str | int] | None = None) -> JsonObj:
+        result: JsonObj = await self.request("GET", path, params=params)
+        return result
+
+    async def create(self, path: str, body: JsonObj, *, params: Mapping[str, str | int] | None = None) -> JsonObj:
+        result: JsonObj = await self.request("POST", path, body=body, params=params)
+        return result
+
+    async def update(self, path: str, body: JsonObj, *, params: Mapping[str, str | int] | None = None) -> JsonObj:
+        result: JsonObj = await self.request("PUT", path, body=body, params=params)
+        return result
+
+    async def patch(
+        self,
+        path: str,
+        body: Any,
+        *,
+        patch_type: str = "merge",
+        params: Mapping[str, str | int] | None = None,
+    ) -> JsonObj:
+        result: JsonObj = await self.request(
+            "PATCH", path, body=body, params=params, content_type=PATCH_TYPES[patch_type]
+        )
+        return result
+
+    async def delete(self, path: str, *, params: Mapping[str, str | int] | None = None) -> Any:
+        return await self.request("DELETE", path, params=params)
+
+    async def watch(
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        params: Mapping[str, str | int] | None = None,
+    ) -> AsyncIterator[JsonObj]:
+        """Yield watch events until the server closes the stream.
+
+        Raises Gone when the server says the resourceVersion is too old (as an HTTP 410 or as
+        an ERROR event with code 410), so the caller re-lists. The client-side timeout is a
+        little longer than the server-side one: a silent network loss cannot hang us forever.
+        """
+        query = {
+            **(params or {}),
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+        }
+        to = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=timeout_seconds + 30)
+        async with self._sess().get(
+            self.config.server + path,
+            params={k: str(v) for k, v in query.items()},
+            headers=self._headers(),
+            timeout=to,
+        ) as resp:
+            if resp.status >= 400:
+                raw = await resp.read()
+                try:
+                    parsed: Any = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    parsed = raw.decode(errors="replace")
+                raise error_from_status(resp.status, parsed)
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event: JsonObj = orjson.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise error_from_status(int(status.get("code") or 500), status)
+                    yield event

@@ -1,0 +1,32 @@
+"""Prometheus collectors of the SidecarSet side: watches, reconciles, in-place upgrades.
+
+Module-level collectors in the default registry, so `/metrics` exposes them wherever they are
+incremented; names follow Prometheus conventions with the `sidecarctl_` prefix.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+WATCH_RESTARTS = Counter(
+    "sidecarctl_watch_restarts_total",
+    "Watch streams restarted, by informer and cause (gone = re-list after 410, error = network or API error).",
+    ["informer", "cause"],
+)
+RECONCILES = Counter(
+    "sidecarctl_reconciles_total",
+    "SidecarSet reconciles by result (success, error, requeue).",
+    ["result"],
+)
+INPLACE_UPGRADES = Counter(
+    "sidecarctl_inplace_upgrades_total",
+    "Pod sidecar in-place upgrade patches by result (patched, conflict, gone, error).",
+    ["result"],
+)
+PODS_NOT_UPGRADABLE = Gauge(
+    "sidecarctl_pods_not_upgradable",
+    "Matched pods whose sidecars differ from their SidecarSet in more than the image.",
+    ["sidecarset"],
+)
+TRACKED_PODS = Gauge("sidecarctl_tracked_pods", "Injected pods held as projections by the controller.")
+IS_LEADER = Gauge("sidecarctl_leader", "1 while this replica holds the controller Lease.")

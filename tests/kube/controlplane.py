@@ -1,0 +1,310 @@
+"""A real etcd + kube-apiserver (+ kube-controller-manager) on 127.0.0.1, for end-to-end tests.
+
+The envtest pattern, in Python: binaries built once per machine from Go modules
+(tools/build-control-plane.sh) or taken from $KUBEBUILDER_ASSETS; random loopback ports;
+throwaway certificates; an admin kubeconfig. Every child gets PR_SET_PDEATHSIG so that a test
+run that is killed (even with SIGKILL) takes its control plane with it, and each run works in
+its own temp dir with its own ports, so two runs on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from tests.kube.pki import CA, key_pem, write
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "tools" / "build-control-plane.sh"
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be provisioned or started; the message says why and what to do."""
+
+
+def binaries_dir() -> Path:
+    """Directory with etcd and kube-apiserver: $KUBEBUILDER_ASSETS, or the per-machine build cache."""
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ControlPlaneError(proc.stderr.strip() or f"{BUILD_SCRIPT} failed with exit code {proc.returncode}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGKILL it when the test process dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.setpgrp()
+
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: None
+  userGroups: ["system:nodes"]
+- level: Metadata
+"""
+
+
+class ControlPlane:
+    """etcd, kube-apiserver and (when built) kube-controller-manager, started and stopped together."""
+
+    def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, controller_manager: bool = True):
+        self.bin_dir = bin_dir or binaries_dir()
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sidecarctl-cp-"))
+        self.want_kcm = controller_manager and (self.bin_dir / "kube-controller-manager").exists()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.port = 0
+        self.url = ""
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit_log = self.workdir / "audit.log"
+
+    # -- certificates -------------------------------------------------------------------------
+    def _pki(self) -> None:
+        d = self.workdir / "pki"
+        d.mkdir(exist_ok=True)
+        self.serving_ca = CA.new("sidecarctl-test-serving-ca")
+        self.client_ca = CA.new("sidecarctl-test-client-ca")
+        crt, key = self.serving_ca.issue("kube-apiserver", dns=("localhost", "kubernetes"), ips=("127.0.0.1",))
+        write(d / "apiserver.crt", crt)
+        write(d / "apiserver.key", key)
+        write(d / "serving-ca.crt", self.serving_ca.pem)
+        write(d / "client-ca.crt", self.client_ca.pem)
+        self.admin_cert, self.admin_key = self.client_ca.issue("admin", organizations=("system:masters",), client=True)
+        write(d / "admin.crt", self.admin_cert)
+        write(d / "admin.key", self.admin_key)
+        sa = CA.new("service-account-signer")
+        write(d / "sa.key", key_pem(sa.key))
+        write(d / "sa.crt", sa.pem)
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
+
+    def _write_kubeconfig(self) -> None:
+        pki = self.workdir / "pki"
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "test", "cluster": {"server": self.url, "certificate-authority": str(pki / "serving-ca.crt")}}
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")},
+                }
+            ],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin"}}],
+            "current-context": "test",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(cfg))
+
+    def token_kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
+        cfg = yaml.safe_load(self.kubeconfig.read_text())
+        cfg["users"] = [{"name": "admin", "user": {"token": token}}]
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    # -- processes ----------------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self.procs[name] = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+        log.close()
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _wait(self, name: str, probe: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            try:
+                if probe():
+                    return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.1)
+        raise ControlPlaneError(f"{name} not ready after {timeout}s:\n{self.log_tail(name)}")
+
+    def _admin_ssl(self) -> ssl.SSLContext:
+        pki = self.workdir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "serving-ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, context=self._admin_ssl(), timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def start(self, *, attempts: int = 3) -> ControlPlane:
+        self._pki()
+        last: Exception | None = None
+        for _ in range(attempts):
+            try:
+                self._start_once()
+                return self
+            except ControlPlaneError as e:  # most often a port taken between probe and bind
+                last = e
+                self._kill_all()
+        raise ControlPlaneError(f"control plane failed to start {attempts} times; last error: {last}")
+
+    def _start_once(self) -> None:
+        pki = self.workdir / "pki"
+        etcd_port, peer_port = free_port(), free_port()
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        data = self.workdir / f"etcd-{etcd_port}"
+        self._spawn(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                f"--data-dir={data}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+
+        def etcd_ok() -> bool:
+            with urllib.request.urlopen(etcd_url + "/health", timeout=2) as r:
+                return bool(r.status == 200)
+
+        self._wait("etcd", etcd_ok, 30)
+
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--etcd-prefix=/registry-{etcd_port}",
+                f"--secure-port={self.port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # The default endpoint reconciler refuses loopback addresses.
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'client-ca.crt'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--authorization-mode=RBAC",
+                f"--service-account-issuer=https://127.0.0.1:{self.port}/",
+                f"--service-account-key-file={pki / 'sa.crt'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=0",
+                "--max-requests-inflight=2000",
+                "--max-mutating-requests-inflight=1000",
+                "--v=0",
+            ],
+        )
+        self._wait("kube-apiserver", lambda: self._get("/readyz")[0] == 200, 60)
+        self._write_kubeconfig()
+        if self.want_kcm:
+            self._spawn(
+                "kube-controller-manager",
+                [
+                    str(self.bin_dir / "kube-controller-manager"),
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--authentication-kubeconfig={self.kubeconfig}",
+                    f"--authorization-kubeconfig={self.kubeconfig}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    "--secure-port=0",
+                    f"--service-account-private-key-file={pki / 'sa.key'}",
+                    f"--root-ca-file={pki / 'serving-ca.crt'}",
+                    "--use-service-account-credentials=false",
+                    # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
+                    "--controllers=*,-nodelifecycle,-cloud-node-lifecycle,-nodeipam,-service-lb-controller",
+                    "--concurrent-gc-syncs=5",
+                    "--v=0",
+                ],
+            )
+
+            def sa_ready() -> bool:
+                return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+            self._wait("kube-controller-manager", sa_ready, 60)
+
+    @staticmethod
+    def _stop_one(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def _kill_all(self) -> None:
+        # Reverse start order: controller-manager and apiserver first, so nothing writes to a dying etcd.
+        for name in reversed(list(self.procs)):
+            self._stop_one(self.procs.pop(name))
+
+    def stop(self) -> None:
+        self._kill_all()
+        if self._own_workdir and not os.environ.get("SIDECARCTL_KEEP_CP"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":  # manual use: python -m tests.kube.controlplane
+    cp = ControlPlane().start()
+    print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cp.stop()
+        sys.exit(0)
