@@ -1,0 +1,670 @@
+#!/usr/bin/env python3
+"""Generate the SidecarSet CustomResourceDefinition (config/crd/sidecarctl.io_sidecarsets.yaml).
+
+Why a generator: the CRD carries a structural schema, and the API server prunes every field the
+schema does not name. A SidecarSet embeds whole core/v1 Containers and Volumes, so a hand-written
+schema that misses one field (a new probe option, a new volume source) silently deletes it from
+users' sidecars. The kube-apiserver publishes the exact core/v1 schemas in its OpenAPI v3
+document; this script inlines them the way controller-gen would, so the schema tracks the
+Kubernetes version we build against instead of a memory of it.
+
+Regenerate (stdlib + PyYAML only), from the repository root:
+
+    .venv/bin/python tools/gen_crd.py \
+        --openapi /root/go/pkg/mod/k8s.io/kubernetes@v1.37.2/api/openapi-spec/v3/api__v1_openapi.json
+
+`--check` compares instead of writing and exits 1 when the committed file is stale. Without
+`--openapi` the document is looked up in $GOMODCACHE (or ~/go/pkg/mod) for KUBERNETES_VERSION.
+
+Conversions (what an apiextensions.k8s.io/v1 schema does not allow, or what would hurt users):
+- every `$ref` is inlined; `allOf: [$ref]` wrappers are flattened;
+- IntOrString -> `x-kubernetes-int-or-string: true` + `anyOf: [{type: integer}, {type: string}]`;
+  Quantity -> the same plus the Quantity pattern (a YAML float such as `cpu: 0.5` is therefore
+  rejected, exactly as in every controller-gen CRD; write `500m` or `"0.5"`);
+  metav1.Time -> `string`/`date-time`; FieldsV1 -> object with preserved unknown fields;
+- `default`s of nested Kubernetes fields are dropped (they are zero values or pod-level defaults
+  the API server applies to the pod anyway; applied here they would rewrite users' SidecarSets),
+  except a default on a list-map key that is not required, which the API server insists on;
+- `x-kubernetes-patch-*`, `x-kubernetes-unions` and discriminators are dropped (not CRD fields);
+- Container `env` and `ports` become atomic lists: pods accept duplicate env names and duplicate
+  ports (with a warning), a list-map would reject such a SidecarSet;
+- descriptions of Kubernetes fields are cut to their first sentence so the CRD stays well under
+  the 256 KiB that client-side `kubectl apply` can store in its last-applied annotation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KUBERNETES_VERSION = "1.37.2"
+REPO = Path(__file__).resolve().parent.parent
+OUTPUT = REPO / "config" / "crd" / "sidecarctl.io_sidecarsets.yaml"
+
+GROUP = "sidecarctl.io"
+VERSION = "v1alpha1"
+KIND = "SidecarSet"
+PLURAL = "sidecarsets"
+SINGULAR = "sidecarset"
+SHORT_NAMES = ["scs"]
+
+CORE = "io.k8s.api.core.v1."
+META = "io.k8s.apimachinery.pkg.apis.meta.v1."
+INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
+QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+DESCRIPTION_MAX = 200
+
+Schema = dict[str, Any]
+
+# Keys copied as they are from the Kubernetes document.
+_COPIED = {
+    "type",
+    "format",
+    "required",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "pattern",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+}
+# Keys that a CRD schema does not know; dropped on purpose.
+_DROPPED = {
+    "x-kubernetes-patch-strategy",
+    "x-kubernetes-patch-merge-key",
+    "x-kubernetes-unions",
+    "x-kubernetes-group-version-kind",
+    "discriminator",
+    "fields-to-discriminateBy",
+    "default",
+}
+# Lists that are list-maps on pods but whose keys pods do not enforce as unique.
+_ATOMIC_LISTS = {(CORE + "Container", "env"), (CORE + "Container", "ports")}
+
+
+def int_or_string() -> Schema:
+    return {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+
+
+def short_description(text: str) -> str:
+    """First sentence, at most DESCRIPTION_MAX characters, whitespace folded."""
+    text = " ".join(text.split())
+    m = re.search(r"(?<=[a-z0-9)\]\"'`])\. (?=[A-Z`\"'])", text)
+    if m:
+        text = text[: m.start() + 1]
+    if len(text) > DESCRIPTION_MAX:
+        text = text[: DESCRIPTION_MAX - 3].rstrip() + "..."
+    return text
+
+
+class Inliner:
+    """Turns `$ref`-linked OpenAPI v3 component schemas into one self-contained CRD schema."""
+
+    def __init__(self, document: Schema) -> None:
+        self.schemas: dict[str, Schema] = document["components"]["schemas"]
+
+    def named(self, name: str, *, description: str | None = None) -> Schema:
+        out = self._named(name, ())
+        if description is not None:
+            out["description"] = description
+        return out
+
+    def _named(self, name: str, stack: tuple[str, ...]) -> Schema:
+        if name == INT_OR_STRING:
+            return int_or_string()
+        if name == QUANTITY:
+            return {**int_or_string(), "pattern": QUANTITY_PATTERN}
+        if name == META + "Time" or name == META + "MicroTime":
+            return {"type": "string", "format": "date-time"}
+        if name == META + "FieldsV1":
+            return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        if name in stack:
+            raise SystemExit(f"recursive schema {' -> '.join((*stack, name))}: cannot inline")
+        return self._convert(self.schemas[name], (*stack, name))
+
+    def _convert(self, node: Schema, stack: tuple[str, ...]) -> Schema:
+        if "$ref" in node:
+            out = self._named(node["$ref"].rsplit("/", 1)[-1], stack)
+            if "description" in node:
+                out["description"] = short_description(node["description"])
+            return out
+        out: Schema = {}
+        if "allOf" in node:
+            if len(node["allOf"]) != 1:
+                raise SystemExit(f"{'.'.join(stack)}: allOf with {len(node['allOf'])} entries")
+            out = self._convert(node["allOf"][0], stack)
+        owner = stack[-1] if stack else ""
+        for key, value in node.items():
+            if key in ("allOf", "$ref") or key in _DROPPED:
+                continue
+            if key == "description":
+                out["description"] = short_description(value)
+            elif key in _COPIED:
+                out[key] = copy.deepcopy(value)
+            elif key == "items":
+                out["items"] = self._convert(value, stack)
+            elif key == "additionalProperties":
+                out[key] = self._convert(value, stack) if isinstance(value, dict) else value
+            elif key == "properties":
+                props: Schema = {}
+                for pname, pschema in value.items():
+                    if (owner, pname) in _ATOMIC_LISTS:
+                        pschema = {k: v for k, v in pschema.items() if k != "x-kubernetes-list-map-keys"}
+                        pschema["x-kubernetes-list-type"] = "atomic"
+                    props[pname] = self._convert(pschema, stack)
+                out["properties"] = props
+            else:
+                raise SystemExit(f"{'.'.join(stack)}: unsupported schema keyword {key!r}")
+        if out.get("x-kubernetes-list-type") == "map":
+            self._default_map_keys(node, out, stack)
+        return out
+
+    def _default_map_keys(self, node: Schema, out: Schema, stack: tuple[str, ...]) -> None:
+        """A list-map key must be required or defaulted; bring back the source default."""
+        items_src = node["items"]
+        if "$ref" in items_src:
+            items_src = self.schemas[items_src["$ref"].rsplit("/", 1)[-1]]
+        required = set(out["items"].get("required", []))
+        for key in out["x-kubernetes-list-map-keys"]:
+            if key in required:
+                continue
+            source = items_src["properties"][key]
+            if "default" not in source:
+                raise SystemExit(f"{'.'.join(stack)}: list-map key {key} has neither required nor default")
+            out["items"]["properties"][key]["default"] = source["default"]
+
+
+def label_selector(inl: Inliner, description: str) -> Schema:
+    return inl.named(META + "LabelSelector", description=description)
+
+
+def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
+    where = "initContainers" if init else "containers"
+    schema = inl.named(
+        CORE + "Container",
+        description=(
+            f"A sidecar injected into pod.spec.{where}: a complete core/v1 Container plus how to "
+            "inject and upgrade it."
+        ),
+    )
+    share_policy: Schema = {
+        "type": "object",
+        "properties": {
+            "type": {
+                "type": "string",
+                "enum": ["enabled", "disabled"],
+                "default": "disabled",
+                "description": "enabled: also mount what the pod's own containers mount.",
+            }
+        },
+    }
+    transfer_env: Schema = {
+        "type": "object",
+        "description": "Copies env vars of a pod container into the sidecar.",
+        "properties": {
+            "sourceContainerName": {"type": "string", "description": "Name of the pod container to copy from."},
+            "sourceContainerNameFrom": {
+                "type": "object",
+                "description": "Reads the source container name from the pod's metadata.",
+                "properties": {
+                    "fieldRef": inl.named(
+                        CORE + "ObjectFieldSelector",
+                        description=(
+                            "metadata.name, metadata.labels['<KEY>'] or metadata.annotations['<KEY>'] "
+                            "of the pod."
+                        ),
+                    )
+                },
+            },
+            "envName": {"type": "string", "description": "One env var to copy."},
+            "envNames": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Several env vars to copy.",
+            },
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "has(self.envName) || (has(self.envNames) && size(self.envNames) > 0)",
+                "message": "one of envName or envNames must be set",
+            },
+            {
+                "rule": "has(self.sourceContainerName) != has(self.sourceContainerNameFrom)",
+                "message": "exactly one of sourceContainerName or sourceContainerNameFrom must be set",
+            },
+        ],
+    }
+    expr_pair: Schema = {
+        "type": "object",
+        "properties": {
+            "cpu": {"type": "string", "description": "Expression over `cpu`, e.g. max(cpu*50%, 50m)."},
+            "memory": {"type": "string", "description": "Expression over `memory`, e.g. 200Mi."},
+        },
+    }
+    extras: Schema = {
+        "podInjectPolicy": {
+            "type": "string",
+            "enum": ["BeforeAppContainer", "AfterAppContainer"],
+            # Not defaulted here: the default differs between containers (BeforeAppContainer)
+            # and initContainers (AfterAppContainer), and both lists share this schema in
+            # Kruise's API. sidecarsets/defaults.py and the mutating path fill it in.
+            "description": (
+                "Where the sidecar goes among the pod's containers. Defaults to BeforeAppContainer "
+                "for containers and AfterAppContainer for initContainers."
+            ),
+        },
+        "upgradeStrategy": {
+            "type": "object",
+            "default": {},
+            "description": "How a running sidecar is upgraded in place.",
+            "properties": {
+                "upgradeType": {
+                    "type": "string",
+                    "enum": ["ColdUpgrade", "HotUpgrade"],
+                    "default": "ColdUpgrade",
+                    "description": "ColdUpgrade restarts the container on the new image; immutable.",
+                },
+                "hotUpgradeEmptyImage": {
+                    "type": "string",
+                    "description": "HotUpgrade only: an image that behaves like the sidecar but does no work.",
+                },
+            },
+        },
+        "shareVolumePolicy": {
+            **copy.deepcopy(share_policy),
+            "default": {},
+            "description": "Whether the sidecar also mounts the volumes of the pod's containers.",
+        },
+        "shareVolumeDevicePolicy": {
+            **copy.deepcopy(share_policy),
+            "description": "Whether the sidecar also gets the volume devices of the pod's containers.",
+        },
+        "transferEnv": {
+            "type": "array",
+            "items": transfer_env,
+            "description": "Env vars copied from pod containers into the sidecar at injection.",
+        },
+        "resourcesPolicy": {
+            "type": "object",
+            "description": "Derives the sidecar's resources from the pod's containers at injection.",
+            "properties": {
+                "targetContainersMode": {
+                    "type": "string",
+                    "enum": ["sum", "max"],
+                    "description": "How the resources of the target containers are combined.",
+                },
+                "targetContainersNameRegex": {
+                    "type": "string",
+                    "default": ".*",
+                    "description": "Regular expression selecting the target containers by name.",
+                },
+                "resourcesExpr": {
+                    "type": "object",
+                    "description": "Expressions (+ - * / max() min()) for limits and requests.",
+                    "properties": {"limits": copy.deepcopy(expr_pair), "requests": copy.deepcopy(expr_pair)},
+                },
+            },
+        },
+    }
+    for name in extras:
+        if name in schema["properties"]:
+            raise SystemExit(f"core/v1 Container now has a field {name!r}: it clashes with SidecarContainer")
+    schema["properties"].update(extras)
+    return schema
+
+
+def update_strategy(inl: Inliner) -> Schema:
+    return {
+        "type": "object",
+        "default": {},
+        "description": "How pods that already carry the sidecars are upgraded when the SidecarSet changes.",
+        "properties": {
+            "type": {
+                "type": "string",
+                "enum": ["NotUpdate", "RollingUpdate"],
+                "default": "RollingUpdate",
+                "description": "NotUpdate only injects new pods; RollingUpdate also upgrades injected pods.",
+            },
+            "paused": {"type": "boolean", "description": "Stops upgrading pods; injection goes on."},
+            "selector": label_selector(inl, "Only pods matching this selector are upgraded."),
+            "partition": {
+                **int_or_string(),
+                "default": 0,
+                "description": "Number or percentage of matched pods kept on the old revision.",
+            },
+            "maxUnavailable": {
+                **int_or_string(),
+                "default": 1,
+                "description": "Number or percentage (rounded up) of pods unavailable at once during an upgrade.",
+            },
+            "priorityStrategy": {
+                "type": "object",
+                "description": "Order in which pods are upgraded: weightPriority or orderPriority, not both.",
+                "properties": {
+                    "weightPriority": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["weight", "matchSelector"],
+                            "properties": {
+                                "weight": {
+                                    "type": "integer",
+                                    "format": "int32",
+                                    "description": "Weight, 1-100, added for pods that match.",
+                                },
+                                "matchSelector": label_selector(inl, "Pods this weight applies to."),
+                            },
+                        },
+                    },
+                    "orderPriority": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["orderedKey"],
+                            "properties": {
+                                "orderedKey": {
+                                    "type": "string",
+                                    "description": "Pod label whose trailing integer orders the pods.",
+                                }
+                            },
+                        },
+                    },
+                },
+                "x-kubernetes-validations": [
+                    {
+                        "rule": (
+                            "!(has(self.weightPriority) && size(self.weightPriority) > 0 && "
+                            "has(self.orderPriority) && size(self.orderPriority) > 0)"
+                        ),
+                        "message": "only one of weightPriority and orderPriority can be used",
+                    }
+                ],
+            },
+            "scatterStrategy": {
+                "type": "array",
+                "description": "Spreads pods with these label key=value pairs across upgrade batches.",
+                "items": {
+                    "type": "object",
+                    "required": ["key", "value"],
+                    "properties": {
+                        "key": {"type": "string"},
+                        "value": {"type": "string", "description": "A value, or * for every value."},
+                    },
+                },
+            },
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": (
+                    "!(has(self.type) && self.type == 'RollingUpdate' && has(self.selector) && "
+                    "has(self.partition) && (type(self.partition) == string || self.partition != 0))"
+                ),
+                "message": "Partition and Selector cannot be used together",
+                "fieldPath": ".partition",
+            }
+        ],
+    }
+
+
+def injection_strategy() -> Schema:
+    return {
+        "type": "object",
+        "description": "Which revision new pods get.",
+        "properties": {
+            "paused": {"type": "boolean", "description": "Stops injecting into new pods."},
+            "revision": {
+                "type": "object",
+                "description": "Injects a stored revision instead of the current spec.",
+                "properties": {
+                    "customVersion": {
+                        "type": "string",
+                        "description": "Revision labelled sidecarctl.io/sidecarset-custom-version=<value>.",
+                    },
+                    "revisionName": {"type": "string", "description": "Name of a ControllerRevision."},
+                    "policy": {
+                        "type": "string",
+                        "enum": ["Always", "Partial"],
+                        "default": "Always",
+                        "description": "Always: every new pod; Partial: per updateStrategy selector/partition.",
+                    },
+                },
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "has(self.revisionName) || has(self.customVersion)",
+                        "message": "revisionName and customVersion cannot be empty simultaneously",
+                    }
+                ],
+            },
+        },
+    }
+
+
+def spec_schema(inl: Inliner) -> Schema:
+    return {
+        "type": "object",
+        "description": "Sidecars to inject, where, and how to upgrade them (OpenKruise SidecarSet v1alpha1).",
+        "properties": {
+            "selector": label_selector(inl, "Pods to inject; required and not empty."),
+            "namespace": {
+                "type": "string",
+                "description": "Only pods in this namespace; overrides namespaceSelector.",
+            },
+            "namespaceSelector": label_selector(inl, "Only pods in matching namespaces; unset means all."),
+            "initContainers": {
+                "type": "array",
+                "description": "Injected at pod creation only, sorted by name.",
+                "items": sidecar_container(inl, init=True),
+            },
+            "containers": {
+                "type": "array",
+                "description": "Sidecar containers, upgraded in place when their image changes.",
+                "items": sidecar_container(inl, init=False),
+            },
+            "volumes": {
+                "type": "array",
+                "description": "Volumes the sidecars mount; added to the pod when referenced.",
+                "items": inl.named(CORE + "Volume"),
+            },
+            "updateStrategy": update_strategy(inl),
+            "injectionStrategy": injection_strategy(),
+            "imagePullSecrets": {
+                "type": "array",
+                "description": "Pull secrets added to the pod at injection.",
+                "items": inl.named(CORE + "LocalObjectReference"),
+            },
+            "revisionHistoryLimit": {
+                "type": "integer",
+                "format": "int32",
+                "default": 10,
+                "description": "How many ControllerRevisions to keep (at least 1 is kept).",
+            },
+            "patchPodMetadata": {
+                "type": "array",
+                "description": "Annotations put on injected pods.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "patchPolicy": {
+                            "type": "string",
+                            "enum": ["Retain", "Overwrite", "MergePatchJson"],
+                            "default": "Retain",
+                            "description": (
+                                "Retain keeps a pod's value, Overwrite replaces it, MergePatchJson "
+                                "merges JSON objects."
+                            ),
+                        },
+                    },
+                },
+            },
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": (
+                    "has(self.selector) && ("
+                    "(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || "
+                    "(has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0))"
+                ),
+                "message": "selector must be set and must not be empty",
+                "fieldPath": ".selector",
+            },
+            {
+                "rule": (
+                    "(has(self.containers) && size(self.containers) > 0) || "
+                    "(has(self.initContainers) && size(self.initContainers) > 0)"
+                ),
+                "message": "no initContainer or container defined for SidecarSet",
+            },
+        ],
+    }
+
+
+def status_schema() -> Schema:
+    def count(description: str) -> Schema:
+        return {"type": "integer", "format": "int32", "description": description}
+
+    return {
+        "type": "object",
+        "description": "Observed state, written by the controller.",
+        "required": ["matchedPods", "updatedPods", "readyPods"],
+        "properties": {
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "Generation the status was computed for.",
+            },
+            "matchedPods": count("Pods the SidecarSet is injected into."),
+            "updatedPods": count("Matched pods on the latest sidecar spec."),
+            "readyPods": count("Matched pods that are ready."),
+            "updatedReadyPods": count("Matched pods that are both updated and ready."),
+            "latestRevision": {"type": "string", "description": "Name of the newest ControllerRevision."},
+            "collisionCount": count("Hash collisions met while naming ControllerRevisions."),
+        },
+    }
+
+
+def crd(inl: Inliner) -> Schema:
+    schema: Schema = {
+        "type": "object",
+        "description": "SidecarSet injects sidecar containers into matching pods and upgrades them in place.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "Versioned schema of this object."},
+            "kind": {"type": "string", "description": "REST resource this object represents."},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(inl),
+            "status": status_schema(),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+            },
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {
+                            "name": "MATCHED",
+                            "type": "integer",
+                            "jsonPath": ".status.matchedPods",
+                            "description": "The number of pods matched.",
+                        },
+                        {
+                            "name": "UPDATED",
+                            "type": "integer",
+                            "jsonPath": ".status.updatedPods",
+                            "description": "The number of pods matched and updated.",
+                        },
+                        {
+                            "name": "READY",
+                            "type": "integer",
+                            "jsonPath": ".status.readyPods",
+                            "description": "The number of pods matched and ready.",
+                        },
+                        {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Never emit anchors/aliases: some CRD consumers do not resolve them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render(document: Schema) -> str:
+    header = (
+        "# Generated by tools/gen_crd.py from the Kubernetes "
+        f"v{KUBERNETES_VERSION} OpenAPI v3 document. Do not edit by hand.\n"
+    )
+    body = yaml.dump(crd(Inliner(document)), Dumper=_Dumper, sort_keys=True, width=100, allow_unicode=False)
+    return header + "---\n" + body
+
+
+def default_openapi_path() -> Path:
+    root = os.environ.get("GOMODCACHE") or str(Path.home() / "go" / "pkg" / "mod")
+    return Path(root) / f"k8s.io/kubernetes@v{KUBERNETES_VERSION}/api/openapi-spec/v3/api__v1_openapi.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--openapi", type=Path, default=None, help="kube-apiserver OpenAPI v3 document (api/v1)")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--check", action="store_true", help="fail if --output is not up to date")
+    args = parser.parse_args(argv)
+    source: Path = args.openapi or default_openapi_path()
+    try:
+        document = json.loads(source.read_text())
+    except (OSError, ValueError) as err:
+        print(f"error: cannot read the OpenAPI document {source}: {err}", file=sys.stderr)
+        return 2
+    text = render(document)
+    if args.check:
+        current = args.output.read_text() if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is stale: run tools/gen_crd.py", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(f"wrote {args.output} ({len(text)} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
