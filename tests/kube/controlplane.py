@@ -258,7 +258,7 @@ class ControlPlane:
                     f"--root-ca-file={pki / 'serving-ca.crt'}",
                     "--use-service-account-credentials=false",
                     # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
-                    "--controllers=*,-nodelifecycle,-cloud-node-lifecycle,-nodeipam,-service-lb-controller",
+                    "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller",
                     "--concurrent-gc-syncs=5",
                     "--v=0",
                 ],

@@ -1,0 +1,124 @@
+"""Session fixtures: the background loop, the real control plane, API clients, the fake kubelet.
+
+Everything under tests/e2e/ is marked `e2e`. Under CI=true an e2e test that skips is reported
+as a failure: the end-to-end tier must really run there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sidecarsets import kubeapi
+from tests.kube.client import Kube, eventually
+from tests.kube.controlplane import ControlPlane, ControlPlaneError
+from tests.kube.fakekubelet import FakeKubelet
+from tests.kube.loop import BackgroundLoop
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/tests/e2e/" in str(item.path):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if IN_CI and report.skipped and item.get_closest_marker("e2e") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"e2e test skipped under CI=true (not allowed): {report.longrepr}"
+    return report
+
+
+@pytest.fixture(scope="session")
+def aloop() -> Iterator[BackgroundLoop]:
+    loop = BackgroundLoop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    try:
+        cp = ControlPlane().start()
+    except ControlPlaneError as e:
+        if IN_CI:
+            pytest.fail(f"cannot start the test control plane: {e}")
+        pytest.skip(f"no test control plane: {e}")
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_client(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[kubeapi.KubeClient]:
+    client = kubeapi.KubeClient(kubeapi.load_config(str(control_plane.kubeconfig)))
+    yield client
+    aloop.run(client.close())
+
+
+@pytest.fixture(scope="session")
+def kube(aloop: BackgroundLoop, kube_client: kubeapi.KubeClient) -> Kube:
+    return Kube(aloop, kube_client)
+
+
+@pytest.fixture(scope="session")
+def kubelet(aloop: BackgroundLoop, kube_client: kubeapi.KubeClient) -> Iterator[FakeKubelet]:
+    k = FakeKubelet(kube_client)
+    aloop.run(k.start())
+    yield k
+    aloop.run(k.stop())
+
+
+@pytest.fixture(scope="session")
+def crd(kube: Kube) -> dict[str, object]:
+    """The SidecarSet CRD from config/crd, installed and Established."""
+    docs = [d for p in sorted((REPO / "config" / "crd").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
+    crds = [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
+    assert crds, "config/crd holds no CustomResourceDefinition"
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for obj in crds:
+        kube.apply(path, obj)
+
+    def established() -> bool:
+        for obj in crds:
+            got = kube.get(f"{path}/{obj['metadata']['name']}")
+            conds = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
+            if conds.get("Established") != "True":
+                return False
+        return True
+
+    eventually(established, timeout=30, what="CRD Established")
+    found: dict[str, object] = crds[0]
+    return found
+
+
+def _ns_name(nodeid: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
+    return f"{base or 't'}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: Kube, kubelet: FakeKubelet) -> Iterator[str]:
+    """A fresh namespace per test, managed by the fake kubelet, deleted afterwards."""
+    name = _ns_name(request.node.nodeid)
+    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kubelet.namespaces.add(name)
+    eventually(
+        lambda: kube.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None,
+        timeout=30,
+        what=f"default ServiceAccount in {name}",
+    )
+    yield name
+    kube.delete(f"/api/v1/namespaces/{name}")

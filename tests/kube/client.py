@@ -1,0 +1,72 @@
+"""A synchronous facade over the async API client, for test bodies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sidecarsets import kubeapi
+from sidecarsets.jsontypes import JsonObj
+from tests.kube.loop import BackgroundLoop
+
+T = TypeVar("T")
+
+
+class Kube:
+    """Every call runs on the session loop and blocks the test until it returns."""
+
+    def __init__(self, loop: BackgroundLoop, client: kubeapi.KubeClient) -> None:
+        self.loop = loop
+        self.client = client
+
+    def get(self, path: str, **params: str | int) -> JsonObj:
+        return self.loop.run(self.client.get(path, params=params or None))
+
+    def get_or_none(self, path: str) -> JsonObj | None:
+        try:
+            return self.get(path)
+        except kubeapi.NotFound:
+            return None
+
+    def create(self, path: str, body: JsonObj, **params: str | int) -> JsonObj:
+        return self.loop.run(self.client.create(path, body, params=params or None))
+
+    def update(self, path: str, body: JsonObj) -> JsonObj:
+        return self.loop.run(self.client.update(path, body))
+
+    def patch(self, path: str, body: Any, patch_type: str = "merge", **params: str | int) -> JsonObj:
+        return self.loop.run(self.client.patch(path, body, patch_type=patch_type, params=params or None))
+
+    def delete(self, path: str, **params: str | int) -> Any:
+        try:
+            return self.loop.run(self.client.delete(path, params=params or None))
+        except kubeapi.NotFound:
+            return None
+
+    def apply(self, path: str, body: JsonObj) -> JsonObj:
+        """Create, or replace keeping the server's resourceVersion (a minimal `kubectl apply`)."""
+        name = body["metadata"]["name"]
+        try:
+            return self.create(path, body)
+        except kubeapi.Conflict:
+            current = self.get(f"{path}/{name}")
+            body = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+            return self.update(f"{path}/{name}", body)
+
+
+def eventually(check: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05, what: str = "") -> T:
+    """Poll `check` until it returns a truthy value (or stops raising AssertionError)."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except AssertionError as e:
+            last = e
+        if time.monotonic() >= deadline:
+            msg = f"not true within {timeout}s: {what or getattr(check, '__name__', 'condition')}"
+            raise AssertionError(msg) from last
+        time.sleep(interval)

@@ -1,0 +1,256 @@
+"""A fake kubelet: moves pods through their lifecycle so controllers see what a node would report.
+
+There is no container runtime here. For the namespaces it is told to manage, it binds pending
+pods to a fake Node, reports them Running and Ready with containerStatuses (image, an imageID
+derived from the image, restartCount), and when a container's image changes in the spec it
+behaves like a kubelet restarting that container: a short not-ready window, then the new image
+and imageID with restartCount + 1. Images in `bad_images` never become ready (the restarted
+container stays waiting in ImagePullBackOff). Pods being deleted are removed at once, as a
+kubelet would after the containers stop, so namespace deletion completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+from typing import Any
+
+from sidecarsets import kubeapi
+from sidecarsets.informer import Informer
+from sidecarsets.jsontypes import JsonObj
+
+log = logging.getLogger(__name__)
+
+
+def image_id(image: str) -> str:
+    """A stable fake digest for an image reference, shaped like a real imageID."""
+    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image.split("@")[0]
+    return f"docker.io/{repo}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeKubelet:
+    def __init__(self, client: kubeapi.KubeClient, *, node: str = "fake-node-1", restart_delay: float = 0.3) -> None:
+        self.client = client
+        self.node = node
+        self.restart_delay = restart_delay
+        self.namespaces: set[str] = set()
+        self.bad_images: set[str] = set()
+        # (ns, pod, container) → monotonic time until which the container shows as restarting
+        self._restarting: dict[tuple[str, str, str], float] = {}
+        self._pending: set[str] = set()
+        self._dirty: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
+        self.informer: Informer[JsonObj] = Informer(
+            client, "/api/v1/pods", name="fake-kubelet", transform=lambda o: o, handler=self._on_event
+        )
+        self.patches = 0
+
+    async def start(self) -> None:
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node, "type": "fake"}},
+        }
+        with contextlib.suppress(kubeapi.Conflict):
+            await self.client.create("/api/v1/nodes", node)
+        status = {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "FakeKubelet", "lastHeartbeatTime": _now()}
+                ],
+                "allocatable": {"cpu": "1000", "memory": "1000Gi", "pods": "100000"},
+                "capacity": {"cpu": "1000", "memory": "1000Gi", "pods": "100000"},
+            }
+        }
+        await self.client.patch(f"/api/v1/nodes/{self.node}/status", status, patch_type="strategic")
+        self._task = asyncio.create_task(self.informer.run(self._stop))
+        await self.informer.synced.wait()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def _on_event(self, kind: str, old: Any, new: Any) -> None:
+        if kind == "DELETED" or new is None:
+            return
+        meta = new.get("metadata") or {}
+        if meta.get("namespace") not in self.namespaces:
+            return
+        self.kick(f"{meta['namespace']}/{meta['name']}")
+
+    def kick(self, key: str, delay: float = 0.0) -> None:
+        """Schedule a sync of one pod; a sync already running re-runs once it is done."""
+        loop = asyncio.get_running_loop()
+        if delay > 0:
+            loop.call_later(delay, self.kick, key)
+            return
+        if key in self._pending:
+            self._dirty.add(key)
+            return
+        self._pending.add(key)
+        task = loop.create_task(self._sync(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sync(self, key: str) -> None:
+        retry: float | None = None
+        try:
+            pod = self.informer.store.get(key)
+            if pod is not None:
+                retry = await self._reconcile(pod)
+        except kubeapi.NotFound:
+            pass
+        except kubeapi.ApiError as e:
+            if e.status not in (409, 422):
+                log.warning("fake kubelet: %s: %s", key, e)
+            retry = 0.1
+        except Exception:
+            log.exception("fake kubelet: %s", key)
+            retry = 0.5
+        finally:
+            self._pending.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.kick(key)
+        elif retry is not None:
+            self.kick(key, retry)
+
+    async def _reconcile(self, pod: JsonObj) -> float | None:
+        """Move the pod one step; return seconds until it needs another look, if it does."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        ns, name = meta["namespace"], meta["name"]
+        path = f"/api/v1/namespaces/{ns}/pods/{name}"
+        if meta.get("deletionTimestamp"):
+            options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+            await self.client.request("DELETE", path, body=options)
+            return None
+        if not spec.get("nodeName"):
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+            }
+            await self.client.create(f"{path}/binding", binding)
+            return None
+        if spec.get("nodeName") != self.node:
+            return None
+        status, next_check = self._desired_status(pod)
+        if status is not None:
+            # Strategic merge, like a kubelet: conditions merge by type, so others' conditions
+            # (e.g. SidecarSetUpgradable) survive.
+            await self.client.patch(f"{path}/status", {"status": status}, patch_type="strategic")
+            self.patches += 1
+        return next_check
+
+    def _container_status(
+        self, ns: str, pod: str, c: JsonObj, prev: JsonObj | None, now_mono: float
+    ) -> tuple[JsonObj, float | None]:
+        name, image = c["name"], c.get("image", "")
+        restarts = int((prev or {}).get("restartCount", 0))
+        started = (((prev or {}).get("state") or {}).get("running") or {}).get("startedAt") or _now()
+        rkey = (ns, pod, name)
+        if prev is not None and prev.get("image") != image:
+            # The spec image changed: the kubelet kills the container and starts the new image.
+            if rkey not in self._restarting:
+                self._restarting[rkey] = now_mono + self.restart_delay
+            until = self._restarting[rkey]
+            if now_mono < until:
+                st = {**prev, "ready": False, "started": False}
+                st["state"] = {"waiting": {"reason": "ContainerCreating"}}
+                return st, until - now_mono
+            del self._restarting[rkey]
+            restarts += 1
+            started = _now()
+        if image in self.bad_images:
+            return {
+                "name": name,
+                "image": image,
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": restarts,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": f"fake: image {image} is bad"}},
+            }, None
+        return {
+            "name": name,
+            "image": image,
+            "imageID": image_id(image),
+            "containerID": f"fake://{ns}/{pod}/{name}/{restarts}",
+            "ready": True,
+            "started": True,
+            "restartCount": restarts,
+            "state": {"running": {"startedAt": started}},
+        }, None
+
+    def _desired_status(self, pod: JsonObj) -> tuple[JsonObj | None, float | None]:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        ns, name = meta["namespace"], meta["name"]
+        now_mono = asyncio.get_running_loop().time()
+        prev_by_name = {s.get("name"): s for s in status.get("containerStatuses") or []}
+        statuses: list[JsonObj] = []
+        next_check: float | None = None
+        for c in spec.get("containers") or []:
+            st, wait = self._container_status(ns, name, c, prev_by_name.get(c["name"]), now_mono)
+            statuses.append(st)
+            if wait is not None:
+                next_check = min(wait, next_check or wait)
+        init_statuses = []
+        for c in spec.get("initContainers") or []:
+            if c.get("restartPolicy") == "Always":  # native sidecar: keeps running
+                prev_init = {s.get("name"): s for s in status.get("initContainerStatuses") or []}
+                st, _ = self._container_status(ns, name, c, prev_init.get(c["name"]), now_mono)
+                init_statuses.append(st)
+            else:
+                init_statuses.append(
+                    {
+                        "name": c["name"],
+                        "image": c.get("image", ""),
+                        "imageID": image_id(c.get("image", "")),
+                        "ready": True,
+                        "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                    }
+                )
+        ready = all(s["ready"] for s in statuses) and all(s["ready"] for s in init_statuses)
+        old_conds = {c.get("type"): c for c in status.get("conditions") or []}
+
+        def cond(kind: str, value: bool) -> JsonObj:
+            text = "True" if value else "False"
+            prev = old_conds.get(kind)
+            since = prev.get("lastTransitionTime") if prev and prev.get("status") == text else _now()
+            return {"type": kind, "status": text, "lastTransitionTime": since}
+
+        desired: JsonObj = {
+            "phase": "Running",
+            "hostIP": "127.0.0.1",
+            "podIP": "10.244.0.1",
+            "startTime": status.get("startTime") or _now(),
+            "conditions": [
+                cond("PodScheduled", True),
+                cond("Initialized", True),
+                cond("ContainersReady", ready),
+                cond("Ready", ready),
+            ],
+            "containerStatuses": statuses,
+        }
+        if init_statuses:
+            desired["initContainerStatuses"] = init_statuses
+        current = {k: status.get(k) for k in desired}
+        keys = ("type", "status", "lastTransitionTime")
+        current["conditions"] = [
+            {k: (old_conds.get(c["type"]) or {}).get(k) for k in keys} for c in desired["conditions"]
+        ]
+        if current == desired:
+            return None, next_check
+        return desired, next_check

@@ -1,0 +1,125 @@
+"""Serve an ASGI app over TLS on 127.0.0.1 and register it with the API server by URL.
+
+The envtest webhook pattern: `clientConfig.url` pointing at a loopback port plus a caBundle,
+so the real API server calls the real HTTP stack during admission. Registration is only done
+when the API server has actually called the webhook (a dry-run create loop), because the
+apiserver's admission configuration informer lags behind the object's creation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from tests.kube.controlplane import free_port
+from tests.kube.pki import CA
+
+
+class TLSServer:
+    """hypercorn serving `app` with a certificate for 127.0.0.1 from a throwaway CA."""
+
+    def __init__(self, app: Any, *, ca: CA | None = None) -> None:
+        self.app = app
+        self.ca = ca or CA.new("sidecarctl-test-webhook-ca")
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._dir = Path(tempfile.mkdtemp(prefix="sidecarctl-wh-"))
+        crt, key = self.ca.issue("webhook", dns=("localhost",), ips=("127.0.0.1",))
+        (self._dir / "tls.crt").write_bytes(crt)
+        (self._dir / "tls.key").write_bytes(key)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca.pem).decode()
+
+    async def start(self) -> None:
+        config = Config()
+        config.bind = [f"127.0.0.1:{self.port}"]
+        config.certfile = str(self._dir / "tls.crt")
+        config.keyfile = str(self._dir / "tls.key")
+        config.accesslog = None
+        config.errorlog = None
+        config.graceful_timeout = 1.0
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(serve(self.app, config, shutdown_trigger=self._stop.wait))
+        for _ in range(100):
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", self.port)
+                w.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"webhook server on {self.url} did not start")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, timeout=10)
+
+
+def mutating_config(
+    name: str,
+    *,
+    url: str,
+    ca_bundle: str,
+    webhook_name: str = "inject.sidecarctl.io",
+    namespace_selector: dict[str, Any] | None = None,
+    object_selector: dict[str, Any] | None = None,
+    failure_policy: str = "Fail",
+    reinvocation: str = "IfNeeded",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": webhook_name,
+                "clientConfig": {"url": url, "caBundle": ca_bundle},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": namespace_selector or {},
+                "objectSelector": object_selector or {},
+                "failurePolicy": failure_policy,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1", "v1beta1"],
+                "reinvocationPolicy": reinvocation,
+                "timeoutSeconds": 10,
+            }
+        ],
+    }
+
+
+def wait_until_called(
+    create_dry_run: Callable[[], dict[str, Any]],
+    mutated: Callable[[dict[str, Any]], bool],
+    *,
+    timeout: float = 20.0,
+) -> dict[str, Any]:
+    """Repeat a dry-run create until its result shows the webhook's mutation."""
+
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        last = create_dry_run()
+        if mutated(last):
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"API server did not call the webhook within {timeout}s; last object: {last}")
