@@ -1,0 +1,67 @@
+"""Env vars a sidecar receives at injection, and how they merge.
+
+Kruise's rule is "first name wins": the sidecar's own env, then `IS_INJECTED=true`, then the
+vars copied from app containers (transferEnv, then the vars that shared `subPathExpr` mounts
+refer to). A var is never listed twice, so a sidecar's own setting always beats a copied one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sidecarsets import names
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.model import TransferEnv
+
+_VAR_REF = re.compile(r"\$\(([^()]+)\)")
+
+
+def is_injected(container: Mapping[str, Any]) -> bool:
+    """Whether a pod container is a sidecar (carries IS_INJECTED=true); such containers are never sources."""
+    return any(
+        isinstance(env, Mapping) and env.get("name") == names.ENV_IS_INJECTED and env.get("value") == "true"
+        for env in container.get("env") or []
+    )
+
+
+def referenced_vars(sub_path_expr: str) -> set[str]:
+    """Names used as `$(NAME)` in a subPathExpr."""
+    return set(_VAR_REF.findall(sub_path_expr))
+
+
+def transferred(
+    transfer: Sequence[TransferEnv], *, pod_metadata: Mapping[str, Any], pod_containers: Sequence[JsonObj]
+) -> tuple[list[JsonObj], list[str]]:
+    """Env vars copied from app containers, in source order, plus a warning per missing source."""
+    by_name = {c.get("name"): c for c in pod_containers}
+    out: list[JsonObj] = []
+    warnings: list[str] = []
+    for entry in transfer:
+        source = entry.source_in(pod_metadata)
+        if source is None:
+            warnings.append(
+                f"transferEnv: the pod gives no source container name at {entry.source_field_path}; skipped"
+            )
+            continue
+        container = by_name.get(source)
+        if container is None:
+            warnings.append(f"transferEnv: source container {source!r} is not in the pod; skipped")
+            continue
+        wanted = set(entry.env_names)
+        out.extend(env for env in container.get("env") or [] if env.get("name") in wanted)
+    return out, warnings
+
+
+def merged(own: Iterable[JsonObj], *additional: Iterable[JsonObj]) -> list[JsonObj]:
+    """The sidecar's env: own vars (minus any IS_INJECTED), IS_INJECTED=true, then additions; first name wins."""
+    out: list[JsonObj] = [env for env in own if env.get("name") != names.ENV_IS_INJECTED]
+    out.append({"name": names.ENV_IS_INJECTED, "value": "true"})
+    seen = {env.get("name") for env in out}
+    for group in additional:
+        for env in group:
+            if env.get("name") not in seen:
+                out.append(env)
+                seen.add(env.get("name"))
+    return out

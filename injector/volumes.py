@@ -1,0 +1,53 @@
+"""Volumes and mounts at injection: what a sidecar shares with the app and what the pod gains.
+
+A sidecar with `shareVolumePolicy: enabled` sees every mount of the app containers (never of
+other sidecars, never of init containers); its own mountPath wins a clash. The pod gains only the
+SidecarSet volumes some injected container actually uses, and a volume the pod already defines
+under that name is kept: the pod is the user's, the SidecarSet only fills gaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from injector import envs
+from sidecarsets.jsontypes import JsonObj
+
+
+def shared_from_apps(
+    pod_containers: Sequence[JsonObj], *, key: str = "volumeMounts"
+) -> tuple[list[JsonObj], list[JsonObj]]:
+    """Mounts (or devices) of the app containers, plus the env vars their subPathExprs refer to."""
+    mounts: list[JsonObj] = []
+    env_vars: list[JsonObj] = []
+    for container in pod_containers:
+        if envs.is_injected(container):
+            continue
+        for mount in container.get(key) or []:
+            mounts.append(mount)
+            refs = envs.referenced_vars(str(mount.get("subPathExpr") or ""))
+            if refs:
+                env_vars.extend(env for env in container.get("env") or [] if env.get("name") in refs)
+    return mounts, env_vars
+
+
+def merged_mounts(own: Iterable[JsonObj], additional: Iterable[JsonObj], *, path_key: str) -> list[JsonObj]:
+    """Own mounts first; an additional mount is dropped when its path is already mounted."""
+    out = list(own)
+    paths = {m.get(path_key) for m in out}
+    for mount in additional:
+        if mount.get(path_key) not in paths:
+            out.append(mount)
+            paths.add(mount.get(path_key))
+    return out
+
+
+def new_by_name(existing: Iterable[JsonObj], additional: Iterable[JsonObj]) -> list[JsonObj]:
+    """Entries of `additional` whose name is neither in `existing` nor earlier in `additional`."""
+    seen = {item.get("name") for item in existing}
+    out: list[JsonObj] = []
+    for item in additional:
+        if item.get("name") not in seen:
+            out.append(item)
+            seen.add(item.get("name"))
+    return out

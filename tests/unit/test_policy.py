@@ -1,0 +1,99 @@
+"""Which pods are candidates for injection at all (the contract's table), alone and through the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from injector import engine, policy
+from sidecarsets import names
+from sidecarsets.model import SidecarSet
+
+ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
+
+
+def pod(**meta: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "web", "labels": {"app": "web"}}
+    status = meta.pop("status", None)
+    metadata.update(meta)
+    out: dict[str, Any] = {"metadata": metadata, "spec": {"containers": [{"name": "app", "image": "app"}]}}
+    if status is not None:
+        out["status"] = status
+    return out
+
+
+def reason(p: dict[str, Any], **kw: Any) -> str | None:
+    args: dict[str, Any] = {
+        "namespace": "shop",
+        "namespace_labels": ENABLED,
+        "operation": "CREATE",
+        "manager_namespace": names.DEFAULT_MANAGER_NAMESPACE,
+        "require_namespace_label": True,
+    }
+    args.update(kw)
+    return policy.skip_reason(p, **args)
+
+
+@pytest.mark.parametrize(
+    ("p", "kw", "expected"),
+    [
+        (pod(), {}, None),
+        (pod(), {"namespace_labels": None}, policy.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": {}}, policy.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": {names.NS_INJECTION_LABEL: "true"}}, policy.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": {names.NS_INJECTION_LABEL: "Enabled"}}, policy.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": None, "require_namespace_label": False}, None),
+        (pod(), {"namespace": "kube-system"}, policy.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "kube-public"}, policy.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "kube-node-lease"}, policy.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": names.DEFAULT_MANAGER_NAMESPACE}, policy.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "mesh-system", "manager_namespace": "mesh-system"}, policy.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "kube-system", "require_namespace_label": False}, policy.SKIP_SYSTEM_NAMESPACE),
+        (pod(labels={names.POD_INJECT_LABEL: "false"}), {}, policy.SKIP_OPTED_OUT),
+        (pod(labels={names.POD_INJECT_LABEL: "true"}), {}, None),
+        (pod(labels={names.POD_INJECT_LABEL: "false"}), {"require_namespace_label": False}, policy.SKIP_OPTED_OUT),
+        # The opt-out is a label; an annotation of the same name does not count.
+        (pod(annotations={names.POD_INJECT_LABEL: "false"}), {}, None),
+        (pod(deletionTimestamp="2024-01-01T00:00:00Z"), {}, policy.SKIP_INACTIVE),
+        (pod(status={"phase": "Succeeded"}), {}, policy.SKIP_INACTIVE),
+        (pod(status={"phase": "Failed"}), {}, policy.SKIP_INACTIVE),
+        (pod(status={"phase": "Pending"}), {}, None),
+        (pod(), {"operation": "UPDATE"}, policy.SKIP_OPERATION),
+        (pod(), {"operation": "DELETE"}, policy.SKIP_OPERATION),
+    ],
+)
+def test_skip_reason(p: dict[str, Any], kw: dict[str, Any], expected: str | None) -> None:
+    assert reason(p, **kw) == expected
+
+
+def test_skip_reason_tolerates_malformed_metadata() -> None:
+    assert reason({"metadata": "x", "status": []}) is None
+    assert reason({"metadata": {"labels": ["x"]}}) is None
+
+
+def test_engine_applies_the_policy_before_matching() -> None:
+    ss = SidecarSet.from_object(
+        {
+            "metadata": {"name": "mesh"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "p", "image": "p"}]},
+        }
+    )
+    common: dict[str, Any] = {"sidecarsets": [ss], "now": "2024-01-01T00:00:00Z"}
+    assert engine.inject(pod(), namespace="shop", namespace_labels=ENABLED, **common).injected == ("mesh",)
+    skipped = engine.inject(pod(), namespace="shop", namespace_labels={}, **common)
+    assert (skipped.patch, skipped.skipped) == ([], policy.SKIP_NAMESPACE_NOT_LABELLED)
+    unlabelled_cli = engine.inject(
+        pod(), namespace="shop", namespace_labels=None, require_namespace_label=False, **common
+    )
+    assert unlabelled_cli.injected == ("mesh",)
+    opted_out = engine.inject(
+        pod(labels={"app": "web", names.POD_INJECT_LABEL: "false"}),
+        namespace="shop",
+        namespace_labels=ENABLED,
+        require_namespace_label=False,
+        **common,
+    )
+    assert opted_out.skipped == policy.SKIP_OPTED_OUT
+    # An empty request namespace means `default`, which is not a system namespace.
+    assert engine.inject(pod(), namespace="", namespace_labels=ENABLED, **common).injected == ("mesh",)
