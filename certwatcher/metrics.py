@@ -1,0 +1,38 @@
+"""Prometheus collectors for certificate reloads and caBundle writes.
+
+Module-level so that every reloader and syncer in the process adds to the same series the manager's
+`/metrics` exposes. Expiry gauges let an alert fire well before a certificate lapses, which is how
+cert-manager's one-year CA outage would have been caught.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+CERT_RELOADS = Counter(
+    "sidecarctl_cert_reloads_total",
+    "Serving certificate pairs loaded and swapped in (the first load counts).",
+)
+CERT_RELOAD_ERRORS = Counter(
+    "sidecarctl_cert_reload_errors_total",
+    "Cert directory contents refused; the previous certificate kept serving.",
+    ["reason"],
+)
+CABUNDLE_WRITES = Counter(
+    "sidecarctl_cabundle_writes_total",
+    "Successful caBundle patches to a webhook configuration.",
+    ["configuration"],
+)
+CABUNDLE_CONFLICTS = Counter(
+    "sidecarctl_cabundle_conflicts_total",
+    "caBundle patches refused because the configuration changed underneath (resourceVersion test).",
+    ["configuration"],
+)
+SERVING_CERT_EXPIRY = Gauge(
+    "sidecarctl_serving_cert_expiry_timestamp_seconds",
+    "notAfter of the serving certificate currently in use, as a Unix timestamp.",
+)
+CA_CERT_EXPIRY = Gauge(
+    "sidecarctl_ca_cert_expiry_timestamp_seconds",
+    "notAfter of the CA the serving certificate chains to, as a Unix timestamp.",
+)
