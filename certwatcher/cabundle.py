@@ -1,0 +1,377 @@
+"""Keeping `caBundle` in our webhook configurations in step with the local CA.
+
+Bundle policy (`desired_bundle`), after cert-manager's CA-injector merging:
+- the local CAs from `ca.crt` always go in first, in file order (a self-signed non-CA certificate
+  that an operator uses as its own trust anchor counts as local too);
+- a certificate already in the bundle stays while it is a CA and has not expired, even when this
+  replica no longer has it locally: another replica, or this one a second ago, may still be serving a
+  leaf from it (kubelet Secret propagation takes up to minutes), and dropping it early is exactly the
+  "unknown authority right after renewal" failure. So the overlap window during a CA rotation is "until
+  the old CA expires"; no separate retain window is needed. The price is that a stale CA lingers until
+  expiry; to drop one early, remove it from `caBundle` by hand (or empty the field): a CA that no
+  replica holds locally is not added back;
+- expired certificates, non-CA certificates, duplicates and unreadable blocks are dropped;
+- kept CAs follow the local ones ordered by notAfter (then fingerprint), so the result is deterministic.
+
+Writes (`CABundleSyncer`) touch only `/webhooks/<i>/clientConfig/caBundle` of the configurations named
+in `configs`, via a JSON patch guarded by a `test` of `/metadata/resourceVersion`, and only when the
+*set* of certificates differs from the desired one (or the field holds junk). Comparing sets, not bytes,
+lets two replicas that merge in a different order agree instead of rewriting each other's ordering.
+Optionally (`owner_marker`, default off) an object is touched only if it carries that label or
+annotation, e.g. `app.kubernetes.io/managed-by: sidecarctl`, so that a configuration someone else
+created under our name is left alone.
+
+Writes per configuration are rate limited by a token bucket: `fast_retries` tokens (a few writes within
+about a second, for conflicts and CA changes), refilled at one per `resync_interval`. Two writers that
+genuinely disagree (e.g. an old replica that replaces the bundle) therefore cost at most
+`fast_retries + minutes * 60 / resync_interval` writes each, not an Istio-style update storm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import enum
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from cryptography import x509
+
+from certwatcher import metrics, pem
+from certwatcher.ports import ApiPort
+from certwatcher.timing import utcnow
+
+log = logging.getLogger(__name__)
+
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+MANAGED_BY_MARKER = ("app.kubernetes.io/managed-by", "sidecarctl")
+
+
+@dataclass(frozen=True)
+class WebhookConfigRef:
+    """One webhook configuration we own; `webhooks` limits the entries touched (None: all of them)."""
+
+    kind: Literal["mutating", "validating"]
+    name: str
+    webhooks: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("mutating", "validating"):
+            raise ValueError(f"kind: must be 'mutating' or 'validating', got {self.kind!r}")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"name: must be a non-empty object name, got {self.name!r}")
+
+    @property
+    def path(self) -> str:
+        return f"{ADMISSION_API}/{self.kind}webhookconfigurations/{self.name}"
+
+
+DEFAULT_CONFIGS = (
+    WebhookConfigRef("mutating", "sidecarctl-injector"),
+    WebhookConfigRef("validating", "sidecarctl-validator"),
+)
+
+
+def _local_anchors(local_ca_pem: bytes, now: datetime) -> list[x509.Certificate]:
+    certs = pem.dedupe(pem.certificates(local_ca_pem))
+    return [c for c in certs if not pem.expired(c, now) and (pem.is_ca(c) or pem.is_self_signed(c))]
+
+
+def desired_bundle(current: bytes, local_ca_pem: bytes, *, now: datetime, keep_existing: bool = True) -> bytes:
+    """The bundle to publish given what is published now and our `ca.crt` (policy: module docstring)."""
+    local = _local_anchors(local_ca_pem, now)
+    seen = {pem.fingerprint(c) for c in local}
+    kept: list[x509.Certificate] = []
+    if keep_existing:
+        for cert in pem.certificates(current):
+            fp = pem.fingerprint(cert)
+            if fp in seen or not pem.is_ca(cert) or pem.expired(cert, now):
+                continue
+            seen.add(fp)
+            kept.append(cert)
+        kept.sort(key=lambda c: (pem.not_after(c), pem.fingerprint(c)))
+    return pem.to_pem([*local, *kept])
+
+
+def bundle_differs(current: bytes, desired: bytes) -> bool:
+    """True when a write is needed: other certificates, duplicates or unreadable blocks in `current`."""
+    now_parsed = pem.parse_bundle(current)
+    if now_parsed.bad_blocks:
+        return True
+    have = sorted(pem.fingerprint(c) for c in now_parsed.certs)
+    want = sorted(pem.fingerprint(c) for c in pem.certificates(desired))
+    return have != want
+
+
+class SyncResult(enum.Enum):
+    IN_SYNC = "in_sync"
+    WRITTEN = "written"
+    CONFLICT = "conflict"
+    THROTTLED = "throttled"
+    MISSING = "missing"
+    NOT_OWNED = "not_owned"
+    INVALID = "invalid"
+    NO_LOCAL_CA = "no_local_ca"
+    ERROR = "error"
+
+
+class WriteBudget:
+    """Token bucket: `burst` writes at once, then one per `refill_interval` seconds."""
+
+    def __init__(self, *, burst: int, refill_interval: float, now: float) -> None:
+        self.burst = burst
+        self.refill_interval = refill_interval
+        self._tokens = float(burst)
+        self._at = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._at:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.refill_interval)
+            self._at = now
+
+    def available(self, now: float) -> bool:
+        self._refill(now)
+        return self._tokens >= 1.0
+
+    def take(self, now: float) -> bool:
+        self._refill(now)
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def wait(self, now: float) -> float:
+        self._refill(now)
+        return max(0.0, (1.0 - self._tokens) * self.refill_interval)
+
+
+def _decode(raw: object) -> bytes | None:
+    """caBundle is base64 in JSON; None when the field holds something that is not."""
+    if raw is None or raw == "":
+        return b""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _marked(obj: dict[str, Any], marker: tuple[str, str]) -> bool:
+    meta = obj.get("metadata") or {}
+    key, value = marker
+    for field in ("labels", "annotations"):
+        entries = meta.get(field) or {}
+        if isinstance(entries, dict) and entries.get(key) == value:
+            return True
+    return False
+
+
+class CABundleSyncer:
+    def __init__(
+        self,
+        api: ApiPort,
+        *,
+        configs: Sequence[WebhookConfigRef] = DEFAULT_CONFIGS,
+        local_ca_pem: bytes = b"",
+        resync_interval: float = 30.0,
+        owner_marker: tuple[str, str] | None = None,
+        keep_existing: bool = True,
+        fast_retries: int = 3,
+        fast_retry_delay: float = 0.3,
+        clock: Callable[[], datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if resync_interval <= 0:
+            raise ValueError(f"resync_interval: must be > 0, got {resync_interval}")
+        if fast_retries < 1:
+            raise ValueError(f"fast_retries: must be >= 1, got {fast_retries}")
+        if fast_retry_delay < 0:
+            raise ValueError(f"fast_retry_delay: must be >= 0, got {fast_retry_delay}")
+        names = [c.path for c in configs]
+        if len(set(names)) != len(names):
+            raise ValueError("configs: the same configuration is listed twice")
+        self._api = api
+        self.configs = tuple(configs)
+        self._local = local_ca_pem
+        self.resync_interval = resync_interval
+        self.owner_marker = owner_marker
+        self.keep_existing = keep_existing
+        self.fast_retry_delay = fast_retry_delay
+        self._clock = clock
+        self._mono = monotonic
+        self._rng = rng or random.Random()
+        start = monotonic()
+        self._budgets = {
+            ref: WriteBudget(burst=fast_retries, refill_interval=resync_interval, now=start) for ref in self.configs
+        }
+        self._wake = asyncio.Event()
+        self._logged: set[tuple[str, str]] = set()
+        self._error_streak: dict[WebhookConfigRef, int] = {}
+        self.writes: dict[str, int] = {ref.name: 0 for ref in self.configs}
+        self.conflicts: dict[str, int] = {ref.name: 0 for ref in self.configs}
+
+    @property
+    def write_count(self) -> int:
+        return sum(self.writes.values())
+
+    @property
+    def local_ca_pem(self) -> bytes:
+        return self._local
+
+    def set_local_ca(self, ca_pem: bytes) -> None:
+        """Called on every CA change (e.g. from `CertReloader(on_reload=...)`); wakes the loop."""
+        if ca_pem != self._local:
+            self._local = ca_pem
+            self._wake.set()
+
+    def notify(self) -> None:
+        """Ask for a reconcile soon, e.g. on a watch event for one of the configurations."""
+        self._wake.set()
+
+    async def reconcile_once(self) -> dict[str, SyncResult]:
+        """One pass over every configuration (no retries here; `run` schedules those)."""
+        return {ref.name: await self._sync_safely(ref) for ref in self.configs}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        inf = float("inf")
+        next_resync = self._mono()
+        retry_at: dict[WebhookConfigRef, float] = {}
+        while not stop.is_set():
+            now = self._mono()
+            woken = self._wake.is_set()
+            self._wake.clear()
+            resync = now >= next_resync
+            for ref in self.configs:
+                if woken or resync or retry_at.get(ref, inf) <= now:
+                    result = await self._sync_safely(ref)
+                    delay = self._retry_delay(ref, result)
+                    retry_at[ref] = inf if delay is None else self._mono() + delay
+            if resync:
+                next_resync = now + self.resync_interval
+            deadline = min([next_resync, *retry_at.values()])
+            await self._sleep(stop, deadline - self._mono())
+
+    async def _sleep(self, stop: asyncio.Event, timeout: float) -> None:
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+            for w in waiters:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await w
+
+    def _retry_delay(self, ref: WebhookConfigRef, result: SyncResult) -> float | None:
+        now = self._mono()
+        budget = self._budgets[ref]
+        if result is SyncResult.ERROR:
+            streak = self._error_streak.get(ref, 0) + 1
+            self._error_streak[ref] = streak
+            base: float = max(self.fast_retry_delay, 0.1) * 2.0 ** min(streak, 10)
+            return min(self.resync_interval, base) * self._rng.uniform(0.8, 1.2)
+        self._error_streak.pop(ref, None)
+        if result is SyncResult.CONFLICT:
+            if budget.available(now):
+                return self.fast_retry_delay * self._rng.uniform(0.5, 1.5)
+            return budget.wait(now) * self._rng.uniform(1.0, 1.2)
+        if result is SyncResult.THROTTLED:
+            return budget.wait(now) * self._rng.uniform(1.0, 1.2)
+        return None
+
+    def _once(self, ref: WebhookConfigRef, what: str, message: str, *args: object) -> None:
+        key = (ref.name, what)
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args)
+
+    def _clear_logged(self, ref: WebhookConfigRef) -> None:
+        self._logged = {k for k in self._logged if k[0] != ref.name}
+
+    async def _sync_safely(self, ref: WebhookConfigRef) -> SyncResult:
+        try:
+            return await self._sync(ref)
+        except Exception as exc:
+            self._once(ref, f"error:{type(exc).__name__}", "caBundle sync of %s failed: %s", ref.path, exc)
+            return SyncResult.ERROR
+
+    async def _sync(self, ref: WebhookConfigRef) -> SyncResult:
+        now = self._clock()
+        if not _local_anchors(self._local, now):
+            self._once(ref, "no-ca", "caBundle sync: no valid CA in the local ca.crt yet; not touching %s", ref.path)
+            return SyncResult.NO_LOCAL_CA
+        obj = await self._api.get(ref.path)
+        if obj is None:
+            self._once(ref, "missing", "caBundle sync: %s does not exist; will look again", ref.path)
+            return SyncResult.MISSING
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict) or meta.get("name") != ref.name:
+            self._once(ref, "invalid", "caBundle sync: %s answered with another object; skipped", ref.path)
+            return SyncResult.INVALID
+        if self.owner_marker is not None and not _marked(obj, self.owner_marker):
+            self._once(
+                ref,
+                "not-owned",
+                "caBundle sync: %s lacks the %s=%s label/annotation; not touching it",
+                ref.path,
+                *self.owner_marker,
+            )
+            return SyncResult.NOT_OWNED
+        webhooks = obj.get("webhooks")
+        if webhooks is None:
+            webhooks = []
+        if not isinstance(webhooks, list):
+            self._once(ref, "invalid", "caBundle sync: %s .webhooks is not a list; skipped", ref.path)
+            return SyncResult.INVALID
+        ops = self._ops(ref, webhooks, now)
+        if not ops:
+            self._clear_logged(ref)
+            return SyncResult.IN_SYNC
+        if not self._budgets[ref].take(self._mono()):
+            self._once(ref, "throttled", "caBundle sync: write budget for %s spent; retrying slowly", ref.path)
+            return SyncResult.THROTTLED
+        rv = meta.get("resourceVersion")
+        guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
+        result = await self._api.patch_json(ref.path, guard + ops)
+        if result is None:
+            self.conflicts[ref.name] += 1
+            metrics.CABUNDLE_CONFLICTS.labels(configuration=ref.name).inc()
+            log.info("caBundle sync: %s changed underneath (resourceVersion %s); will retry", ref.path, rv)
+            return SyncResult.CONFLICT
+        self.writes[ref.name] += 1
+        metrics.CABUNDLE_WRITES.labels(configuration=ref.name).inc()
+        log.info("caBundle sync: updated %d webhook(s) in %s", len(ops), ref.path)
+        return SyncResult.WRITTEN
+
+    def _ops(self, ref: WebhookConfigRef, webhooks: list[Any], now: datetime) -> list[dict[str, Any]]:
+        ops: list[dict[str, Any]] = []
+        for i, hook in enumerate(webhooks):
+            if not isinstance(hook, dict):
+                continue
+            if ref.webhooks is not None and hook.get("name") not in ref.webhooks:
+                continue
+            client = hook.get("clientConfig")
+            if not isinstance(client, dict):
+                self._once(ref, f"noclient:{i}", "caBundle sync: %s webhooks[%d] has no clientConfig", ref.path, i)
+                continue
+            current = _decode(client.get("caBundle"))
+            desired = desired_bundle(current or b"", self._local, now=now, keep_existing=self.keep_existing)
+            if current is not None and not bundle_differs(current, desired):
+                continue
+            ops.append(
+                {
+                    "op": "replace" if "caBundle" in client else "add",
+                    "path": f"/webhooks/{i}/clientConfig/caBundle",
+                    "value": base64.b64encode(desired).decode("ascii"),
+                }
+            )
+        return ops
