@@ -1,0 +1,335 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, asyncio-native, with release on stop.
+
+Why not `kubernetes.leaderelection`: it is thread-based and blocking (`time.sleep` in the
+acquire loop, the callback in a daemon thread), exits the process on bad durations, and has no
+release-on-cancel, so after a rolling update the standby waits out the whole lease. This is the
+client-go algorithm on our async raw-JSON client:
+
+- A candidate takes the Lease when it is absent, released (empty holder), or expired. Expiry is
+  judged by *our* monotonic clock: the record must have been seen unchanged for
+  `leaseDurationSeconds` since we first observed it. The remote `renewTime` is never compared with
+  the local wall clock, so clock skew between replicas cannot cause two leaders.
+- Writes are optimistic (`update` with the read resourceVersion); a Conflict means someone else
+  wrote, so the Lease is read again.
+- The leader renews every `retry_period`. If no renewal has succeeded for `renew_deadline`
+  (counted from when the last successful request was *sent*) it stops leading: the leading task is
+  cancelled and `lost` is set. `renew_deadline < lease_duration` leaves a margin before any
+  standby may take over.
+- On `stop` the leading task is cancelled first, then the Lease is released (empty holder,
+  `leaseDurationSeconds: 1`, as client-go's ReleaseOnCancel) so a standby takes over at once.
+  Cancelling `run` itself does not release: that is what a crash looks like to the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from sidecarsets import kubeapi
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.metrics import IS_LEADER
+
+log = logging.getLogger(__name__)
+
+LEASE_API = "/apis/coordination.k8s.io/v1"
+DEFAULT_LEASE_NAME = "sidecarctl-controller"
+# client-go waits retry_period * (1 + rand * 1.2) between acquisition attempts.
+JITTER_FACTOR = 1.2
+
+OnStarted = Callable[[asyncio.Event], Awaitable[None]]
+
+
+class LeaseClient(Protocol):
+    """The three API calls the elector makes (KubeClient provides them)."""
+
+    async def get(self, path: str) -> JsonObj: ...
+
+    async def create(self, path: str, body: JsonObj) -> JsonObj: ...
+
+    async def update(self, path: str, body: JsonObj) -> JsonObj: ...
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The election fields of a Lease spec; compared whole to detect any change."""
+
+    holder: str = ""
+    duration: int = 0
+    acquire_time: str | None = None
+    renew_time: str | None = None
+    transitions: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> LeaseRecord:
+        spec = spec if isinstance(spec, dict) else {}
+        return cls(
+            holder=str(spec.get("holderIdentity") or ""),
+            duration=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=spec.get("acquireTime"),
+            renew_time=spec.get("renewTime"),
+            transitions=int(spec.get("leaseTransitions") or 0),
+        )
+
+    def to_spec(self) -> JsonObj:
+        spec: JsonObj = {
+            "holderIdentity": self.holder,
+            "leaseDurationSeconds": self.duration,
+            "leaseTransitions": self.transitions,
+        }
+        if self.acquire_time:
+            spec["acquireTime"] = self.acquire_time
+        if self.renew_time:
+            spec["renewTime"] = self.renew_time
+        return spec
+
+
+def micro_time(dt: datetime) -> str:
+    """A metav1.MicroTime: RFC 3339 in UTC with microseconds."""
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """One candidate for the Lease `namespace/name`; `run` campaigns until `stop` is set."""
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        namespace: str,
+        identity: str,
+        name: str = DEFAULT_LEASE_NAME,
+        lease_duration: int = 15,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        if not identity:
+            raise ValueError("leader election identity must not be empty")
+        if not namespace or not name:
+            raise ValueError("leader election needs a Lease namespace and name")
+        if isinstance(lease_duration, bool) or not isinstance(lease_duration, int) or lease_duration < 1:
+            raise ValueError(f"lease_duration must be a whole number of seconds >= 1, got {lease_duration!r}")
+        if retry_period <= 0:
+            raise ValueError(f"retry_period must be > 0, got {retry_period}")
+        if not renew_deadline < lease_duration:
+            raise ValueError(f"renew_deadline ({renew_deadline}) must be less than lease_duration ({lease_duration})")
+        if not renew_deadline > retry_period * JITTER_FACTOR:
+            raise ValueError(
+                f"renew_deadline ({renew_deadline}) must be greater than retry_period * {JITTER_FACTOR} "
+                f"({retry_period * JITTER_FACTOR:g})"
+            )
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._rand = rand
+        self._observed: LeaseRecord | None = None
+        self._observed_time = 0.0
+        self._leading = False
+
+    @property
+    def path(self) -> str:
+        return f"{LEASE_API}/namespaces/{self.namespace}/leases/{self.name}"
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading
+
+    @property
+    def observed_holder(self) -> str | None:
+        """The holder in the last Lease we read or wrote ("" when released, None before the first read)."""
+        return None if self._observed is None else self._observed.holder
+
+    def _set_leading(self, leading: bool) -> None:
+        self._leading = leading
+        IS_LEADER.set(1 if leading else 0)
+
+    def _observe(self, lease: JsonObj) -> LeaseRecord:
+        record = LeaseRecord.from_spec(lease.get("spec"))
+        if record != self._observed:
+            self._observed = record
+            self._observed_time = self._clock()
+        return record
+
+    def _expired(self, record: LeaseRecord) -> bool:
+        duration = record.duration or self.lease_duration
+        return self._observed_time + duration <= self._clock()
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt to take or keep the Lease; True when we hold it afterwards."""
+        for _ in range(2):  # a Conflict re-reads once right away
+            now = micro_time(self._wall_clock())
+            try:
+                lease = await self.client.get(self.path)
+            except kubeapi.NotFound:
+                mine = LeaseRecord(self.identity, self.lease_duration, now, now, 0)
+                body: JsonObj = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": mine.to_spec(),
+                }
+                try:
+                    created = await self.client.create(f"{LEASE_API}/namespaces/{self.namespace}/leases", body)
+                except kubeapi.Conflict:
+                    continue  # another candidate created it first
+                except Exception as e:
+                    log.warning("lease %s/%s: create failed: %s", self.namespace, self.name, e)
+                    return False
+                self._observe(created)
+                return True
+            except Exception as e:
+                log.warning("lease %s/%s: read failed: %s", self.namespace, self.name, e)
+                return False
+
+            old = self._observe(lease)
+            if old.holder and old.holder != self.identity and not self._expired(old):
+                return False
+            if old.holder == self.identity:
+                mine = LeaseRecord(self.identity, self.lease_duration, old.acquire_time or now, now, old.transitions)
+            else:
+                mine = LeaseRecord(self.identity, self.lease_duration, now, now, old.transitions + 1)
+            body = {**lease, "spec": {**(lease.get("spec") or {}), **mine.to_spec()}}
+            try:
+                updated = await self.client.update(self.path, body)
+            except kubeapi.Conflict:
+                continue
+            except Exception as e:
+                log.warning("lease %s/%s: update failed: %s", self.namespace, self.name, e)
+                return False
+            self._observe(updated)
+            return True
+        return False
+
+    async def release(self) -> bool:
+        """Give the Lease up if we hold it, so a standby need not wait for it to expire."""
+        try:
+            lease = await self.client.get(self.path)
+        except kubeapi.NotFound:
+            return True
+        except Exception as e:
+            log.warning("lease %s/%s: read for release failed: %s", self.namespace, self.name, e)
+            return False
+        old = self._observe(lease)
+        if old.holder != self.identity:
+            return True
+        now = micro_time(self._wall_clock())
+        released = LeaseRecord("", 1, now, now, old.transitions)
+        body = {**lease, "spec": {**(lease.get("spec") or {}), **released.to_spec()}}
+        try:
+            self._observe(await self.client.update(self.path, body))
+        except Exception as e:
+            log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, e)
+            return False
+        log.info("lease %s/%s released by %s", self.namespace, self.name, self.identity)
+        return True
+
+    async def _pause(self, delay: float, *wake: asyncio.Event | asyncio.Task[None]) -> None:
+        """Sleep `delay` seconds, or less when an event is set or a task finishes."""
+        if any(w.is_set() if isinstance(w, asyncio.Event) else w.done() for w in wake):
+            return
+        ours = [asyncio.ensure_future(w.wait()) for w in wake if isinstance(w, asyncio.Event)]
+        tasks = [w for w in wake if isinstance(w, asyncio.Task)]
+        try:
+            if ours or tasks:
+                await asyncio.wait([*ours, *tasks], timeout=max(0.0, delay))
+            else:
+                await asyncio.sleep(max(0.0, delay))
+        finally:
+            for f in ours:
+                f.cancel()
+
+    async def _attempt(self, timeout: float) -> bool:
+        try:
+            return await asyncio.wait_for(self.try_acquire_or_renew(), timeout=max(0.001, timeout))
+        except TimeoutError:
+            log.warning("lease %s/%s: request timed out after %.1fs", self.namespace, self.name, timeout)
+            return False
+
+    async def _acquire(self, stop: asyncio.Event) -> bool:
+        while not stop.is_set():
+            if await self._attempt(self.renew_deadline):
+                return True
+            await self._pause(self.retry_period * (1 + JITTER_FACTOR * self._rand()), stop)
+        return False
+
+    async def _renew(self, stop: asyncio.Event, task: asyncio.Task[None]) -> str:
+        """Keep the Lease while leading; returns "stop", "done" (the task ended) or "lost"."""
+        last_renew = self._clock()
+        while True:
+            await self._pause(self.retry_period, stop, task)
+            while True:
+                if stop.is_set():
+                    return "stop"
+                if task.done():
+                    return "done"
+                remaining = last_renew + self.renew_deadline - self._clock()
+                if remaining <= 0:
+                    return "lost"
+                sent = self._clock()
+                if await self._attempt(remaining):
+                    last_renew = sent
+                    break
+                if self.observed_holder not in (None, "", self.identity):
+                    return "lost"  # someone else holds it now: never keep acting as leader
+                await self._pause(min(self.retry_period, remaining), stop, task)
+
+    async def run(self, stop: asyncio.Event, on_started: OnStarted) -> None:
+        """Campaign, lead (running `on_started(lost)` as a task), and campaign again, until `stop`."""
+        while not stop.is_set():
+            if not await self._acquire(stop):
+                break
+            lost = asyncio.Event()
+            self._set_leading(True)
+            log.info("lease %s/%s acquired by %s", self.namespace, self.name, self.identity)
+            task = asyncio.create_task(_lead(on_started, lost), name=f"leading-{self.identity}")
+            try:
+                outcome = await self._renew(stop, task)
+            except BaseException:
+                self._set_leading(False)
+                lost.set()
+                await _cancel(task)
+                raise
+            self._set_leading(False)
+            lost.set()
+            await _cancel(task)
+            if outcome == "lost":
+                log.error("lease %s/%s lost by %s: stopped leading", self.namespace, self.name, self.identity)
+                continue
+            if outcome == "done":
+                exc = None if task.cancelled() else task.exception()
+                log.log(
+                    logging.ERROR if exc else logging.WARNING,
+                    "leading task of %s ended (%s); releasing the lease",
+                    self.identity,
+                    exc or "returned",
+                )
+                await self.release()
+                await self._pause(self.retry_period, stop)
+                continue
+            break
+        if stop.is_set():
+            await self.release()
+
+
+async def _lead(on_started: OnStarted, lost: asyncio.Event) -> None:
+    await on_started(lost)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
