@@ -9,7 +9,9 @@ Swapping: hypercorn builds its `SSLContext` once and keeps it. `CertSwitch.front
 context; its `sni_callback` runs on every ClientHello (also without SNI: clients connecting to an IP
 address, such as the API server in tests calling `https://127.0.0.1:port`, send none and the callback
 gets `None`) and sets `ssl_object.context` to the current validated context. The handshake then uses
-that context's certificate and ALPN list; connections already established keep theirs. The front
+that context's certificate and ALPN list (so every context here repeats hypercorn's settings: without
+ALPN on the switched-to context, h2 silently falls back to no ALPN at all), while the cipher list stays
+the front's; connections already established keep their context. The front
 context holds no certificate of its own, so a handshake can never be answered with a stale pair.
 """
 
