@@ -1,0 +1,91 @@
+"""SidecarSet validation: everything Kruise's validating webhook checks that a pure function can.
+
+One entry point serves the `/validate-sidecarset` webhook and the CLI. It returns every
+problem at once (a user fixing a manifest should not need one round trip per mistake), names
+the field of each, and never raises, whatever JSON it is given: a malformed object is itself
+just a list of FieldErrors.
+
+What it does not do: look up ControllerRevisions named by `injectionStrategy.revision` (the
+caller with cluster access does that), or gate patchPodMetadata keys with a whitelist.
+
+`namespace` and `namespaceSelector` may both be set; `namespace` wins, as in Kruise's current
+v1alpha1 API (Kruise 1.8 rejected the combination).
+
+The rules live in the `validation_*` modules, one per part of the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sidecarsets.defaults import apply_defaults
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.validation_base import (
+    Errors,
+    FieldError,
+    dns1123_label_problem,
+    obj_field,
+    type_name,
+    validate_selector,
+)
+from sidecarsets.validation_conflicts import validate_conflicts
+from sidecarsets.validation_containers import validate_containers
+from sidecarsets.validation_metadata import validate_name, validate_patch_pod_metadata
+from sidecarsets.validation_strategy import validate_injection_strategy, validate_update_strategy
+from sidecarsets.validation_update import validate_update
+from sidecarsets.validation_volumes import validate_pull_secrets, validate_revision_history_limit, validate_volumes
+
+__all__ = ["FieldError", "validate_sidecarset"]
+
+
+def _namespace(spec: Mapping[str, Any], errs: Errors) -> None:
+    namespace = spec.get("namespace")
+    if namespace is None or namespace == "":
+        return
+    if not isinstance(namespace, str):
+        errs.append(FieldError("spec.namespace", f"must be a string, not {type_name(namespace)}"))
+        return
+    problem = dns1123_label_problem(namespace)
+    if problem:
+        errs.append(FieldError("spec.namespace", problem))
+
+
+def _spec(spec: Mapping[str, Any], errs: Errors) -> None:
+    validate_selector(spec.get("selector"), "spec.selector", errs, required=True)
+    _namespace(spec, errs)
+    validate_selector(spec.get("namespaceSelector"), "spec.namespaceSelector", errs, required=False)
+    validate_injection_strategy(spec, errs)
+    validate_update_strategy(spec, errs)
+    validate_containers(spec, errs)
+    validate_volumes(spec, errs)
+    validate_pull_secrets(spec, errs)
+    validate_revision_history_limit(spec, errs)
+    validate_patch_pod_metadata(spec, errs)
+
+
+def validate_sidecarset(
+    obj: JsonObj, *, old: JsonObj | None = None, others: Iterable[JsonObj] = ()
+) -> list[FieldError]:
+    """Every problem with the SidecarSet `obj` (defaults applied first).
+
+    `old` is the stored object on update; `others` are the other SidecarSets in the cluster
+    (the one named like `obj` is skipped), checked for container, volume and annotation
+    conflicts. An empty list means valid.
+    """
+    raw: Any = obj  # callers pass whatever JSON they received
+    if not isinstance(raw, dict):
+        return [FieldError("SidecarSet", f"must be a JSON object, not {type_name(raw)}")]
+    errs: Errors = []
+    current = apply_defaults(raw)
+    validate_name(current, errs)
+    spec = obj_field(current, "spec", "spec", errs)
+    if spec is None:
+        if current.get("spec") is None:
+            errs.append(FieldError("spec", "spec is required"))
+        return errs
+    _spec(spec, errs)
+    if isinstance(old, Mapping):
+        validate_update(spec, apply_defaults(old), errs)
+    validate_conflicts(current, others, errs)
+    return errs

@@ -1,0 +1,196 @@
+"""Validation of the sidecar containers and init containers of a SidecarSet.
+
+A bad sidecar does not fail when the SidecarSet is written but when it is injected: every pod
+the selector matches would then be refused by the API server. Kruise guards against that by
+running pod validation on a fake pod; we check the fields whose mistakes are common (names,
+image, env names, mounts, ports) plus every SidecarSet-specific field, and leave the rest of
+core/v1 Container validation to the API server.
+
+Volume mounts may name volumes that are not in `spec.volumes`: a sidecar may mount a volume
+the pod itself defines (Kruise allows this too), so that is not an error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sidecarsets.validation_base import (
+    Errors,
+    FieldError,
+    dns1123_label_problem,
+    is_int,
+    list_field,
+    obj_field,
+    objects,
+    qualified_name_problem,
+    str_field,
+    type_name,
+)
+from sidecarsets.validation_resources import validate_resources_policy
+
+INJECT_POLICIES = ("BeforeAppContainer", "AfterAppContainer")
+SHARE_POLICIES = ("enabled", "disabled")
+UPGRADE_TYPES = ("ColdUpgrade", "HotUpgrade")
+# Printable ASCII except '=' (Kubernetes relaxed env var names, GA since 1.34).
+_ENV_NAME = re.compile(r"^[\x20-\x3c\x3e-\x7e]+$")
+_SUBSCRIPTED = re.compile(r"^metadata\.(labels|annotations)\['(.*)'\]$")
+ALLOWED_FIELD_PATHS = "metadata.name, metadata.labels['<KEY>'] or metadata.annotations['<KEY>']"
+
+
+def env_name_problem(name: Any) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "env var name must be a non-empty string"
+    if not _ENV_NAME.match(name):
+        return f"invalid env var name {name!r}: use printable ASCII characters other than '='"
+    return None
+
+
+def _field_ref(ref: Mapping[str, Any], path: str, errs: Errors) -> None:
+    api_version = ref.get("apiVersion")
+    if api_version in (None, ""):
+        errs.append(FieldError(f"{path}.apiVersion", "apiVersion is required"))
+    elif api_version != "v1":
+        errs.append(FieldError(f"{path}.apiVersion", f"unsupported apiVersion {api_version!r}: only v1"))
+    field_path = ref.get("fieldPath")
+    if field_path in (None, ""):
+        errs.append(FieldError(f"{path}.fieldPath", "fieldPath is required"))
+        return
+    if not isinstance(field_path, str):
+        errs.append(FieldError(f"{path}.fieldPath", f"must be a string, not {type_name(field_path)}"))
+        return
+    if field_path == "metadata.name":
+        return
+    m = _SUBSCRIPTED.match(field_path)
+    if not m:
+        errs.append(
+            FieldError(f"{path}.fieldPath", f"fieldPath {field_path!r} is not supported: use {ALLOWED_FIELD_PATHS}")
+        )
+        return
+    kind, key = m.groups()
+    # Annotation keys are case-insensitive in the downward API; label keys are not.
+    problem = qualified_name_problem(key.lower() if kind == "annotations" else key)
+    if problem:
+        errs.append(FieldError(f"{path}.fieldPath", problem))
+
+
+def _transfer_env(container: Mapping[str, Any], path: str, errs: Errors) -> None:
+    tpath = f"{path}.transferEnv"
+    for _, item_path, item in objects(list_field(container, "transferEnv", tpath, errs), tpath, errs):
+        source = str_field(item, "sourceContainerName", f"{item_path}.sourceContainerName", errs)
+        source_from = obj_field(item, "sourceContainerNameFrom", f"{item_path}.sourceContainerNameFrom", errs)
+        if bool(source) == (item.get("sourceContainerNameFrom") is not None):
+            errs.append(
+                FieldError(item_path, "exactly one of sourceContainerName or sourceContainerNameFrom must be set")
+            )
+        if source_from is not None:
+            ref_path = f"{item_path}.sourceContainerNameFrom.fieldRef"
+            ref = obj_field(source_from, "fieldRef", ref_path, errs)
+            if ref is not None:
+                _field_ref(ref, ref_path, errs)
+            elif source_from.get("fieldRef") is None:
+                errs.append(FieldError(ref_path, "fieldRef is required in sourceContainerNameFrom"))
+        env_name = item.get("envName")
+        env_names = list_field(item, "envNames", f"{item_path}.envNames", errs)
+        if env_name in (None, "") and not env_names:
+            errs.append(FieldError(item_path, "one of envName or envNames must be set"))
+        if env_name not in (None, ""):
+            problem = env_name_problem(env_name)
+            if problem:
+                errs.append(FieldError(f"{item_path}.envName", problem))
+        for i, name in enumerate(env_names):
+            problem = env_name_problem(name)
+            if problem:
+                errs.append(FieldError(f"{item_path}.envNames[{i}]", problem))
+
+
+def _env(container: Mapping[str, Any], path: str, errs: Errors) -> None:
+    epath = f"{path}.env"
+    for _, item_path, item in objects(list_field(container, "env", epath, errs), epath, errs):
+        problem = env_name_problem(item.get("name"))
+        if problem:
+            errs.append(FieldError(f"{item_path}.name", problem))
+
+
+def _volume_mounts(container: Mapping[str, Any], path: str, errs: Errors) -> None:
+    mpath = f"{path}.volumeMounts"
+    seen: set[str] = set()
+    for _, item_path, item in objects(list_field(container, "volumeMounts", mpath, errs), mpath, errs):
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            errs.append(FieldError(f"{item_path}.name", "volume mount needs the name of a volume"))
+        mount_path = item.get("mountPath")
+        if not isinstance(mount_path, str) or not mount_path:
+            errs.append(FieldError(f"{item_path}.mountPath", "mountPath is required"))
+        elif mount_path in seen:
+            errs.append(FieldError(f"{item_path}.mountPath", f"mountPath {mount_path!r} is mounted twice"))
+        else:
+            seen.add(mount_path)
+
+
+def _ports(container: Mapping[str, Any], path: str, errs: Errors) -> None:
+    ppath = f"{path}.ports"
+    for _, item_path, item in objects(list_field(container, "ports", ppath, errs), ppath, errs):
+        port = item.get("containerPort")
+        if not is_int(port) or not 1 <= port <= 65535:
+            errs.append(FieldError(f"{item_path}.containerPort", f"must be a port number 1-65535, not {port!r}"))
+
+
+def _enum(parent: Mapping[str, Any], key: str, allowed: tuple[str, ...], path: str, what: str, errs: Errors) -> None:
+    value = parent.get(key)
+    if value not in allowed:
+        errs.append(FieldError(path, f"unsupported {what} {value!r}: use {' or '.join(allowed)}"))
+
+
+def _sidecar_fields(container: Mapping[str, Any], path: str, errs: Errors) -> None:
+    _enum(container, "podInjectPolicy", INJECT_POLICIES, f"{path}.podInjectPolicy", "pod inject policy", errs)
+    upgrade = obj_field(container, "upgradeStrategy", f"{path}.upgradeStrategy", errs)
+    if upgrade is not None:
+        upath = f"{path}.upgradeStrategy"
+        _enum(upgrade, "upgradeType", UPGRADE_TYPES, f"{upath}.upgradeType", "upgrade type", errs)
+        str_field(upgrade, "hotUpgradeEmptyImage", f"{upath}.hotUpgradeEmptyImage", errs)
+    for key in ("shareVolumePolicy", "shareVolumeDevicePolicy"):
+        share = obj_field(container, key, f"{path}.{key}", errs)
+        if share is not None:
+            _enum(share, "type", SHARE_POLICIES, f"{path}.{key}.type", "share volume policy", errs)
+
+
+def _container(container: Mapping[str, Any], path: str, errs: Errors, *, init: bool) -> None:
+    name = container.get("name")
+    if not isinstance(name, str) or not name:
+        errs.append(FieldError(f"{path}.name", "container name is required"))
+    else:
+        problem = dns1123_label_problem(name)
+        if problem:
+            errs.append(FieldError(f"{path}.name", problem))
+    image = container.get("image")
+    if not isinstance(image, str) or not image.strip():
+        errs.append(FieldError(f"{path}.image", "image is required"))
+    _sidecar_fields(container, path, errs)
+    _transfer_env(container, path, errs)
+    _env(container, path, errs)
+    _volume_mounts(container, path, errs)
+    _ports(container, path, errs)
+    native = container.get("restartPolicy") == "Always"
+    validate_resources_policy(container, path, errs, native_or_main=native or not init)
+
+
+def validate_containers(spec: Mapping[str, Any], errs: Errors) -> None:
+    """Both lists, with names unique across them (they end up in one pod)."""
+    lists = {key: list_field(spec, key, f"spec.{key}", errs) for key in ("containers", "initContainers")}
+    if not lists["containers"] and not lists["initContainers"]:
+        errs.append(FieldError("spec.containers", "no initContainer or container defined for SidecarSet"))
+        return
+    seen: dict[str, str] = {}
+    for key, items in lists.items():
+        for _, path, container in objects(items, f"spec.{key}", errs):
+            _container(container, path, errs, init=key == "initContainers")
+            name = container.get("name")
+            if isinstance(name, str) and name:
+                if name in seen:
+                    errs.append(
+                        FieldError(f"{path}.name", f"duplicate container name {name!r}: already used by {seen[name]}")
+                    )
+                else:
+                    seen[name] = path
