@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from injector import manifests
+from injector.runcmd import add_run
 from sidecarsets import names
 from sidecarsets.model import ModelError, SidecarSet
 
@@ -287,7 +288,7 @@ def _load_namespace_labels(
 # ---------------------------------------------------------------------------------------------
 # Registration. The manager (`sidecarctl run`) registers itself here with its own `_add_run`.
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [_add_inject]
+_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [_add_inject, add_run]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,8 +6,10 @@ pull secrets or metadata patches never marks pods outdated. The "without image" 
 every image: when it differs between a pod and its SidecarSet, the change is more than an image
 and cannot be rolled in place.
 
-Key order follows the object as received (Go marshals struct fields in declaration order, we
-keep insertion order), so values are stable for one manifest but only equality is meaningful.
+The input is canonical: SidecarSet defaults applied to the containers and keys sorted, so the
+same SidecarSet hashes the same whether it comes from a user's YAML file (`sidecarctl inject`)
+or back from the API server with the CRD's defaults filled in. Values therefore differ from
+Kruise's own; only equality is meaningful.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+
+from sidecarsets.defaults import apply_defaults
 
 _ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -30,6 +34,9 @@ def _has_native_sidecar(init_containers: list[Any]) -> bool:
 
 
 def _hash_input(spec: Mapping[str, Any], *, blank_images: bool) -> dict[str, Any]:
+    only = {k: spec[k] for k in ("containers", "initContainers") if isinstance(spec.get(k), list)}
+    spec = apply_defaults({"spec": only})["spec"]
+
     def prep(items: list[Any]) -> list[Any]:
         if not blank_images:
             return items
@@ -44,11 +51,11 @@ def _hash_input(spec: Mapping[str, Any], *, blank_images: bool) -> dict[str, Any
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
     """Hash of the sidecar containers, images included."""
-    raw = orjson.dumps(_hash_input(spec, blank_images=False))
+    raw = orjson.dumps(_hash_input(spec, blank_images=False), option=orjson.OPT_SORT_KEYS)
     return _safe_encode(hashlib.sha256(raw).hexdigest())
 
 
 def spec_hash_without_image(spec: Mapping[str, Any]) -> str:
     """Hash of the sidecar containers with every image blanked."""
-    raw = orjson.dumps(_hash_input(spec, blank_images=True))
+    raw = orjson.dumps(_hash_input(spec, blank_images=True), option=orjson.OPT_SORT_KEYS)
     return _safe_encode(hashlib.sha256(raw).hexdigest())

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the test control plane (etcd, kube-apiserver, kube-controller-manager) from the
+# Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, and kubectl for
+# the demo and the manifest tests) from the
 # Go module proxy into a per-machine cache, once. Prints the directory holding the binaries.
 #
 # Why from modules: prebuilt release downloads are not reachable from every build machine,
@@ -27,7 +28,12 @@ fi
 
 cache_root=${SIDECARCTL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl}
 out="$cache_root/k8s/v$K8S_VERSION-etcd$ETCD_VERSION"
-if [[ -x "$out/etcd" && -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" ]]; then
+complete() {
+  for b in etcd kube-apiserver kube-controller-manager kubectl; do
+    [[ -x "$out/$b" ]] || return 1
+  done
+}
+if complete; then
   echo "$out"
   exit 0
 fi
@@ -46,7 +52,7 @@ mkdir -p "$out"
 # One build at a time per machine: two test runs starting together must not race.
 exec 9>"$out.lock"
 flock 9
-if [[ -x "$out/etcd" && -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" ]]; then
+if complete; then
   echo "$out"
   exit 0
 fi
@@ -61,13 +67,16 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldf="$ldf -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=$stamp"
 done
 
-echo "building etcd v$ETCD_VERSION into $out" >&2
-(cd "$here/etcdbin" && go build -trimpath \
-  -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$ETCD_VERSION" \
-  -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3)
-mv "$out/etcd.tmp" "$out/etcd"
+if [[ ! -x "$out/etcd" ]]; then
+  echo "building etcd v$ETCD_VERSION into $out" >&2
+  (cd "$here/etcdbin" && go build -trimpath \
+    -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$ETCD_VERSION" \
+    -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3)
+  mv "$out/etcd.tmp" "$out/etcd"
+fi
 
-for cmd in kube-apiserver kube-controller-manager; do
+for cmd in kube-apiserver kube-controller-manager kubectl; do
+  [[ -x "$out/$cmd" ]] && continue
   echo "building $cmd v$K8S_VERSION into $out" >&2
   (cd "$here/k8sbin" && go build -trimpath -tags selinux,notest,grpcnotrace \
     -ldflags "$ldf" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
