@@ -140,10 +140,10 @@ class Inliner:
 
     def _convert(self, node: Schema, stack: tuple[str, ...]) -> Schema:
         if "$ref" in node:
-            out = self._named(node["$ref"].rsplit("/", 1)[-1], stack)
+            target = self._named(node["$ref"].rsplit("/", 1)[-1], stack)
             if "description" in node:
-                out["description"] = short_description(node["description"])
-            return out
+                target["description"] = short_description(node["description"])
+            return target
         out: Schema = {}
         if "allOf" in node:
             if len(node["allOf"]) != 1:
@@ -199,8 +199,7 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
     schema = inl.named(
         CORE + "Container",
         description=(
-            f"A sidecar injected into pod.spec.{where}: a complete core/v1 Container plus how to "
-            "inject and upgrade it."
+            f"A sidecar injected into pod.spec.{where}: a complete core/v1 Container plus how to inject and upgrade it."
         ),
     )
     share_policy: Schema = {
@@ -226,8 +225,7 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
                     "fieldRef": inl.named(
                         CORE + "ObjectFieldSelector",
                         description=(
-                            "metadata.name, metadata.labels['<KEY>'] or metadata.annotations['<KEY>'] "
-                            "of the pod."
+                            "metadata.name, metadata.labels['<KEY>'] or metadata.annotations['<KEY>'] of the pod."
                         ),
                     )
                 },
@@ -506,8 +504,7 @@ def spec_schema(inl: Inliner) -> Schema:
                             "enum": ["Retain", "Overwrite", "MergePatchJson"],
                             "default": "Retain",
                             "description": (
-                                "Retain keeps a pod's value, Overwrite replaces it, MergePatchJson "
-                                "merges JSON objects."
+                                "Retain keeps a pod's value, Overwrite replaces it, MergePatchJson merges JSON objects."
                             ),
                         },
                     },
