@@ -84,10 +84,13 @@ def _scatter(terms: list[Any], path: str, errs: Errors) -> None:
 
 
 def validate_update_strategy(spec: Mapping[str, Any], errs: Errors) -> None:
-    """Kruise's RollingUpdate rules, plus value checks that hold whatever the type.
+    """Kruise's RollingUpdate rules.
 
-    Partition and maxUnavailable are checked under NotUpdate too: an injection revision policy
-    of Partial reads the partition even when nothing is rolled.
+    Kruise checks values only under RollingUpdate; we check them under NotUpdate too, because
+    they are still read (an injection revision policy of Partial reads the partition and the
+    selector) and a value that is wrong today blocks switching to RollingUpdate tomorrow. Only
+    "partition together with selector" stays RollingUpdate-only: under NotUpdate that pair
+    legitimately steers Partial injection.
     """
     path = "spec.updateStrategy"
     strategy = obj_field(spec, "updateStrategy", path, errs)
