@@ -108,7 +108,8 @@ def test_throwaway_webhook_mutates_through_real_admission(aloop: BackgroundLoop,
         aloop.run(server.stop())
 
 
-def _container(p: dict[str, Any], name: str) -> dict[str, Any]:
+def _container(p: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    assert p is not None
     return next(s for s in p["status"]["containerStatuses"] if s["name"] == name)
 
 
@@ -121,7 +122,12 @@ def test_fake_kubelet_runs_pods_and_restarts_changed_images(kube: Kube, kubelet:
     body = pod("web")
     body["spec"]["containers"].append({"name": "proxy", "image": "proxy:1"})
     created = kube.create(path, body)
-    running = eventually(lambda: (p := kube.get(f"{path}/web")) and _ready(p) and p, what="pod Ready")
+
+    def ready_pod() -> dict[str, Any] | None:
+        p = kube.get(f"{path}/web")
+        return p if _ready(p) else None
+
+    running = eventually(ready_pod, what="pod Ready")
     assert running["spec"]["nodeName"] == kubelet.node
     assert running["status"]["phase"] == "Running"
     assert _container(running, "proxy")["imageID"] == image_id("proxy:1")
@@ -141,6 +147,7 @@ def test_fake_kubelet_runs_pods_and_restarts_changed_images(kube: Kube, kubelet:
         return p if _ready(p) and st["imageID"] == image_id("proxy:2") else None
 
     after = eventually(upgraded, what="proxy restarted on the new image")
+    assert after is not None
     assert _container(after, "proxy")["restartCount"] == 1
     assert _container(after, "proxy")["image"] == "proxy:2"
     assert _container(after, "app")["restartCount"] == 0

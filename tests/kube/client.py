@@ -55,7 +55,7 @@ class Kube:
             return self.update(f"{path}/{name}", body)
 
 
-def eventually(check: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05, what: str = "") -> T:
+def eventually(check: Callable[[], T | None], *, timeout: float = 10.0, interval: float = 0.05, what: str = "") -> T:
     """Poll `check` until it returns a truthy value (or stops raising AssertionError)."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None

@@ -1,0 +1,231 @@
+"""The HTTP side of the manager: the admission webhooks (TLS port) and the probes (plain port).
+
+The handlers are thin: read a bounded body, parse the AdmissionReview, take the current
+store snapshot, call the pure engine or validator, answer. Whatever goes wrong, the answer is
+an AdmissionReview or a 4xx with a message; never a 500 and never a traceback on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from injector import admission, engine
+from injector.metrics import ADMISSION_LATENCY, ADMISSIONS
+from sidecarsets import names, revisions, validation
+from sidecarsets.model import ModelError, SidecarSet
+from sidecarsets.store import Snapshot, TemplateStore
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class WebhookSettings:
+    manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
+    # How long an admission may wait for a namespace the watch has not delivered yet.
+    namespace_wait: float = 1.0
+    clock: Callable[[], str] = field(default=utc_now)
+
+
+async def _read_body(request: Request) -> bytes:
+    admission.check_content_type(request.headers.get("content-type"))
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > admission.MAX_BODY:
+        raise admission.ReviewError(413, f"body of {length} bytes is larger than the {admission.MAX_BODY} byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > admission.MAX_BODY:
+                raise admission.ReviewError(413, f"body is larger than the {admission.MAX_BODY} byte limit")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise admission.ReviewError(400, "client disconnected before the body was read") from None
+    return b"".join(chunks)
+
+
+def _error(status: int, message: str) -> Response:
+    return PlainTextResponse(message + "\n", status_code=status)
+
+
+async def _namespace_labels(store: TemplateStore, namespace: str, wait: float) -> dict[str, str] | None:
+    """Labels from the watch; a namespace created a moment ago may still be on its way."""
+    deadline = time.monotonic() + wait
+    while True:
+        labels = store.snapshot.namespaces.get(namespace)
+        if labels is not None:
+            return dict(labels)
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(0.01)
+
+
+def pinned_sidecarsets(
+    snapshot: Snapshot, pod_labels: dict[str, str], *, rand: Callable[[], float]
+) -> tuple[list[SidecarSet], str | None]:
+    """The SidecarSets to inject, with `injectionStrategy.revision` pins resolved from history.
+
+    A pin that names no existing revision fails the pod (as in Kruise): injecting the latest
+    spec instead would silently break the pinning the user asked for.
+    """
+    result: list[SidecarSet] = []
+    for ss in snapshot.sidecarsets:
+        revision = ((ss.spec.get("injectionStrategy") or {}).get("revision")) or None
+        if not revision:
+            result.append(ss)
+            continue
+        if not revisions.should_use_pinned(ss.obj, pod_labels=pod_labels, rand=rand()):
+            result.append(ss)
+            continue
+        pinned = revisions.resolve_pinned(ss.obj, list(snapshot.revisions.values()))
+        if pinned is None:
+            return [], f"SidecarSet {ss.name}: injectionStrategy.revision names no existing revision"
+        try:
+            result.append(SidecarSet.from_object(revisions.apply_revision(ss.obj, pinned)))
+        except ModelError as e:
+            return [], f"SidecarSet {ss.name}: pinned revision is unusable: {e}"
+    return result, None
+
+
+def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = None) -> Starlette:
+    """The ASGI app served on the TLS port: /inject and /validate-sidecarset."""
+    cfg = settings or WebhookSettings()
+
+    async def inject(request: Request) -> Response:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            review = admission.parse(await _read_body(request))
+            admission.require_kind(review, group="", kind="Pod", what="pods")
+            if review.operation != "CREATE" or review.sub_resource:
+                result = "skipped"
+                return Response(admission.response(review), media_type=JSON)
+            if review.object is None:
+                raise admission.ReviewError(400, "request.object is required for CREATE")
+            namespace = review.namespace or "default"
+            labels = await _namespace_labels(store, namespace, cfg.namespace_wait)
+            pod_labels = ((review.object.get("metadata") or {}).get("labels")) or {}
+            candidates, denied = pinned_sidecarsets(
+                store.snapshot, pod_labels if isinstance(pod_labels, dict) else {}, rand=random.random
+            )
+            if denied is not None:
+                result = "denied"
+                return Response(admission.response(review, denied=denied), media_type=JSON)
+            outcome = engine.inject(
+                review.object,
+                namespace=namespace,
+                namespace_labels=labels,
+                sidecarsets=candidates,
+                now=cfg.clock(),
+                operation=review.operation,
+                manager_namespace=cfg.manager_namespace,
+            )
+            if outcome.denied is not None:
+                result = "denied"
+                body = admission.response(review, denied=outcome.denied, code=400)
+            else:
+                result = "injected" if outcome.patch else "skipped"
+                body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
+            return Response(body, media_type=JSON)
+        except admission.ReviewError as e:
+            result = "bad_request"
+            return _error(e.status, e.message)
+        except Exception:
+            log.exception("inject: unexpected error")
+            return _error(400, "the webhook could not process this request; see the manager's log")
+        finally:
+            ADMISSIONS.labels("inject", result).inc()
+            ADMISSION_LATENCY.labels("inject").observe(time.perf_counter() - started)
+
+    async def validate(request: Request) -> Response:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            review = admission.parse(await _read_body(request))
+            admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
+            if review.operation not in ("CREATE", "UPDATE"):
+                result = "allowed"
+                return Response(admission.response(review), media_type=JSON)
+            if review.object is None:
+                raise admission.ReviewError(400, f"request.object is required for {review.operation}")
+            snapshot = store.snapshot
+            errors = [
+                str(e)
+                for e in validation.validate_sidecarset(
+                    review.object, old=review.old_object, others=list(snapshot.objects.values())
+                )
+            ]
+            spec = review.object.get("spec")
+            pin = ((spec.get("injectionStrategy") or {}).get("revision")) if isinstance(spec, dict) else None
+            pinned = isinstance(pin, dict) and bool(pin.get("revisionName") or pin.get("customVersion"))
+            if pinned and revisions.resolve_pinned(review.object, list(snapshot.revisions.values())) is None:
+                errors.append("spec.injectionStrategy.revision: no ControllerRevision matches this pin")
+            if errors:
+                result = "denied"
+                message = "SidecarSet rejected: " + "; ".join(errors)
+                return Response(admission.response(review, denied=message, code=422), media_type=JSON)
+            result = "allowed"
+            return Response(admission.response(review), media_type=JSON)
+        except admission.ReviewError as e:
+            result = "bad_request"
+            return _error(e.status, e.message)
+        except Exception:
+            log.exception("validate-sidecarset: unexpected error")
+            return _error(400, "the webhook could not process this request; see the manager's log")
+        finally:
+            ADMISSIONS.labels("validate", result).inc()
+            ADMISSION_LATENCY.labels("validate").observe(time.perf_counter() - started)
+
+    return Starlette(
+        routes=[
+            Route(names.INJECT_PATH, inject, methods=["POST"]),
+            Route(names.VALIDATE_PATH, validate, methods=["POST"]),
+        ]
+    )
+
+
+Check = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+def create_probe_app(*, ready: Check, live: Check | None = None) -> Starlette:
+    """The plain-HTTP app: /metrics, /healthz, /readyz. Readiness says what it is waiting for."""
+
+    async def healthz(request: Request) -> Response:
+        if live is not None:
+            ok, why = await live()
+            if not ok:
+                return PlainTextResponse(why + "\n", status_code=503)
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        ok, why = await ready()
+        return PlainTextResponse((why or "ok") + "\n", status_code=200 if ok else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+        ]
+    )

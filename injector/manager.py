@@ -1,0 +1,336 @@
+"""The composition root: one asyncio process that injects, manages SidecarSets and keeps TLS current.
+
+Every replica serves the webhooks (they read the store, which every replica keeps), keeps its
+serving certificate fresh and keeps caBundle in sync (both idempotent and bounded, so replicas
+do not fight). Only the replica holding the Lease runs the controller. SIGTERM stops the
+servers gracefully and releases the Lease so a standby takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
+from certwatcher.reloader import CertReloader
+from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
+from certwatcher.tls import ServingPair
+from injector.apiport import KubeApiPort
+from injector.app import WebhookSettings, create_probe_app, create_webhook_app
+from sidecarsets import kubeapi, names
+from sidecarsets.controller import SS_PATH, Controller
+from sidecarsets.events import EventRecorder
+from sidecarsets.informer import Informer
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.leader import LeaderElector
+from sidecarsets.metrics import IS_LEADER
+from sidecarsets.projection import PodProjection, project
+from sidecarsets.store import TemplateStore, namespace_labels
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Any, Any], None]
+
+
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class ManagerOptions:
+    kubeconfig: str | None = None
+    namespace: str = names.DEFAULT_MANAGER_NAMESPACE
+    webhook_bind: str = "0.0.0.0:9443"
+    probe_bind: str = "0.0.0.0:8080"
+    cert_dir: str | None = None
+    self_signed: bool = False
+    service_name: str = "sidecarctl-webhook"
+    secret_name: str = "sidecarctl-webhook-certs"
+    extra_dns: tuple[str, ...] = ()
+    extra_ips: tuple[str, ...] = ()
+    mutating_config: str = names.MUTATING_WEBHOOK_CONFIG
+    validating_config: str = names.VALIDATING_WEBHOOK_CONFIG
+    sync_ca_bundle: bool = True
+    ca_bundle_resync: float = 30.0
+    cert_poll_interval: float = 10.0
+    leader_elect: bool = True
+    lease_name: str = "sidecarctl-controller"
+    lease_duration: int = 15
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str = field(default_factory=_default_identity)
+    workers: int = 3
+
+
+class _TLSConfig(Config):
+    """hypercorn builds its SSLContext once; hand it the reloader's front context instead."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return True
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return self._context
+
+
+def _fanout(*handlers: Handler) -> Handler:
+    def handle(kind: str, old: Any, new: Any) -> None:
+        for h in handlers:
+            h(kind, old, new)
+
+    return handle
+
+
+def _identity(obj: JsonObj) -> JsonObj:
+    return obj
+
+
+async def _serve(app: Any, bind: str, stop: asyncio.Event, *, context: ssl.SSLContext | None) -> None:
+    config: Config = _TLSConfig(context) if context is not None else Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = 5.0
+    config.keep_alive_timeout = 75.0  # the API server reuses connections; do not drop them every 5 s
+    await serve(app, config, shutdown_trigger=stop.wait)
+
+
+def _host_port(bind: str) -> tuple[str, int]:
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), int(port)
+
+
+class Manager:
+    def __init__(self, opts: ManagerOptions, *, client: kubeapi.KubeClient | None = None) -> None:
+        self.opts = opts
+        self.client = client or kubeapi.KubeClient(kubeapi.load_config(opts.kubeconfig))
+        self.port = KubeApiPort(self.client)
+        self.store = TemplateStore()
+        self.recorder = EventRecorder(self.client, namespace=opts.namespace)
+        self.controller = Controller(
+            self.client,
+            namespace=opts.namespace,
+            namespaces=lambda: self.store.snapshot.namespaces,
+            recorder=self.recorder,
+            workers=opts.workers,
+        )
+        self.ss_informer: Informer[JsonObj] = Informer(
+            self.client,
+            SS_PATH,
+            name="sidecarsets",
+            transform=_identity,
+            handler=_fanout(self.store.on_sidecarset, self.controller.on_sidecarset),
+        )
+        self.ns_informer: Informer[dict[str, str]] = Informer(
+            self.client,
+            "/api/v1/namespaces",
+            name="namespaces",
+            transform=namespace_labels,
+            handler=_fanout(self.store.on_namespace, self.controller.on_namespace),
+        )
+        self.rev_informer: Informer[JsonObj] = Informer(
+            self.client,
+            f"/apis/apps/v1/namespaces/{opts.namespace}/controllerrevisions",
+            name="controllerrevisions",
+            transform=_identity,
+            handler=self.store.on_revision,
+            label_selector=names.REVISION_LABEL_SIDECARSET,
+        )
+        self.pod_informer: Informer[PodProjection] = Informer(
+            self.client,
+            "/api/v1/pods",
+            name="pods",
+            transform=project,
+            handler=self.controller.on_pod,
+            label_selector=f"{names.POD_INJECTED_LABEL}=true",
+        )
+        self.cert_dir = Path(opts.cert_dir) if opts.cert_dir else None
+        self.issuer: SelfSignedIssuer | None = None
+        self.syncer: CABundleSyncer | None = None
+        self.reloader: CertReloader | None = None
+        self.elector: LeaderElector | None = None
+        self.leading = False
+
+    # -- TLS -----------------------------------------------------------------------------------
+    def _setup_tls(self) -> None:
+        opts = self.opts
+        if opts.self_signed:
+            if self.cert_dir is None:
+                self.cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-certs-"))
+            self.issuer = SelfSignedIssuer(
+                self.port,
+                SelfSignedConfig(
+                    namespace=opts.namespace,
+                    service=opts.service_name,
+                    secret_name=opts.secret_name,
+                    extra_dns=opts.extra_dns,
+                    extra_ips=opts.extra_ips,
+                ),
+                cert_dir=self.cert_dir,
+            )
+        if self.cert_dir is None:
+            raise ValueError("either --cert-dir or --self-signed is required")
+        if opts.sync_ca_bundle:
+            self.syncer = CABundleSyncer(
+                self.port,
+                configs=(
+                    WebhookConfigRef("mutating", opts.mutating_config),
+                    WebhookConfigRef("validating", opts.validating_config),
+                ),
+                resync_interval=opts.ca_bundle_resync,
+            )
+        syncer = self.syncer
+
+        def on_reload(pair: ServingPair) -> None:
+            if syncer is not None:
+                syncer.set_local_ca(pair.ca_pem)
+
+        self.reloader = CertReloader(self.cert_dir, poll_interval=opts.cert_poll_interval, on_reload=on_reload)
+
+    # -- health --------------------------------------------------------------------------------
+    async def readiness(self) -> tuple[bool, str]:
+        waiting = [
+            inf.name for inf in (self.ss_informer, self.ns_informer, self.rev_informer) if not inf.synced.is_set()
+        ]
+        if waiting:
+            return False, "waiting for the first list of " + ", ".join(waiting)
+        if self.reloader is None or self.reloader.current is None:
+            return False, "no valid serving certificate yet"
+        ok, why = await self._tls_self_check(self.reloader.current.ca_pem)
+        if not ok:
+            return False, why
+        return True, "ok"
+
+    async def _tls_self_check(self, ca_pem: bytes) -> tuple[bool, str]:
+        """A real handshake on the webhook port, trusting only the CA we publish in caBundle."""
+        host, port = _host_port(self.opts.webhook_bind)
+        try:
+            ctx = ssl.create_default_context(cadata=ca_pem.decode())
+            ctx.check_hostname = False  # the API server checks names; here we prove the chain and the key
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout=2)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        except (OSError, ssl.SSLError, TimeoutError, ValueError) as e:
+            return False, f"TLS self-check against {host}:{port} failed: {e}"
+        return True, "ok"
+
+    # -- run -----------------------------------------------------------------------------------
+    async def _lead(self, lost: asyncio.Event) -> None:
+        """Runs while this replica holds the Lease."""
+        self.leading = True
+        IS_LEADER.set(1)
+        log.info("became leader; starting the SidecarSet controller")
+        stop = asyncio.Event()
+        pods = asyncio.create_task(self.pod_informer.run(stop))
+        try:
+            await self.pod_informer.synced.wait()
+            await self.controller.run(stop)
+        finally:
+            stop.set()
+            pods.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pods
+            self.leading = False
+            IS_LEADER.set(0)
+            log.info("stopped leading")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._setup_tls()
+        assert self.reloader is not None
+        tasks: list[asyncio.Task[Any]] = []
+
+        def start(coro: Awaitable[Any], name: str) -> None:
+            tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
+
+        if self.issuer is not None:
+            await self._retry("self-signed certificate", self.issuer.reconcile, stop)
+            start(self.issuer.run(stop), "self-signed")
+        self.reloader.reload_now()
+        start(self.reloader.run(stop), "cert-reloader")
+        if self.syncer is not None:
+            start(self.syncer.run(stop), "cabundle-sync")
+        for inf in (self.ss_informer, self.ns_informer, self.rev_informer):
+            start(inf.run(stop), f"informer-{inf.name}")
+        webhook_app = create_webhook_app(self.store, WebhookSettings(manager_namespace=self.opts.namespace))
+        probe_app = create_probe_app(ready=self.readiness)
+        start(_serve(webhook_app, self.opts.webhook_bind, stop, context=self.reloader.front_context), "webhook")
+        start(_serve(probe_app, self.opts.probe_bind, stop, context=None), "probes")
+        if self.opts.leader_elect:
+            self.elector = LeaderElector(
+                self.client,
+                namespace=self.opts.namespace,
+                name=self.opts.lease_name,
+                identity=self.opts.identity,
+                lease_duration=self.opts.lease_duration,
+                renew_deadline=self.opts.renew_deadline,
+                retry_period=self.opts.retry_period,
+            )
+            start(self.elector.run(stop, self._lead), "leader-election")
+        else:
+            start(self._lead(asyncio.Event()), "controller")
+        log.info(
+            "manager started",
+            extra={"object": f"webhook={self.opts.webhook_bind} probes={self.opts.probe_bind} id={self.opts.identity}"},
+        )
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not stopper and t.exception() is not None:
+                log.error("%s failed: %s", t.get_name(), t.exception())
+        stop.set()
+        # Servers and the elector watch `stop` themselves (graceful drain, Lease release); give them time.
+        _, pending = await asyncio.wait(tasks, timeout=10)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        stopper.cancel()
+        await self.client.close()
+        log.info("manager stopped")
+
+    async def _retry(self, what: str, fn: Callable[[], Awaitable[Any]], stop: asyncio.Event) -> None:
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                await fn()
+                return
+            except Exception as e:
+                log.warning("%s failed (%s); retrying in %.1fs", what, e, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                delay = min(delay * 2, 30.0)
+
+
+def run_forever(opts: ManagerOptions) -> int:
+    """Entry point of `sidecarctl run`: runs until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        started = time.monotonic()
+        await Manager(opts).run(stop)
+        log.info("ran for %.1fs", time.monotonic() - started)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,244 @@
+"""The SidecarSet controller: status, revision history and in-place sidecar upgrades.
+
+Level-triggered: watch events only put SidecarSet names on a work queue; a reconcile reads
+the caches and converges, so a missed or repeated event cannot leave wrong state. All rollout
+state lives on the pods (hash and in-place-state annotations) and on the SidecarSet (status),
+so a new leader continues a rollout where the old one stopped.
+
+Pod patches carry a `test` of the pod's resourceVersion: a patch planned from a stale cache
+fails instead of landing twice. After patching, the controller waits until its cache has seen
+its own writes ("expectations") before planning again; otherwise a stale cache would show the
+patched pods as still ready and untouched, and the next plan could exceed maxUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sidecarsets import events, kubeapi, metrics, names, planner, revisions, status
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.projection import PodProjection
+from sidecarsets.workqueue import WorkQueue, run_workers
+
+log = logging.getLogger(__name__)
+
+SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+RESYNC_SECONDS = 30.0
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rv(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+class Controller:
+    """Reconciles every SidecarSet; run it only while holding the leader Lease."""
+
+    def __init__(
+        self,
+        client: kubeapi.KubeClient,
+        *,
+        namespace: str,
+        namespaces: Callable[[], Mapping[str, Mapping[str, str]]],
+        recorder: events.EventRecorder,
+        workers: int = 3,
+        clock: Callable[[], str] = utc_now,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.namespaces = namespaces
+        self.recorder = recorder
+        self.workers = workers
+        self.clock = clock
+        self.queue = WorkQueue()
+        self.sidecarsets: dict[str, JsonObj] = {}
+        self.pods: dict[str, PodProjection] = {}
+        self.pods_by_ss: dict[str, set[str]] = {}
+        # pod key → resourceVersion our last patch produced; planning waits until the cache has it.
+        self.expected: dict[str, int] = {}
+        self.reconciles = 0
+
+    # -- event handlers (informer callbacks; they only enqueue) --------------------------------
+    def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        obj = new or old or {}
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind == "DELETED" or new is None:
+            self.sidecarsets.pop(name, None)
+            return
+        self.sidecarsets[name] = new
+        old_gen = ((old or {}).get("metadata") or {}).get("generation")
+        if old is None or old_gen != new.get("metadata", {}).get("generation"):
+            self.queue.add(name)
+
+    def on_namespace(self, kind: str, old: Any, new: Any) -> None:
+        if old != new:
+            for name, ss in self.sidecarsets.items():
+                spec = ss.get("spec") or {}
+                if spec.get("namespaceSelector") or spec.get("namespace"):
+                    self.queue.add(name)
+
+    def on_pod(self, kind: str, old: PodProjection | None, new: PodProjection | None) -> None:
+        pod = new or old
+        if pod is None:
+            return
+        key = f"{pod.namespace}/{pod.name}"
+        before = set(old.injected) if old else set()
+        after = set(new.injected) if new else set()
+        if new is None:
+            self.pods.pop(key, None)
+            self.expected.pop(key, None)
+        else:
+            self.pods[key] = new
+            exp = self.expected.get(key)
+            if exp is not None and _rv(new.resource_version) >= exp:
+                del self.expected[key]
+        for ss in before - after:
+            self.pods_by_ss.get(ss, set()).discard(key)
+        for ss in after:
+            self.pods_by_ss.setdefault(ss, set()).add(key)
+        metrics.TRACKED_PODS.set(len(self.pods))
+        for ss in before | after:
+            if ss in self.sidecarsets:
+                self.queue.add(ss)
+
+    # -- reconcile -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        for name in self.sidecarsets:
+            self.queue.add(name)
+        resync = asyncio.create_task(self._resync(stop))
+        try:
+            await run_workers(self.queue, self.reconcile, workers=self.workers, stop=stop)
+        finally:
+            resync.cancel()
+
+    async def _resync(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(RESYNC_SECONDS)
+            for name in list(self.sidecarsets):
+                self.queue.add(name)
+
+    def _pods_of(self, name: str) -> list[PodProjection]:
+        return [p for k in self.pods_by_ss.get(name, ()) if (p := self.pods.get(k)) is not None]
+
+    async def reconcile(self, name: str) -> float | None:
+        """One pass for one SidecarSet; returns seconds until it wants another look, or None."""
+        self.reconciles += 1
+        ss = self.sidecarsets.get(name)
+        if ss is None:
+            metrics.RECONCILES.labels("success").inc()
+            return None
+        try:
+            result = await self._reconcile(ss)
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            raise
+        metrics.RECONCILES.labels("requeue" if result is not None else "success").inc()
+        return result
+
+    async def _reconcile(self, ss: JsonObj) -> float | None:
+        name = ss["metadata"]["name"]
+        pods = self._pods_of(name)
+        matched = status.matched_pods(ss, pods, self.namespaces())
+        in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
+        latest, collisions = await revisions.sync_history(self.client, ss, namespace=self.namespace, in_use=in_use)
+        new_status = status.compute_status(ss, matched, latest_revision=latest, collision_count=collisions)
+        if status.status_changed(ss.get("status"), new_status):
+            await self._write_status(ss, new_status)
+
+        stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
+        if stale:
+            return 0.5  # our own pod writes are not in the cache yet: plan again once they are
+        plan = planner.plan_upgrade(ss, matched, revision=latest, now=self.clock())
+        await self._mark_upgradable(ss, matched, set(plan.not_upgradable))
+        if plan.not_upgradable:
+            metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
+        else:
+            metrics.PODS_NOT_UPGRADABLE.labels(name).set(0)
+        if not plan.upgrades:
+            return None if plan.done else RESYNC_SECONDS
+        results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))
+        patched = sum(1 for r in results if r)
+        if patched:
+            await self.recorder.event(
+                ss,
+                type="Normal",
+                reason="SidecarUpgrade",
+                message=f"updated sidecar images in {patched} pod(s) to revision {latest}",
+            )
+        return 0.2 if patched < len(plan.upgrades) else None
+
+    async def _write_status(self, ss: JsonObj, new_status: JsonObj) -> None:
+        name = ss["metadata"]["name"]
+        body = {"metadata": {"resourceVersion": ss["metadata"]["resourceVersion"]}, "status": new_status}
+        try:
+            updated = await self.client.patch(f"{SS_PATH}/{name}/status", body, patch_type="merge")
+            # Keep the cache current so the next pass does not write the same status again.
+            if name in self.sidecarsets:
+                self.sidecarsets[name] = updated
+        except kubeapi.Conflict:
+            raise  # the watch brings the newer object; the queue retries with backoff
+        except kubeapi.NotFound:
+            self.sidecarsets.pop(name, None)
+
+    async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
+        key = f"{upgrade.namespace}/{upgrade.name}"
+        path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
+        try:
+            result = await self.client.patch(path, upgrade.patch, patch_type="json")
+        except kubeapi.NotFound:
+            metrics.INPLACE_UPGRADES.labels("gone").inc()
+            return False
+        except (kubeapi.Conflict, kubeapi.Invalid) as e:
+            # A failed resourceVersion test: the cache was behind. The watch catches up, we retry.
+            metrics.INPLACE_UPGRADES.labels("conflict").inc()
+            log.info("pod %s changed under us (%s); retrying after the cache catches up", key, e.reason)
+            return False
+        except kubeapi.ApiError as e:
+            metrics.INPLACE_UPGRADES.labels("error").inc()
+            log.warning("upgrading pod %s failed: %s", key, e)
+            return False
+        self.expected[key] = _rv(str((result.get("metadata") or {}).get("resourceVersion") or "0"))
+        metrics.INPLACE_UPGRADES.labels("patched").inc()
+        return True
+
+    async def _mark_upgradable(self, ss: JsonObj, matched: list[PodProjection], stuck: set[tuple[str, str]]) -> None:
+        """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers."""
+        name = ss["metadata"]["name"]
+        now = self.clock()
+        newly_stuck: list[str] = []
+        for pod in matched:
+            blocked = pod.key in stuck
+            cond = planner.upgradable_condition(pod, {name: blocked}, now=now)
+            if planner.condition_current(pod, cond):
+                continue
+            if not pod.upgradable_condition and not blocked:
+                continue  # no condition yet and nothing to report: do not write to every pod
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+            try:
+                await self.client.patch(path, {"status": {"conditions": [cond]}}, patch_type="strategic")
+            except kubeapi.ApiError as e:
+                log.info("could not set %s on %s/%s: %s", names.POD_CONDITION_UPGRADABLE, *pod.key, e)
+                continue
+            if blocked:
+                newly_stuck.append(f"{pod.namespace}/{pod.name}")
+        if newly_stuck:
+            shown = ", ".join(newly_stuck[:10]) + (" ..." if len(newly_stuck) > 10 else "")
+            await self.recorder.event(
+                ss,
+                type="Warning",
+                reason="NotUpgradablePods",
+                message=(
+                    f"{len(newly_stuck)} pod(s) differ from the SidecarSet in more than the image and cannot be "
+                    f"upgraded in place; recreate them to pick up the change: {shown}"
+                ),
+            )

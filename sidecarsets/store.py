@@ -1,0 +1,118 @@
+"""The in-memory view of SidecarSets, namespaces and revisions that the webhook reads.
+
+The webhook must never call the API server while it answers an admission: a slow or
+unreachable API server would turn into slow or failed pod creations everywhere. Watches feed
+this store; every change publishes a new immutable `Snapshot`, and a request reads whichever
+snapshot is current when it starts. A SidecarSet edit is visible to the next admission as soon
+as the watch event arrives (milliseconds).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.model import ModelError, SidecarSet
+
+log = logging.getLogger(__name__)
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent view; never mutated after it is published."""
+
+    sidecarsets: tuple[SidecarSet, ...] = ()
+    # SidecarSet name → object as stored, including ones the model could not read (for validation).
+    objects: Mapping[str, JsonObj] = field(default_factory=lambda: _EMPTY)
+    namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: _EMPTY)
+    # ControllerRevision name → object, for injecting a pinned revision.
+    revisions: Mapping[str, JsonObj] = field(default_factory=lambda: _EMPTY)
+
+
+def _name(obj: Mapping[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("name") or "")
+
+
+def namespace_labels(obj: JsonObj) -> dict[str, str]:
+    """The projection the store keeps per namespace: its labels, with the name label guaranteed."""
+    meta = obj.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    labels.setdefault("kubernetes.io/metadata.name", str(meta.get("name") or ""))
+    return labels
+
+
+class TemplateStore:
+    """Mutated only by informer handlers on the event loop; readers take `snapshot`.
+
+    Handlers only mark the store dirty; the next reader builds the new snapshot. An initial
+    list of thousands of namespaces therefore costs one copy, not one per namespace.
+    """
+
+    def __init__(self) -> None:
+        self._snapshot = Snapshot()
+        self._dirty = False
+        self._models: dict[str, SidecarSet] = {}
+        self._objects: dict[str, JsonObj] = {}
+        self._namespaces: dict[str, Mapping[str, str]] = {}
+        self._revisions: dict[str, JsonObj] = {}
+        self.errors: dict[str, str] = {}
+
+    @property
+    def snapshot(self) -> Snapshot:
+        if self._dirty:
+            self._dirty = False
+            self._snapshot = self._build()
+        return self._snapshot
+
+    def _publish(self) -> None:
+        self._dirty = True
+
+    def _build(self) -> Snapshot:
+        ordered = sorted(self._models.values(), key=lambda s: (s.creation_timestamp, s.name))
+        return Snapshot(
+            sidecarsets=tuple(ordered),
+            objects=MappingProxyType(dict(self._objects)),
+            namespaces=MappingProxyType(dict(self._namespaces)),
+            revisions=MappingProxyType(dict(self._revisions)),
+        )
+
+    # -- informer handlers: (event type, old, new) ---------------------------------------------
+    def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        name = _name(new or old)
+        if kind == "DELETED" or new is None:
+            self._models.pop(name, None)
+            self._objects.pop(name, None)
+            self.errors.pop(name, None)
+        else:
+            self._objects[name] = new
+            try:
+                self._models[name] = SidecarSet.from_object(new)
+                self.errors.pop(name, None)
+            except ModelError as e:
+                # Keep injecting with the last good version rather than dropping the sidecar.
+                self.errors[name] = str(e)
+                log.error("SidecarSet %s is unusable, keeping its previous version: %s", name, e)
+        self._publish()
+
+    def on_namespace(self, kind: str, old: Mapping[str, str] | None, new: Mapping[str, str] | None) -> None:
+        labels = new if new is not None else old
+        name = (labels or {}).get("kubernetes.io/metadata.name", "")
+        if kind == "DELETED" or new is None:
+            self._namespaces.pop(name, None)
+        else:
+            self._namespaces[name] = new
+        self._publish()
+
+    def on_revision(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        name = _name(new or old)
+        if kind == "DELETED" or new is None:
+            self._revisions.pop(name, None)
+        else:
+            self._revisions[name] = new
+        self._publish()
