@@ -154,9 +154,16 @@ def set_ready(pod_json: JsonObj, ready: bool) -> JsonObj:
 
 
 def kubelet_sync(pod_json: JsonObj, *, ready: bool = True) -> JsonObj:
-    """The node restarted every container whose spec image changed, on the new image."""
+    """The node caught up: a Pending pod is started, and every container whose spec image changed
+    is restarted on the new image."""
     out = copy.deepcopy(pod_json)
     images = {c["name"]: c["image"] for c in out["spec"]["containers"]}
+    if out["status"]["phase"] == "Pending":
+        out["status"]["phase"] = "Running"
+        out["status"]["containerStatuses"] = [
+            {"name": n, "image": img, "imageID": image_id(img), "ready": ready, "restartCount": 0}
+            for n, img in images.items()
+        ]
     for cs in out["status"].get("containerStatuses", []):
         if cs["image"] != images[cs["name"]]:
             cs["image"] = images[cs["name"]]

@@ -1,0 +1,333 @@
+"""Which pods get their sidecar images swapped in place next, and the exact patch for each.
+
+A pure function of the SidecarSet and the pod projections, so every rollout rule (partition,
+maxUnavailable, selector, priority, scatter, done detection) is tested without a cluster and
+the controller only applies what it is given. Semantics follow Kruise's GetNextUpgradePods
+for cold upgrades; hot upgrades (the -1/-2 container pairs) are not performed, and a SidecarSet
+that has any is reported instead of half-upgraded.
+
+Each patch is an RFC 6902 JSON Patch guarded by `test` operations (resourceVersion and each
+container's name at its index), so a pod that changed since it was observed makes the patch
+fail instead of writing the wrong container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sidecarsets import intorpercent, podstate, rawspec, selectors
+from sidecarsets.hashing import spec_hash, spec_hash_without_image
+from sidecarsets.jsontypes import JsonObj
+from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
+from sidecarsets.ordering import upgrade_order
+from sidecarsets.projection import PodProjection
+
+REASON_UPGRADABLE = "AllSidecarsetUpgradable"
+REASON_NOT_UPGRADABLE = "UpdateImmutableField"
+
+
+@dataclass(frozen=True)
+class PodUpgrade:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    patch: list[JsonObj]
+
+
+@dataclass(frozen=True)
+class Plan:
+    upgrades: tuple[PodUpgrade, ...]
+    not_upgradable: tuple[tuple[str, str], ...]
+    unavailable: int  # pods unavailable because of this SidecarSet's rollout, before this plan
+    max_unavailable: int
+    done: bool  # every matched pod carries the SidecarSet's current hash
+    reason: str
+
+
+def _pointer(*parts: str) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _hash_annotation(
+    pod: PodProjection, *, ss_name: str, new_hash: str, sidecars: list[str], revision: str, now: str
+) -> str:
+    entries: dict[str, Any] = {}
+    for e in pod.hashes:
+        if e.sidecarset == ss_name:
+            continue
+        if e.legacy:
+            entries[e.sidecarset] = e.hash
+            continue
+        entry: JsonObj = {
+            "updateTimestamp": e.update_timestamp or None,
+            "hash": e.hash,
+            "sidecarSetName": e.sidecarset,
+            "sidecarList": list(e.sidecar_list),
+        }
+        if e.controller_revision:
+            entry["controllerRevision"] = e.controller_revision
+        entries[e.sidecarset] = entry
+    mine: JsonObj = {
+        "updateTimestamp": now,
+        "hash": new_hash,
+        "sidecarSetName": ss_name,
+        "sidecarList": sidecars,
+    }
+    if revision:
+        mine["controllerRevision"] = revision
+    entries[ss_name] = mine
+    return orjson.dumps({k: entries[k] for k in sorted(entries)}).decode()
+
+
+def _inplace_annotation(pod: PodProjection, *, ss_name: str, changed: list[str], revision: str, now: str) -> str:
+    states: dict[str, Any] = {
+        e.sidecarset: {
+            "revision": e.revision,
+            "updateTimestamp": e.update_timestamp or None,
+            "lastContainerStatuses": {c: {"imageID": i} for c, i in e.last_image_ids},
+        }
+        for e in pod.inplace_state
+        if e.sidecarset != ss_name
+    }
+    last = {}
+    for c in changed:
+        status = pod.status_of(c)
+        last[c] = {"imageID": status.image_id if status else ""}
+    states[ss_name] = {"revision": revision, "updateTimestamp": now, "lastContainerStatuses": last}
+    return orjson.dumps({k: states[k] for k in sorted(states)}).decode()
+
+
+def pod_patch(
+    pod: PodProjection,
+    *,
+    ss_name: str,
+    images: Mapping[str, str],
+    new_hash: str,
+    sidecars: list[str],
+    revision: str,
+    now: str,
+) -> list[JsonObj]:
+    """The JSON Patch that moves `pod` to `images` (sidecar name -> image) and records it."""
+    ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}]
+    changed: list[str] = []
+    for i, (name, image) in enumerate(pod.containers):
+        target = images.get(name)
+        if target is None or target == image:
+            continue
+        ops.append({"op": "test", "path": f"/spec/containers/{i}/name", "value": name})
+        ops.append({"op": "replace", "path": f"/spec/containers/{i}/image", "value": target})
+        changed.append(name)
+    hash_value = _hash_annotation(
+        pod, ss_name=ss_name, new_hash=new_hash, sidecars=sidecars, revision=revision, now=now
+    )
+    state_value = _inplace_annotation(pod, ss_name=ss_name, changed=changed, revision=revision, now=now)
+    ops.append({"op": "add", "path": _pointer("metadata", "annotations", ANN_HASH), "value": hash_value})
+    ops.append({"op": "add", "path": _pointer("metadata", "annotations", ANN_INPLACE_STATE), "value": state_value})
+    return ops
+
+
+def _problem(strategy: Mapping[str, Any], ss: Mapping[str, Any]) -> str | None:
+    """The first invalid field that planning depends on, as `field: reason`."""
+    for key in ("partition", "maxUnavailable"):
+        if strategy.get(key) is not None:
+            try:
+                intorpercent.parse(strategy[key])
+            except intorpercent.IntOrPercentError as err:
+                return f"spec.updateStrategy.{key}: {err}"
+    if strategy.get("selector") is not None:
+        try:
+            selectors.validate(strategy["selector"])
+        except selectors.SelectorError as err:
+            return f"spec.updateStrategy.selector: {err}"
+    for i, c in enumerate(rawspec.containers(ss)):
+        if not isinstance(c.get("image"), str) or not c["image"]:
+            return f"spec.containers[{i}].image: must be a non-empty string"
+    return None
+
+
+def _partition(value: Any, total: int) -> int:
+    """Pods to leave on the old revision. A percentage that rounds up to every pod (say 99% of
+    10) still lets one pod upgrade; only "100%" (or an integer) holds back all of them."""
+    if value is None:
+        return 0
+    kept = intorpercent.scaled(value, total)
+    _, percent = intorpercent.parse(value)
+    if percent and total > 1 and kept >= total and value != "100%":
+        kept = total - 1
+    return min(kept, total)
+
+
+def _max_unavailable(value: Any, total: int) -> int:
+    try:
+        m = intorpercent.scaled(value, total, default=1)
+        n, _ = intorpercent.parse(value) if value is not None else (1, False)
+    except intorpercent.IntOrPercentError:
+        return 0
+    return max(m, 1) if n > 0 and total > 0 else m
+
+
+def plan_upgrade(ss: JsonObj, matched: Sequence[PodProjection], *, revision: str, now: str) -> Plan:
+    name = rawspec.name(ss)
+    spec = rawspec.spec(ss)
+    strategy = rawspec.update_strategy(ss)
+    pods = sorted(matched, key=lambda p: (p.namespace, p.name, p.uid))
+    total = len(pods)
+    new_hash = spec_hash(spec)
+    new_hash_wo = spec_hash_without_image(spec)
+    sidecars = rawspec.sidecar_list(ss)
+    sidecar_set = set(sidecars)
+    m = _max_unavailable(strategy.get("maxUnavailable"), total)
+
+    updated = {p.key for p in pods if podstate.is_updated(p, sidecarset=name, spec_hash=new_hash)}
+    in_flight = {
+        p.key
+        for p in pods
+        if p.key not in updated and podstate.upgrade_in_flight(p, sidecarset=name, containers=sidecar_set)
+    }
+    unavailable = sum(
+        1
+        for p in pods
+        if (p.key in updated or p.key in in_flight)
+        and not podstate.is_available(p, sidecarset=name, containers=sidecar_set)
+    )
+    done = len(updated) >= total
+
+    def stop(reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
+        return Plan((), not_upgradable, unavailable, m, done, reason)
+
+    if not name:
+        return stop("invalid: metadata.name: missing")
+    kind = strategy.get("type")
+    if kind == "NotUpdate":
+        return stop("NotUpdate")
+    if kind not in (None, "RollingUpdate"):
+        return stop(f"invalid: spec.updateStrategy.type: {kind!r} is not RollingUpdate or NotUpdate")
+    if strategy.get("paused") is True:
+        return stop("paused")
+    problem = _problem(strategy, ss)
+    if problem:
+        return stop(f"invalid: {problem}")
+
+    update_selector = strategy.get("selector")
+    candidates: list[PodProjection] = []
+    not_upgradable: list[tuple[str, str]] = []
+    waiting = 0
+    for pod in pods:
+        if pod.key in updated:
+            continue
+        if update_selector is not None and not selectors.matches(update_selector, pod.labels):
+            continue
+        entry = pod.hash_without_image_for(name)
+        if entry is None or entry.hash != new_hash_wo:
+            not_upgradable.append(pod.key)
+        elif pod.key in in_flight:
+            waiting += 1
+        else:
+            candidates.append(pod)
+    stuck = tuple(not_upgradable)
+
+    if done:
+        return stop("done", stuck)
+    hot = rawspec.hot_names(ss)
+    if hot:
+        return stop(f"hot upgrade not handled: {', '.join(hot)}", stuck)
+    native = rawspec.native_init_names(ss)
+    if native:
+        return stop(f"native sidecar initContainers cannot be upgraded in place: {', '.join(native)}", stuck)
+
+    order = upgrade_order(candidates, pods, strategy)
+    kept = _partition(strategy.get("partition"), total)
+    order = order[: max(0, len(order) - kept)]
+    count = unavailable
+    chosen: list[PodProjection] = []
+    for pod in order:
+        if not podstate.is_running_ready(pod):
+            chosen.append(pod)  # already unavailable: upgrading it costs nothing
+            continue
+        if count >= m:
+            break
+        count += 1
+        chosen.append(pod)
+
+    images = {c["name"]: c["image"] for c in rawspec.cold_containers(ss)}
+    upgrades = tuple(
+        PodUpgrade(
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            pod.resource_version,
+            pod_patch(
+                pod, ss_name=name, images=images, new_hash=new_hash, sidecars=sidecars, revision=revision, now=now
+            ),
+        )
+        for pod in chosen
+    )
+    if upgrades:
+        reason = f"upgrading {len(upgrades)}"
+    elif candidates and not order:
+        reason = f"partition: {kept} pods kept on the old revision"
+    elif order:
+        reason = f"waiting: {unavailable}/{m} unavailable"
+    elif waiting:
+        reason = f"waiting: {waiting} pods still upgrading"
+    else:
+        reason = "no upgradable pods"
+    return Plan(upgrades, stuck, unavailable, m, done, reason)
+
+
+def _message_kv(message: str) -> dict[str, bool] | None:
+    """The `{ss: upgradable}` map in a condition message; None when it is not one."""
+    try:
+        parsed = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    return {k: v for k, v in parsed.items() if isinstance(k, str) and isinstance(v, bool)}
+
+
+def upgradable_condition(
+    pod: PodProjection, not_upgradable_for: Mapping[str, bool], *, now: str | None = None
+) -> JsonObj:
+    """The pod's `SidecarSetUpgradable` condition after merging in these SidecarSets' verdicts.
+
+    `not_upgradable_for[ss]` is True when that SidecarSet cannot roll its images into the pod.
+    Verdicts of other SidecarSets already in the condition's message are kept, so each
+    SidecarSet's controller pass only states its own. `now` sets lastTransitionTime when the
+    status flips.
+    """
+    old = pod.upgradable_condition
+    kv = (_message_kv(old[2]) if len(old) == 3 else None) or {}
+    for ss, not_upgradable in not_upgradable_for.items():
+        kv[ss] = not not_upgradable
+    ok = all(kv.values())
+    status = "True" if ok else "False"
+    condition: JsonObj = {
+        "type": POD_CONDITION_UPGRADABLE,
+        "status": status,
+        "reason": REASON_UPGRADABLE if ok else REASON_NOT_UPGRADABLE,
+        "message": orjson.dumps({k: kv[k] for k in sorted(kv)}).decode(),
+    }
+    if now is not None and (len(old) != 3 or old[0] != status):
+        condition["lastTransitionTime"] = now
+    return condition
+
+
+def condition_current(pod: PodProjection, condition: Mapping[str, Any]) -> bool:
+    """The pod already carries this condition (message compared as JSON), so nothing to write."""
+    old = pod.upgradable_condition
+    if len(old) != 3:
+        return False
+    status, reason, message = old
+    old_kv = _message_kv(message)
+    return (
+        old_kv is not None
+        and status == condition.get("status")
+        and reason == condition.get("reason")
+        and old_kv == _message_kv(str(condition.get("message", "")))
+    )
