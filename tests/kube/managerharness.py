@@ -1,0 +1,254 @@
+"""Run the real manager against the test control plane, in process or as a `sidecarctl run` child.
+
+The webhook configurations are the ones an install would create, except that `clientConfig`
+points at a loopback URL instead of a Service (there is no cluster network here), and caBundle
+starts empty: the manager's own caBundle sync has to fill it before the API server can call
+the webhooks, so every e2e test exercises that path too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from certwatcher.atomicdir import write_atomic
+from certwatcher.issuing import Issued, generate_ca, issue_leaf
+from injector.manager import Manager, ManagerOptions
+from sidecarsets import kubeapi, names
+from tests.kube.client import Kube
+from tests.kube.controlplane import REPO, ControlPlane, free_port
+from tests.kube.loop import BackgroundLoop
+
+MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VWC_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+MANAGER_NS = names.DEFAULT_MANAGER_NAMESPACE
+
+
+def write_cert_dir(path: Path, ca: Issued | None = None) -> Issued:
+    """A CA and a serving cert for 127.0.0.1 in the cert-manager file layout."""
+    now = dt.datetime.now(dt.UTC)
+    ca = ca or generate_ca(now=now, lifetime=dt.timedelta(days=2))
+    leaf = issue_leaf(ca, now=now, dns_names=["localhost"], ip_addresses=["127.0.0.1"], lifetime=dt.timedelta(days=1))
+    write_atomic(path, {"tls.crt": leaf.cert_pem, "tls.key": leaf.key_pem, "ca.crt": ca.cert_pem})
+    return ca
+
+
+def webhook_configs(url: str, *, mutating: str, validating: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two configurations of config/webhook, pointed at `url` by clientConfig.url."""
+    excluded = sorted(names.SYSTEM_NAMESPACES | {MANAGER_NS})
+    mwc = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": mutating, "labels": {"app.kubernetes.io/name": "sidecarctl"}},
+        "webhooks": [
+            {
+                "name": names.MUTATING_WEBHOOK_NAME,
+                "clientConfig": {"url": f"{url}{names.INJECT_PATH}"},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {
+                    "matchLabels": {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED},
+                    "matchExpressions": [{"key": names.NS_NAME_LABEL, "operator": "NotIn", "values": excluded}],
+                },
+                "objectSelector": {
+                    "matchExpressions": [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
+                },
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1", "v1beta1"],
+                "reinvocationPolicy": "IfNeeded",
+                "timeoutSeconds": 10,
+            }
+        ],
+    }
+    vwc = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": validating, "labels": {"app.kubernetes.io/name": "sidecarctl"}},
+        "webhooks": [
+            {
+                "name": "validate.sidecarctl.io",
+                "clientConfig": {"url": f"{url}{names.VALIDATE_PATH}"},
+                "rules": [
+                    {
+                        "apiGroups": [names.GROUP],
+                        "apiVersions": [names.VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [names.PLURAL],
+                        "scope": "Cluster",
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            }
+        ],
+    }
+    return mwc, vwc
+
+
+def ensure_namespace(kube: Kube, name: str) -> None:
+    with contextlib.suppress(kubeapi.Conflict):
+        kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+@dataclass
+class RunningManager:
+    """A manager on the test loop; `stop()` is the SIGTERM path (graceful, releases the Lease)."""
+
+    loop: BackgroundLoop
+    manager: Manager
+    opts: ManagerOptions
+    probe_url: str
+    webhook_url: str
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _future: Any = None
+
+    def start(self) -> RunningManager:
+        self._future = self.loop.spawn(self.manager.run(self._stop))
+        return self
+
+    def ready(self) -> bool:
+        return probe(self.probe_url + "/readyz") == 200
+
+    def stop(self) -> None:
+        self.loop.loop.call_soon_threadsafe(self._stop.set)
+        if self._future is not None:
+            self._future.result(timeout=30)
+
+
+def probe(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def start_in_process(
+    loop: BackgroundLoop,
+    cp: ControlPlane,
+    cert_dir: Path,
+    *,
+    identity: str,
+    lease_duration: int = 15,
+    **overrides: Any,
+) -> RunningManager:
+    webhook_port, probe_port = free_port(), free_port()
+    opts = ManagerOptions(
+        kubeconfig=str(cp.kubeconfig),
+        namespace=MANAGER_NS,
+        webhook_bind=f"127.0.0.1:{webhook_port}",
+        probe_bind=f"127.0.0.1:{probe_port}",
+        cert_dir=str(cert_dir),
+        identity=identity,
+        lease_duration=lease_duration,
+        renew_deadline=min(10.0, lease_duration * 2 / 3),
+        retry_period=min(2.0, lease_duration / 5),
+        ca_bundle_resync=5.0,
+        cert_poll_interval=2.0,
+        **overrides,
+    )
+
+    async def build() -> Manager:
+        return Manager(opts)  # the aiohttp session must belong to the test loop
+
+    manager = loop.run(build())
+    return RunningManager(
+        loop, manager, opts, f"http://127.0.0.1:{probe_port}", f"https://127.0.0.1:{webhook_port}"
+    ).start()
+
+
+@dataclass
+class ManagerProcess:
+    """`sidecarctl run` as a child process, for kill -9 and restart tests."""
+
+    proc: subprocess.Popen[bytes]
+    probe_url: str
+    webhook_url: str
+    log_path: Path
+
+    def ready(self) -> bool:
+        return probe(self.probe_url + "/readyz") == 200
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_process(
+    cp: ControlPlane,
+    cert_dir: Path,
+    *,
+    identity: str,
+    webhook_port: int | None = None,
+    lease_duration: int = 15,
+    extra: tuple[str, ...] = (),
+) -> ManagerProcess:
+    webhook_port = webhook_port or free_port()
+    probe_port = free_port()
+    log = Path(tempfile.mkstemp(prefix=f"sidecarctl-{identity}-", suffix=".log")[1])
+    args = [
+        sys.executable,
+        "-m",
+        "injector.cli",
+        "run",
+        f"--kubeconfig={cp.kubeconfig}",
+        f"--namespace={MANAGER_NS}",
+        f"--webhook-bind=127.0.0.1:{webhook_port}",
+        f"--probe-bind=127.0.0.1:{probe_port}",
+        f"--cert-dir={cert_dir}",
+        f"--identity={identity}",
+        f"--lease-duration={lease_duration}",
+        "--ca-bundle-resync=5",
+        "--cert-poll-interval=2",
+        *extra,
+    ]
+    out = open(log, "wb")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(
+        args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    out.close()
+    return ManagerProcess(proc, f"http://127.0.0.1:{probe_port}", f"https://127.0.0.1:{webhook_port}", log)
+
+
+def wait_ready(target: RunningManager | ManagerProcess, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if target.ready():
+            return
+        if isinstance(target, ManagerProcess) and target.proc.poll() is not None:
+            raise AssertionError(f"manager exited with {target.proc.returncode}:\n{target.log_tail()}")
+        time.sleep(0.1)
+    raise AssertionError(f"manager not ready within {timeout}s")
