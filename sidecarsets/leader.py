@@ -290,7 +290,7 @@ class LeaderElector:
     async def run(self, stop: asyncio.Event, on_started: OnStarted) -> None:
         """Campaign, lead (running `on_started(lost)` as a task), and campaign again, until `stop`."""
         while not stop.is_set():
-            if not await self._acquire(stop):
+            if not await self._acquire(stop) or stop.is_set():
                 break
             lost = asyncio.Event()
             self._set_leading(True)
