@@ -89,18 +89,15 @@ def pinned_sidecarsets(
     result: list[SidecarSet] = []
     for ss in snapshot.sidecarsets:
         revision = ((ss.spec.get("injectionStrategy") or {}).get("revision")) or None
-        if not revision:
+        if not revision or not revisions.should_use_pinned(ss.obj, pod_labels=pod_labels, rand=rand()):
             result.append(ss)
             continue
-        if not revisions.should_use_pinned(ss.obj, pod_labels=pod_labels, rand=rand()):
-            result.append(ss)
-            continue
-        pinned = revisions.resolve_pinned(ss.obj, list(snapshot.revisions.values()))
-        if pinned is None:
-            return [], f"SidecarSet {ss.name}: injectionStrategy.revision names no existing revision"
         try:
-            result.append(SidecarSet.from_object(revisions.apply_revision(ss.obj, pinned)))
-        except ModelError as e:
+            pinned = revisions.resolve_pinned(ss.obj, list(snapshot.revisions.values()))
+            result.append(ss if pinned is None else SidecarSet.from_object(revisions.apply_revision(ss.obj, pinned)))
+        except revisions.PinnedRevisionNotFound as e:
+            return [], f"SidecarSet {ss.name}: {e}"
+        except (revisions.RevisionError, ModelError) as e:
             return [], f"SidecarSet {ss.name}: pinned revision is unusable: {e}"
     return result, None
 
@@ -175,9 +172,11 @@ def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = 
             ]
             spec = review.object.get("spec")
             pin = ((spec.get("injectionStrategy") or {}).get("revision")) if isinstance(spec, dict) else None
-            pinned = isinstance(pin, dict) and bool(pin.get("revisionName") or pin.get("customVersion"))
-            if pinned and revisions.resolve_pinned(review.object, list(snapshot.revisions.values())) is None:
-                errors.append("spec.injectionStrategy.revision: no ControllerRevision matches this pin")
+            if isinstance(pin, dict) and (pin.get("revisionName") or pin.get("customVersion")):
+                try:
+                    revisions.resolve_pinned(review.object, list(snapshot.revisions.values()))
+                except revisions.RevisionError as e:
+                    errors.append(f"spec.injectionStrategy.revision: {e}")
             if errors:
                 result = "denied"
                 message = "SidecarSet rejected: " + "; ".join(errors)

@@ -125,7 +125,8 @@ class Manager:
         self.client = client or kubeapi.KubeClient(kubeapi.load_config(opts.kubeconfig))
         self.port = KubeApiPort(self.client)
         self.store = TemplateStore()
-        self.recorder = EventRecorder(self.client, namespace=opts.namespace)
+        # Events about cluster-scoped SidecarSets live in `default`, where `kubectl describe` looks.
+        self.recorder = EventRecorder(self.client)
         self.controller = Controller(
             self.client,
             namespace=opts.namespace,

@@ -49,9 +49,15 @@ def manager(
         wait_ready(m)
 
         def bundle_synced() -> bool:
-            got = kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")
-            bundle = got["webhooks"][0]["clientConfig"].get("caBundle", "")
-            return b"BEGIN CERTIFICATE" in base64.b64decode(bundle)
+            for path in (
+                f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}",
+                f"{VWC_PATH}/{names.VALIDATING_WEBHOOK_CONFIG}",
+            ):
+                got = kube.get(path)
+                bundle = got["webhooks"][0]["clientConfig"].get("caBundle", "")
+                if b"BEGIN CERTIFICATE" not in base64.b64decode(bundle):
+                    return False
+            return True
 
         eventually(bundle_synced, timeout=20, what="caBundle filled by the manager")
         eventually(lambda: m.manager.leading, timeout=30, what="manager leads")

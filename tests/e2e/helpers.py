@@ -1,0 +1,71 @@
+"""Small e2e helpers shared by the controller and upgrade tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecarsets import names
+from tests.e2e.conftest import SS_PATH, make_pod
+from tests.kube.client import Kube, eventually
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    for s in (pod.get("status") or {}).get("containerStatuses") or []:
+        if s["name"] == name:
+            return dict(s)
+    raise AssertionError(f"no status for container {name} in {pod['metadata']['name']}")
+
+
+def image_of(pod: dict[str, Any], name: str) -> str:
+    return str(next(c["image"] for c in pod["spec"]["containers"] if c["name"] == name))
+
+
+def pods(kube: Kube, namespace: str, app: str) -> list[dict[str, Any]]:
+    items = kube.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"app={app}")["items"]
+    return sorted(items, key=lambda p: p["metadata"]["name"])
+
+
+def create_ready_pods(kube: Kube, namespace: str, app: str, count: int, **labels: str) -> list[dict[str, Any]]:
+    for i in range(count):
+        kube.create(f"/api/v1/namespaces/{namespace}/pods", make_pod(f"{app}-{i}", app, **labels))
+
+    def all_ready() -> list[dict[str, Any]] | None:
+        got = pods(kube, namespace, app)
+        return got if len(got) == count and all(ready(p) for p in got) else None
+
+    return eventually(all_ready, timeout=30, what=f"{count} {app} pods Ready")
+
+
+def status_of(kube: Kube, ss_name: str) -> dict[str, Any]:
+    return dict(kube.get(f"{SS_PATH}/{ss_name}").get("status") or {})
+
+
+def wait_status(kube: Kube, ss_name: str, timeout: float = 30.0, **expected: int) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        st = status_of(kube, ss_name)
+        return st if all(st.get(k, 0) == v for k, v in expected.items()) else None
+
+    try:
+        return eventually(check, timeout=timeout, what=f"status of {ss_name} is {expected}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last status: {status_of(kube, ss_name)}") from None
+
+
+def set_image(kube: Kube, ss_name: str, image: str, index: int = 0) -> None:
+    kube.patch(
+        f"{SS_PATH}/{ss_name}",
+        [{"op": "replace", "path": f"/spec/containers/{index}/image", "value": image}],
+        patch_type="json",
+    )
+
+
+def upgradable(pod: dict[str, Any]) -> str | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == names.POD_CONDITION_UPGRADABLE:
+            return str(c.get("status"))
+    return None
