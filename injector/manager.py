@@ -67,6 +67,8 @@ class ManagerOptions:
     sync_ca_bundle: bool = True
     ca_bundle_resync: float = 30.0
     cert_poll_interval: float = 10.0
+    # Cheap change checks between full polls (stands in for file events); 0 turns them off.
+    cert_event_interval: float = 0.2
     leader_elect: bool = True
     lease_name: str = "sidecarctl-controller"
     lease_duration: int = 15
@@ -205,7 +207,12 @@ class Manager:
             if syncer is not None:
                 syncer.set_local_ca(pair.ca_pem)
 
-        self.reloader = CertReloader(self.cert_dir, poll_interval=opts.cert_poll_interval, on_reload=on_reload)
+        self.reloader = CertReloader(
+            self.cert_dir,
+            poll_interval=opts.cert_poll_interval,
+            event_interval=opts.cert_event_interval or None,
+            on_reload=on_reload,
+        )
 
     # -- health --------------------------------------------------------------------------------
     async def readiness(self) -> tuple[bool, str]:

@@ -71,6 +71,7 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     switch("sync-ca-bundle", True, "keep caBundle in sync (turn off when cert-manager's cainjector does it)")
     opt("ca-bundle-resync", 30.0, "seconds between caBundle checks (repairs foreign writes)", type=float)
     opt("cert-poll-interval", 10.0, "seconds between full re-reads of the cert files", type=float)
+    opt("cert-event-interval", 0.2, "seconds between cheap cert-dir change checks; 0 turns them off", type=float)
     switch("leader-elect", True, "run the controller only while holding the Lease")
     opt("lease-name", "sidecarctl-controller", "Lease name for leader election")
     opt("lease-duration", 15, "Lease duration in seconds", type=int)
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         sync_ca_bundle=args.sync_ca_bundle,
         ca_bundle_resync=args.ca_bundle_resync,
         cert_poll_interval=args.cert_poll_interval,
+        cert_event_interval=args.cert_event_interval,
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         lease_duration=args.lease_duration,
