@@ -133,7 +133,8 @@ def test_history_is_truncated_to_the_limit_and_rollback_reuses_a_revision(
 
     for i in range(2, 7):
         set_image(kube, name, f"proxy:{i}")
-        eventually(lambda i=i: has_revision_for(f"proxy:{i}"), what=f"revision for proxy:{i}")
+        image = f"proxy:{i}"
+        eventually(lambda: has_revision_for(image), what=f"revision for {image}")  # noqa: B023
     eventually(lambda: len(revisions()) == 3, what="history truncated to 3")
     kept = revisions()
     assert [r["data"]["spec"]["containers"][0]["image"] for r in kept] == ["proxy:4", "proxy:5", "proxy:6"]
