@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from injector import logs
@@ -75,6 +76,8 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     switch("leader-elect", True, "run the controller only while holding the Lease")
     opt("lease-name", "sidecarctl-controller", "Lease name for leader election")
     opt("lease-duration", 15, "Lease duration in seconds", type=int)
+    opt("renew-deadline", None, "seconds a leader keeps trying to renew; default 2/3 of the lease", type=float)
+    opt("retry-period", None, "seconds between Lease attempts; default min(2, lease/5)", type=float)
     opt("identity", None, "leader election identity; default hostname-pid")
     opt("workers", 3, "SidecarSet reconcile workers", type=int)
     opt("log-level", "info", "debug, info, warning, error")
@@ -108,8 +111,14 @@ def run(args: argparse.Namespace) -> int:
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline or min(10.0, args.lease_duration * 2 / 3),
+        retry_period=args.retry_period or min(2.0, args.lease_duration / 5),
         workers=args.workers,
     )
     if args.identity:
         opts.identity = args.identity
-    return run_forever(opts)
+    try:
+        return run_forever(opts)
+    except ValueError as e:  # a bad option combination, found while wiring the manager
+        print(f"sidecarctl run: error: {e}", file=sys.stderr)
+        return 2

@@ -164,6 +164,16 @@ class Controller:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
         else:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(0)
+        if plan.upgrades or plan.reason.startswith("waiting"):
+            log.info(
+                "rollout: %s (unavailable %d/%d, matched %d): %s",
+                plan.reason,
+                plan.unavailable,
+                plan.max_unavailable,
+                len(matched),
+                ", ".join(f"{u.namespace}/{u.name}" for u in plan.upgrades),
+                extra={"sidecarset": name},
+            )
         if not plan.upgrades:
             return None if plan.done else RESYNC_SECONDS
         results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))

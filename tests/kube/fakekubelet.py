@@ -42,8 +42,10 @@ class FakeKubelet:
         self.restart_delay = restart_delay
         self.namespaces: set[str] = set()
         self.bad_images: set[str] = set()
-        # (ns, pod, container) → monotonic time until which the container shows as restarting
+        # (ns, pod uid, container) → monotonic time until which the container shows as restarting
         self._restarting: dict[tuple[str, str, str], float] = {}
+        # (ns, pod uid, container) → the status this kubelet last reported for it
+        self._running: dict[tuple[str, str, str], JsonObj] = {}
         self._pending: set[str] = set()
         self._dirty: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -82,6 +84,9 @@ class FakeKubelet:
 
     def _on_event(self, kind: str, old: Any, new: Any) -> None:
         if kind == "DELETED" or new is None:
+            uid = ((old or {}).get("metadata") or {}).get("uid")
+            for key in [k for k in self._running if k[1] == uid]:
+                del self._running[key]
             return
         meta = new.get("metadata") or {}
         if meta.get("namespace") not in self.namespaces:
@@ -154,12 +159,15 @@ class FakeKubelet:
         return next_check
 
     def _container_status(
-        self, ns: str, pod: str, c: JsonObj, prev: JsonObj | None, now_mono: float
+        self, ns: str, pod_uid: str, c: JsonObj, prev: JsonObj | None, now_mono: float
     ) -> tuple[JsonObj, float | None]:
         name, image = c["name"], c.get("image", "")
+        rkey = (ns, pod_uid, name)
+        # Like a real kubelet, what runs is known locally: the informer's copy of our own last
+        # status write may lag, and acting on it would restart a container a second time.
+        prev = self._running.get(rkey, prev)
         restarts = int((prev or {}).get("restartCount", 0))
         started = (((prev or {}).get("state") or {}).get("running") or {}).get("startedAt") or _now()
-        rkey = (ns, pod, name)
         if prev is not None and prev.get("image") != image:
             # The spec image changed: the kubelet kills the container and starts the new image.
             if rkey not in self._restarting:
@@ -173,7 +181,7 @@ class FakeKubelet:
             restarts += 1
             started = _now()
         if image in self.bad_images:
-            return {
+            st = {
                 "name": name,
                 "image": image,
                 "imageID": "",
@@ -181,27 +189,30 @@ class FakeKubelet:
                 "started": False,
                 "restartCount": restarts,
                 "state": {"waiting": {"reason": "ImagePullBackOff", "message": f"fake: image {image} is bad"}},
-            }, None
-        return {
-            "name": name,
-            "image": image,
-            "imageID": image_id(image),
-            "containerID": f"fake://{ns}/{pod}/{name}/{restarts}",
-            "ready": True,
-            "started": True,
-            "restartCount": restarts,
-            "state": {"running": {"startedAt": started}},
-        }, None
+            }
+        else:
+            st = {
+                "name": name,
+                "image": image,
+                "imageID": image_id(image),
+                "containerID": f"fake://{ns}/{pod_uid}/{name}/{restarts}",
+                "ready": True,
+                "started": True,
+                "restartCount": restarts,
+                "state": {"running": {"startedAt": started}},
+            }
+        self._running[rkey] = st
+        return st, None
 
     def _desired_status(self, pod: JsonObj) -> tuple[JsonObj | None, float | None]:
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-        ns, name = meta["namespace"], meta["name"]
+        ns = meta["namespace"]
         now_mono = asyncio.get_running_loop().time()
         prev_by_name = {s.get("name"): s for s in status.get("containerStatuses") or []}
         statuses: list[JsonObj] = []
         next_check: float | None = None
         for c in spec.get("containers") or []:
-            st, wait = self._container_status(ns, name, c, prev_by_name.get(c["name"]), now_mono)
+            st, wait = self._container_status(ns, meta["uid"], c, prev_by_name.get(c["name"]), now_mono)
             statuses.append(st)
             if wait is not None:
                 next_check = min(wait, next_check or wait)
@@ -209,7 +220,7 @@ class FakeKubelet:
         for c in spec.get("initContainers") or []:
             if c.get("restartPolicy") == "Always":  # native sidecar: keeps running
                 prev_init = {s.get("name"): s for s in status.get("initContainerStatuses") or []}
-                st, _ = self._container_status(ns, name, c, prev_init.get(c["name"]), now_mono)
+                st, _ = self._container_status(ns, meta["uid"], c, prev_init.get(c["name"]), now_mono)
                 init_statuses.append(st)
             else:
                 init_statuses.append(
