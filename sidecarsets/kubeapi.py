@@ -88,7 +88,8 @@ def _config_from_official(cfg: Any) -> ClusterConfig:
             ctx.verify_mode = ssl.CERT_NONE
 
     def headers() -> dict[str, str]:
-        token = cfg.get_api_key_with_prefix("authorization")  # runs the refresh hook
+        # kubernetes >= 37 keeps "Bearer <token>" under BearerToken; older ones under authorization.
+        token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")  # runs the refresh hook
         return {"Authorization": token} if token else {}
 
     return ClusterConfig(server=cfg.host.rstrip("/"), ssl_context=ctx, headers=headers)

@@ -5,20 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-py=${PYTHON:-python3}
-"$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
-if [[ ! -x .venv/bin/python ]]; then
-  "$py" -m venv .venv
-fi
-stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
-if [[ ! -e "$stamp" ]]; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
-  touch "$stamp"
-fi
-
-# Test control plane binaries: built once per machine into ~/.cache/sidecarctl (or $KUBEBUILDER_ASSETS).
-bash tools/build-control-plane.sh >/dev/null
+bash tools/setup.sh
 
 echo "== ruff"
 .venv/bin/ruff check .
