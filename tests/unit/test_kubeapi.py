@@ -1,0 +1,48 @@
+"""Credentials from kubeconfig reach the wire, and API errors map to typed exceptions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sidecarsets import kubeapi
+
+
+def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_bearer_token_is_sent(tmp_path: Path) -> None:
+    cfg = kubeapi.load_config(_kubeconfig(tmp_path, {"token": "s3cret"}))
+    assert cfg.server == "https://127.0.0.1:6443"
+    assert cfg.headers() == {"Authorization": "Bearer s3cret"}
+
+
+def test_no_credentials_means_no_authorization_header(tmp_path: Path) -> None:
+    cfg = kubeapi.load_config(_kubeconfig(tmp_path, {}))
+    assert "Authorization" not in cfg.headers()
+
+
+def test_status_codes_map_to_error_types() -> None:
+    body = {"kind": "Status", "reason": "AlreadyExists", "message": "pods \"x\" already exists"}
+    err = kubeapi.error_from_status(409, body)
+    assert isinstance(err, kubeapi.Conflict)
+    assert err.reason == "AlreadyExists"
+    assert "already exists" in str(err)
+    assert isinstance(kubeapi.error_from_status(404, {}), kubeapi.NotFound)
+    assert isinstance(kubeapi.error_from_status(410, {}), kubeapi.Gone)
+    assert isinstance(kubeapi.error_from_status(422, {}), kubeapi.Invalid)
+    plain = kubeapi.error_from_status(500, "<html>oops</html>")
+    assert type(plain) is kubeapi.ApiError
+    assert plain.message == "<html>oops</html>"
