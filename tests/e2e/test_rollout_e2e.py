@@ -10,6 +10,7 @@ import secrets
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,8 @@ def test_rollout_of_50_pods_never_exceeds_max_unavailable_across_a_leader_kill(c
         wait_ready(first)
         standby = _start(cluster, "rollout-b")
         wait_ready(standby)
+        # Two managers: both serve webhooks, exactly one runs the controller.
+        eventually(lambda: sorted(_leading(m) for m in (first, standby)) == [0.0, 1.0], timeout=20, what="one leader")
 
         ns = f"rollout-{secrets.token_hex(3)}"
         kube.create(
@@ -191,6 +194,14 @@ def _create_ok(kube: Kube, ss: dict[str, Any]) -> bool:
     except kubeapi.ApiError:
         return False
     return True
+
+
+def _leading(m: ManagerProcess) -> float:
+    with urllib.request.urlopen(m.probe_url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("sidecarctl_leader "):
+                return float(line.split()[1])
+    return -1.0
 
 
 def _leader(kube: Kube) -> str:
