@@ -128,6 +128,7 @@ def test_history_is_truncated_to_the_limit_and_rollback_reuses_a_revision(
         return sorted(items, key=lambda r: r["revision"])
 
     first = eventually(lambda: revisions() or None, what="first revision")[0]
+
     def has_revision_for(image: str) -> bool:
         return any(r["data"]["spec"]["containers"][0]["image"] == image for r in revisions())
 
