@@ -183,7 +183,8 @@ class Controller:
                 ss,
                 type="Normal",
                 reason="SidecarUpgrade",
-                message=f"updated sidecar images in {patched} pod(s) to revision {latest}",
+                # One message per revision, so repeats aggregate into one Event's count.
+                message=f"upgrading sidecar images in place to revision {latest}",
             )
         return 0.2 if patched < len(plan.upgrades) else None
 
