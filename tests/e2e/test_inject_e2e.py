@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import socket
+import ssl
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -162,3 +165,28 @@ def test_manager_namespace_is_never_injected(
         assert _names(p["spec"]["containers"]) == ["app"]
     finally:
         kube.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {names.NS_INJECTION_LABEL: None}}})
+
+
+def test_webhook_port_speaks_tls12_plus_with_h2_and_http11(manager: RunningManager) -> None:
+    host, port = "127.0.0.1", int(manager.webhook_url.rsplit(":", 1)[1])
+    assert manager.manager.reloader is not None and manager.manager.reloader.current is not None
+    ca = manager.manager.reloader.current.ca_pem.decode()
+    for proto in ("h2", "http/1.1"):
+        ctx = ssl.create_default_context(cadata=ca)
+        ctx.set_alpn_protocols([proto])
+        with socket.create_connection((host, port), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname=host) as s:
+            assert s.selected_alpn_protocol() == proto
+            assert s.version() in ("TLSv1.2", "TLSv1.3")
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.load_verify_locations(cadata=ca)
+    with warnings.catch_warnings():  # deliberately old: the server must refuse it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old.minimum_version = ssl.TLSVersion.TLSv1
+        old.maximum_version = ssl.TLSVersion.TLSv1_1
+    old.set_ciphers("ALL:@SECLEVEL=0")
+    with socket.create_connection((host, port), timeout=5) as raw:
+        try:
+            old.wrap_socket(raw, server_hostname=host).close()
+            raise AssertionError("a TLS 1.1 client was accepted")
+        except ssl.SSLError:
+            pass
