@@ -133,6 +133,7 @@ class Manager:
             self.client,
             namespace=opts.namespace,
             namespaces=lambda: self.store.snapshot.namespaces,
+            revisions=lambda: self.store.snapshot.revisions.values(),
             recorder=self.recorder,
             workers=opts.workers,
         )

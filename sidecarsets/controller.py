@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sidecarsets import events, kubeapi, metrics, names, planner, revisions, status
@@ -50,6 +50,7 @@ class Controller:
         *,
         namespace: str,
         namespaces: Callable[[], Mapping[str, Mapping[str, str]]],
+        revisions: Callable[[], Iterable[JsonObj]] | None = None,
         recorder: events.EventRecorder,
         workers: int = 3,
         clock: Callable[[], str] = utc_now,
@@ -57,6 +58,7 @@ class Controller:
         self.client = client
         self.namespace = namespace
         self.namespaces = namespaces
+        self.revisions = revisions
         self.recorder = recorder
         self.workers = workers
         self.clock = clock
@@ -150,7 +152,10 @@ class Controller:
         pods = self._pods_of(name)
         matched = status.matched_pods(ss, pods, self.namespaces())
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
-        latest, collisions = await revisions.sync_history(self.client, ss, namespace=self.namespace, in_use=in_use)
+        cached = None if self.revisions is None else self.revisions()
+        latest, collisions = await revisions.sync_history(
+            self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
+        )
         new_status = status.compute_status(ss, matched, latest_revision=latest, collision_count=collisions)
         if status.status_changed(ss.get("status"), new_status):
             await self._write_status(ss, new_status)

@@ -129,7 +129,20 @@ class Informer(Generic[T]):
         self._emit("ADDED" if prev is None else "MODIFIED", prev, value)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until `stop` is set. Never raises for API or network errors: it backs off and retries."""
+        """Run until `stop` is set. Never raises for API or network errors: it backs off and retries.
+
+        A quiet watch can block for minutes, so the loop runs as a task that `stop` cancels at once.
+        """
+        loop = asyncio.create_task(self._loop(stop))
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({loop, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (loop, stopped):
+                task.cancel()
+            await asyncio.gather(loop, stopped, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         backoff = 0.2
         need_list = True
         while not stop.is_set():

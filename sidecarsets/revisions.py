@@ -455,8 +455,16 @@ async def list_revisions(client: RevisionClient, ss: Mapping[str, Any], *, names
     listed = await client.get(
         revisions_path(namespace), params={"labelSelector": f"{REVISION_LABEL_SIDECARSET}={_ss_name(ss)}"}
     )
-    uid = str(_meta(ss).get("uid") or "")
-    return sort_revisions(r for r in listed.get("items") or [] if _owned_by(r, uid))
+    return _owned_revisions(ss, listed.get("items") or [])
+
+
+def _owned_revisions(ss: Mapping[str, Any], items: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
+    name, uid = _ss_name(ss), str(_meta(ss).get("uid") or "")
+    return sort_revisions(
+        dict(r)
+        for r in items
+        if ((r.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL_SIDECARSET) == name and _owned_by(r, uid)
+    )
 
 
 async def _create(
@@ -482,14 +490,25 @@ async def _create(
 
 
 async def sync_history(
-    client: RevisionClient, ss: Mapping[str, Any], *, namespace: str, in_use: set[str]
+    client: RevisionClient,
+    ss: Mapping[str, Any],
+    *,
+    namespace: str,
+    in_use: set[str],
+    cached: Iterable[Mapping[str, Any]] | None = None,
 ) -> tuple[str, int]:
     """Bring the SidecarSet's ControllerRevisions in `namespace` in line with its spec.
 
+    `cached` is the controller's watch cache of revisions, which saves a LIST per reconcile; a
+    cache a moment behind is safe (a create finds AlreadyExists and adopts the equal revision, a
+    delete of one already gone is ignored). Without it the revisions are listed.
     Returns (latest revision name, collisionCount) for the SidecarSet's status. API errors on the
     latest revision propagate (the reconcile is retried); failed deletions are only logged.
     """
-    revisions = await list_revisions(client, ss, namespace=namespace)
+    if cached is None:
+        revisions = await list_revisions(client, ss, namespace=namespace)
+    else:
+        revisions = _owned_revisions(ss, cached)
     plan = plan_history(ss, revisions, in_use=in_use)
     latest, collisions = plan.latest_name, plan.collision_count
     if plan.create is not None:

@@ -1,0 +1,116 @@
+"""The list-then-watch loop against a scripted fake API: re-list on 410, resume, stop at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sidecarsets import kubeapi
+from sidecarsets.informer import Informer
+
+
+def obj(name: str, rv: str, value: str = "") -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}, "value": value}
+
+
+class FakeApi:
+    """Each list returns the current items; each watch call plays the next scripted stream."""
+
+    def __init__(self, items: list[dict[str, Any]], streams: list[list[dict[str, Any]] | Exception | None]) -> None:
+        self.items = items
+        self.streams = streams
+        self.lists = 0
+        self.watch_rvs: list[str] = []
+
+    async def get(self, path: str, *, params: Any = None) -> dict[str, Any]:
+        self.lists += 1
+        return {"metadata": {"resourceVersion": str(10 * self.lists)}, "items": list(self.items)}
+
+    async def watch(
+        self, path: str, *, resource_version: str, timeout_seconds: int, params: Any = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        self.watch_rvs.append(resource_version)
+        step = self.streams.pop(0) if self.streams else None
+        if step is None:
+            await asyncio.Event().wait()  # a quiet watch: blocks until cancelled
+            return
+        if isinstance(step, Exception):
+            raise step
+        for event in step:
+            yield event
+
+
+def run(api: FakeApi, until: Any, timeout: float = 2.0) -> tuple[Informer[dict[str, Any]], list[tuple[str, str]]]:
+    seen: list[tuple[str, str]] = []
+
+    def handler(kind: str, old: Any, new: Any) -> None:
+        seen.append((kind, (new or old)["metadata"]["name"]))
+
+    async def main() -> Informer[dict[str, Any]]:
+        inf: Informer[dict[str, Any]] = Informer(
+            api,  # type: ignore[arg-type]
+            "/x",
+            name="t",
+            transform=lambda o: o,
+            handler=handler,
+            max_backoff=0.01,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(inf.run(stop))
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not until(inf, seen) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        stop.set()
+        await asyncio.wait_for(task, timeout=0.5)  # stop must not wait for a quiet watch
+        return inf
+
+    return asyncio.run(main()), seen
+
+
+def test_list_then_watch_applies_events_and_resumes_from_the_last_version() -> None:
+    api = FakeApi(
+        [obj("a", "1")],
+        [
+            [
+                {"type": "ADDED", "object": obj("b", "11")},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+            ],
+            [{"type": "DELETED", "object": obj("a", "16")}],
+        ],
+    )
+    inf, seen = run(api, lambda inf, seen: ("DELETED", "a") in seen)
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    assert api.watch_rvs[:2] == ["10", "15"]  # resumed from the bookmark, no second list
+    assert api.lists == 1
+    assert set(inf.store) == {"b"}
+
+
+def test_gone_relists_and_emits_the_difference() -> None:
+    api = FakeApi([obj("a", "1"), obj("b", "2")], [kubeapi.Gone(410, "Expired", "too old")])
+    original_get = api.get
+
+    async def get(path: str, *, params: Any = None) -> dict[str, Any]:
+        result = await original_get(path, params=params)
+        api.items = [obj("a", "3", "changed"), obj("c", "4")]  # what the second list will see
+        return result
+
+    api.get = get  # type: ignore[method-assign]
+    inf, seen = run(api, lambda inf, seen: api.lists >= 2 and ("ADDED", "c") in seen)
+    assert ("MODIFIED", "a") in seen and ("DELETED", "b") in seen and ("ADDED", "c") in seen
+    assert set(inf.store) == {"a", "c"}
+
+
+def test_errors_back_off_and_recover() -> None:
+    api = FakeApi([], [OSError("connection reset"), [{"type": "ADDED", "object": obj("x", "5")}]])
+    inf, seen = run(api, lambda inf, seen: ("ADDED", "x") in seen)
+    assert ("ADDED", "x") in seen
+    assert inf.synced.is_set()
+
+
+def test_error_event_410_in_the_stream_relists() -> None:
+    status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    # KubeClient.watch turns an ERROR event with code 410 into Gone.
+    api = FakeApi([obj("a", "1")], [kubeapi.error_from_status(410, status)])
+    run(api, lambda inf, seen: api.lists >= 2)
+    assert api.lists >= 2
