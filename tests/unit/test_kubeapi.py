@@ -35,7 +35,7 @@ def test_no_credentials_means_no_authorization_header(tmp_path: Path) -> None:
 
 
 def test_status_codes_map_to_error_types() -> None:
-    body = {"kind": "Status", "reason": "AlreadyExists", "message": "pods \"x\" already exists"}
+    body = {"kind": "Status", "reason": "AlreadyExists", "message": 'pods "x" already exists'}
     err = kubeapi.error_from_status(409, body)
     assert isinstance(err, kubeapi.Conflict)
     assert err.reason == "AlreadyExists"
