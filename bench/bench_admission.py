@@ -1,0 +1,491 @@
+"""How long the /inject webhook takes per pod, in process and over HTTPS (targets from the issue).
+
+Run: `.venv/bin/python bench/bench_admission.py` (about 1.5 minutes). Needs `wrk` for the HTTP/1.1
+load and `h2load` for HTTP/2 (`apt-get install -y wrk nghttp2-client`); without them only the
+in-process part runs and the missing tool is named.
+
+a) In process: the AdmissionReview bytes of a Deployment-made pod (3 app containers, 40 env vars
+   each, 5 volumes) with 3 matching SidecarSets, through (1) the handler's pieces (parse, snapshot,
+   pinned revisions, `engine.inject`, response bytes) and (2) the whole ASGI app (starlette routing,
+   body reading, metrics) called directly without a socket. Target: p50 <= 150 us.
+b) Over HTTPS: the webhook app served exactly as the manager serves it (hypercorn, one worker, TLS
+   from the cert reloader, on 127.0.0.1) in a child process, loaded with 16 keep-alive connections
+   by a separate load generator; compared in the same run with an empty endpoint (a bare ASGI app
+   answering a fixed AdmissionReview) on the same server setup. Targets: >= 85% of the empty
+   endpoint's requests/s, p99 <= 20 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import ctypes
+import http.client
+import io
+import json
+import os
+import pstats
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+from injector import admission, engine
+from injector.app import create_webhook_app, pinned_sidecarsets
+from sidecarsets import names
+from sidecarsets.store import TemplateStore
+
+NAMESPACE = "shop"
+NS_LABELS = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED, names.NS_NAME_LABEL: NAMESPACE}
+APPS = ("empty", "webhook")
+EMPTY_RESPONSE = orjson.dumps(
+    {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True},
+    }
+)
+INSTALL_HINT = "apt-get install -y wrk nghttp2-client"
+
+
+def build_store() -> TemplateStore:
+    store = TemplateStore()
+    for ss in common.three_sidecarsets():
+        ss = {**ss, "metadata": {**ss["metadata"], "creationTimestamp": common.NOW, "resourceVersion": "1"}}
+        store.on_sidecarset("ADDED", None, ss)
+    if store.errors:
+        raise RuntimeError(f"benchmark SidecarSets are unusable: {store.errors}")
+    store.on_namespace("ADDED", None, NS_LABELS)
+    return store
+
+
+def review_body() -> bytes:
+    return orjson.dumps(common.admission_review(common.deployment_pod(), namespace=NAMESPACE))
+
+
+# -- a) in process --------------------------------------------------------------------------------
+def handler_pieces(store: TemplateStore, body: bytes) -> bytes:
+    """What the /inject handler does between reading the body and writing the response."""
+    review = admission.parse(body)
+    admission.require_kind(review, group="", kind="Pod", what="pods")
+    assert review.object is not None
+    snapshot = store.snapshot
+    labels = snapshot.namespaces.get(review.namespace)
+    pod_labels = (review.object.get("metadata") or {}).get("labels") or {}
+    candidates, denied = pinned_sidecarsets(snapshot, pod_labels, rand=lambda: 0.5)
+    assert denied is None
+    outcome = engine.inject(
+        review.object,
+        namespace=review.namespace,
+        namespace_labels=labels,
+        sidecarsets=candidates,
+        now=common.NOW,
+        operation=review.operation,
+    )
+    return admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
+
+
+def asgi_caller(app: Any, body: bytes) -> Callable[[], Awaitable[bytes]]:
+    """One POST /inject through the ASGI app, as hypercorn would deliver it, minus the socket."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "https",
+        "path": names.INJECT_PATH,
+        "raw_path": names.INJECT_PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:9443"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 9443),
+        "state": {},
+    }
+    request = {"type": "http.request", "body": body, "more_body": False}
+
+    async def call() -> bytes:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return request
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(dict(scope), receive, send)
+        if sent[0].get("status") != 200:
+            raise RuntimeError(f"/inject answered {sent[0].get('status')}: {sent[1:]}")
+        return b"".join(m.get("body", b"") for m in sent[1:])
+
+    return call
+
+
+def check_response(raw: bytes) -> None:
+    resp = orjson.loads(raw)["response"]
+    if not resp.get("allowed") or resp.get("patchType") != "JSONPatch" or resp.get("warnings"):
+        raise RuntimeError(f"unexpected admission response: {raw[:300]!r}")
+
+
+def stats_us(samples_ns: list[int]) -> tuple[float, float, float, float]:
+    s = sorted(samples_ns)
+    return tuple(common.percentile(s, p) / 1000 for p in (50, 90, 99, 100))  # type: ignore[return-value]
+
+
+def run_in_process(iterations: int, warmup: int) -> list[tuple[str, tuple[float, float, float, float]]]:
+    store = build_store()
+    body = review_body()
+    check_response(handler_pieces(store, body))
+    results: list[tuple[str, tuple[float, float, float, float]]] = []
+
+    samples: list[int] = []
+    for i in range(warmup + iterations):
+        t0 = time.perf_counter_ns()
+        handler_pieces(store, body)
+        if i >= warmup:
+            samples.append(time.perf_counter_ns() - t0)
+    results.append(("handler pieces (parse, inject, response)", stats_us(samples)))
+
+    app = create_webhook_app(store)
+    call = asgi_caller(app, body)
+
+    async def loop() -> list[int]:
+        check_response(await call())
+        out: list[int] = []
+        for i in range(warmup + iterations):
+            t0 = time.perf_counter_ns()
+            await call()
+            if i >= warmup:
+                out.append(time.perf_counter_ns() - t0)
+        return out
+
+    results.append(("whole ASGI app (starlette, no socket)", stats_us(asyncio.run(loop()))))
+    return results
+
+
+def profile_handler(calls: int) -> str:
+    store = build_store()
+    body = review_body()
+    for _ in range(500):
+        handler_pieces(store, body)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        handler_pieces(store, body)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+    return out.getvalue()
+
+
+# -- b) over HTTPS --------------------------------------------------------------------------------
+async def empty_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Any) -> None:
+    """The floor: read the body, answer a fixed AdmissionReview; no routing, parsing or metrics."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(EMPTY_RESPONSE)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": EMPTY_RESPONSE})
+
+
+def serve(kind: str, bind: str, cert_dir: str) -> None:
+    """Child process: serve one app the way the manager serves its webhook port, until SIGTERM."""
+    from certwatcher.reloader import CertReloader
+    from injector.manager import _serve  # the manager's own hypercorn setup, so the comparison is exact
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        reloader = CertReloader(cert_dir)
+        reloader.reload_now()
+        app: Any = create_webhook_app(build_store()) if kind == "webhook" else empty_app
+        await _serve(app, bind, stop, context=reloader.front_context)
+
+    asyncio.run(main())
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the benchmark
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(kind: str, cert_dir: Path, workdir: Path) -> Server:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    log = workdir / f"server-{kind}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", kind, "--bind", f"127.0.0.1:{port}", "--cert-dir", str(cert_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+    server = Server(proc, port, log)
+    deadline = time.monotonic() + 30
+    ctx = ssl._create_unverified_context()
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} server exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as raw, ctx.wrap_socket(raw):
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"{kind} server did not accept TLS connections within 30 s")
+
+
+def post_once(port: int, body: bytes) -> bytes:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ssl._create_unverified_context(), timeout=10)
+    try:
+        conn.request("POST", names.INJECT_PATH, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"POST {names.INJECT_PATH} answered {resp.status}: {data[:300]!r}")
+        return data
+    finally:
+        conn.close()
+
+
+@dataclass
+class Load:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+
+
+WRK_SCRIPT = """
+local f = assert(io.open(os.getenv("BENCH_BODY"), "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\nBENCH {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "errors": %d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.status + e.timeout))
+end
+"""
+
+
+def run_wrk(port: int, body_file: Path, script: Path, *, connections: int, seconds: int) -> Load:
+    url = f"https://127.0.0.1:{port}{names.INJECT_PATH}"
+    args = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script), url]
+    env = {**os.environ, "BENCH_BODY": str(body_file)}
+    out = subprocess.run(args, capture_output=True, text=True, env=env, check=False, timeout=seconds + 60)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout[-1500:]}{out.stderr[-1500:]}")
+    data = json.loads(line[len("BENCH ") :])
+    return Load(
+        rps=data["requests"] / (data["duration_us"] / 1e6),
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        requests=data["requests"],
+        errors=data["errors"],
+    )
+
+
+def run_h2load(port: int, body_file: Path, workdir: Path, *, connections: int, seconds: int, h1: bool = False) -> Load:
+    """h2load, one request in flight per connection (-m1), the same concurrency as the HTTP/1.1 run."""
+    url = f"https://127.0.0.1:{port}{names.INJECT_PATH}"
+    log = workdir / "h2load.log"
+    log.unlink(missing_ok=True)
+    args = ["h2load", f"-c{connections}", "-m1", "-t1", f"-D{seconds}", "--warm-up-time=1"]
+    args += ["-d", str(body_file), "-H", "content-type: application/json", f"--log-file={log}", url]
+    if h1:
+        args.insert(1, "--h1")
+    out = subprocess.run(args, capture_output=True, text=True, check=False, timeout=seconds + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"h2load failed ({out.returncode}): {out.stdout[-1500:]}{out.stderr[-1500:]}")
+    if not h1 and "Application protocol: h2" not in out.stdout:
+        raise RuntimeError(f"h2load did not negotiate h2:\n{out.stdout[-1500:]}")
+    finished = re.search(r"finished in [0-9.]+s, ([0-9.]+) req/s", out.stdout)
+    failed = re.search(r"requests: \d+ total, \d+ started, \d+ done, \d+ succeeded, (\d+) failed", out.stdout)
+    if finished is None or failed is None:
+        raise RuntimeError(f"cannot read h2load's summary:\n{out.stdout[-1500:]}")
+    lat: list[float] = []
+    errors = int(failed.group(1))
+    for row in log.read_text().splitlines():
+        parts = row.split("\t")
+        if len(parts) < 3 or int(parts[1]) <= 0:
+            continue  # status 0: cut off by the end of the run, not answered
+        if int(parts[1]) >= 300:
+            errors += 1
+        lat.append(int(parts[2]) / 1000)
+    if not lat:
+        raise RuntimeError(f"h2load logged no requests:\n{out.stdout[-1500:]}")
+    lat.sort()
+    return Load(
+        rps=float(finished.group(1)),
+        p50_ms=common.percentile(lat, 50),
+        p99_ms=common.percentile(lat, 99),
+        requests=len(lat),
+        errors=errors,
+    )
+
+
+def run_https(seconds: int, connections: int) -> tuple[list[list[object]], list[str]]:
+    """Rows of the HTTPS table plus notes (missing tools, failed checks)."""
+    from tests.kube.managerharness import write_cert_dir
+
+    notes: list[str] = []
+    have_wrk, have_h2load = shutil.which("wrk") is not None, shutil.which("h2load") is not None
+    protocols: list[str] = []
+    if have_wrk:
+        protocols.append("HTTP/1.1 (wrk)")
+    elif have_h2load:
+        protocols.append("HTTP/1.1 (h2load --h1)")
+        notes.append(f"wrk not found; HTTP/1.1 measured with h2load --h1 (install wrk: {INSTALL_HINT})")
+    if have_h2load:
+        protocols.append("HTTP/2 (h2load)")
+    else:
+        notes.append(f"h2load not found: no HTTP/2 figures (install it: {INSTALL_HINT})")
+    if not protocols:
+        notes.insert(0, f"no load generator found: skipping the HTTPS part. Install one: {INSTALL_HINT}")
+        return [], notes
+
+    workdir = common.temp_dir("sidecarctl-bench-admission-")
+    try:
+        cert_dir = workdir / "certs"
+        write_cert_dir(cert_dir)
+        body = review_body()
+        body_file = workdir / "review.json"
+        body_file.write_bytes(body)
+        script = workdir / "post.lua"
+        script.write_text(WRK_SCRIPT)
+
+        def measure(protocol: str, port: int, secs: int) -> Load:
+            if protocol.startswith("HTTP/1.1 (wrk)"):
+                return run_wrk(port, body_file, script, connections=connections, seconds=secs)
+            return run_h2load(
+                port, body_file, workdir, connections=connections, seconds=secs, h1=protocol.startswith("HTTP/1.1")
+            )
+
+        results: dict[tuple[str, str], Load] = {}
+        for kind in APPS:
+            server = start_server(kind, cert_dir, workdir)
+            try:
+                reply = post_once(server.port, body)
+                if kind == "webhook":
+                    check_response(reply)
+                for protocol in protocols:
+                    print(f"   load: {kind} endpoint, {protocol}, {seconds}s ...", flush=True)
+                    measure(protocol, server.port, 2)  # warm-up: connections, caches, the allocator
+                    results[(kind, protocol)] = measure(protocol, server.port, seconds)
+            finally:
+                server.stop()
+        rows: list[list[object]] = []
+        for protocol in protocols:
+            empty, hook = results[("empty", protocol)], results[("webhook", protocol)]
+            ratio = hook.rps / empty.rps
+            for kind, load in (("empty", empty), ("webhook /inject", hook)):
+                rows.append(
+                    [
+                        protocol,
+                        kind,
+                        f"{load.rps:,.0f}",
+                        f"{load.p50_ms:.2f}",
+                        f"{load.p99_ms:.2f}",
+                        f"{load.requests:,}",
+                        load.errors,
+                        f"{ratio:.0%} ({common.verdict(ratio >= 0.85)})" if kind != "empty" else "",
+                        common.verdict(load.p99_ms <= 20) if kind != "empty" else "",
+                    ]
+                )
+        return rows, notes
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--iterations", type=common.positive_int, default=20_000, help="in-process samples")
+    parser.add_argument("--warmup", type=common.positive_int, default=2_000, help="in-process warm-up calls")
+    parser.add_argument("--seconds", type=common.positive_int, default=10, help="duration of each HTTPS load")
+    parser.add_argument("--connections", type=common.positive_int, default=16, help="keep-alive connections")
+    parser.add_argument("--skip-https", action="store_true", help="only the in-process part")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process handler")
+    parser.add_argument("--serve", choices=APPS, help=argparse.SUPPRESS)
+    parser.add_argument("--bind", help=argparse.SUPPRESS)
+    parser.add_argument("--cert-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.bind, args.cert_dir)
+        return 0
+
+    common.print_machine("bench_admission: /inject with a 3-container, 120-env-var pod and 3 matching SidecarSets")
+    body = review_body()
+    print(
+        f"   AdmissionReview: {len(body):,} bytes; response patch: {len(handler_pieces(build_store(), body)):,} bytes"
+    )
+    print(f"\na) in process, {args.iterations:,} calls after {args.warmup:,} warm-up calls (us):\n", flush=True)
+    rows = [
+        [what, f"{p50:.0f}", f"{p90:.0f}", f"{p99:.0f}", f"{worst:.0f}", common.verdict(p50 <= 150)]
+        for what, (p50, p90, p99, worst) in run_in_process(args.iterations, args.warmup)
+    ]
+    print(common.table(["path", "p50", "p90", "p99", "max", "p50 <= 150 us"], rows))
+    if args.profile:
+        print("\ncProfile of 3,000 handler calls, by own time:\n")
+        print(profile_handler(3000))
+    if args.skip_https:
+        return 0
+    print(f"\nb) HTTPS on 127.0.0.1, hypercorn 1 worker, {args.connections} keep-alive connections:\n", flush=True)
+    https_rows, notes = run_https(args.seconds, args.connections)
+    if https_rows:
+        headers = ["protocol", "endpoint", "req/s", "p50 ms", "p99 ms", "requests", "errors", "vs empty (>= 85%)"]
+        print(common.table([*headers, "p99 <= 20 ms"], https_rows))
+    for note in notes:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_main(main, sys.argv[1:]))
