@@ -247,7 +247,8 @@ class Manager:
     async def _lead(self, lost: asyncio.Event) -> None:
         """Runs while this replica holds the Lease."""
         self.leading = True
-        IS_LEADER.set(1)
+        if not self.opts.leader_elect:
+            IS_LEADER.labels(self.opts.lease_name).set(1)
         log.info("became leader; starting the SidecarSet controller")
         stop = asyncio.Event()
         pods = asyncio.create_task(self.pod_informer.run(stop))
@@ -260,7 +261,6 @@ class Manager:
             with contextlib.suppress(asyncio.CancelledError):
                 await pods
             self.leading = False
-            IS_LEADER.set(0)
             log.info("stopped leading")
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -155,7 +155,7 @@ class LeaderElector:
 
     def _set_leading(self, leading: bool) -> None:
         self._leading = leading
-        IS_LEADER.set(1 if leading else 0)
+        IS_LEADER.labels(self.name).set(1 if leading else 0)
 
     def _observe(self, lease: JsonObj) -> LeaseRecord:
         record = LeaseRecord.from_spec(lease.get("spec"))

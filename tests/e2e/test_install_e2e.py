@@ -19,6 +19,7 @@ import secrets
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from sidecarsets import kubeapi, names
 from tests.e2e.conftest import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
+from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import MANAGER_NS, RunningManager, ensure_namespace
 from tests.unit.test_manifests import key, render
 
@@ -144,10 +146,33 @@ def dry_run_apply(cp: ControlPlane, *args: str) -> list[str]:
     return lines
 
 
-def test_api_server_accepts_config_default(control_plane: ControlPlane, kube: Kube, crd: Obj) -> None:
-    # Namespaced objects need their namespace to exist for a dry run (nothing is persisted).
-    ensure_namespace(kube, MANAGER_NS)
-    lines = dry_run_apply(control_plane, "-k", str(CONFIG / "default"))
+@dataclass
+class Fresh:
+    cp: ControlPlane
+    kube: Kube
+
+
+@pytest.fixture(scope="module")
+def fresh(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Fresh]:
+    """A control plane of its own with only the CRD installed: a dry-run apply must meet the
+    objects as a new install would, not the session manager's webhook configurations (which
+    point at a URL and so cannot take the Service reference of config/webhook)."""
+    cp = ControlPlane(bin_dir=control_plane.bin_dir, controller_manager=False).start()
+    client = kubeapi.KubeClient(kubeapi.load_config(str(cp.kubeconfig)))
+    kube = Kube(aloop, client)
+    try:
+        ok(kubectl(cp, "apply", "-k", str(CONFIG / "crd")))
+        ok(kubectl(cp, "wait", "--for=condition=Established", "crd/sidecarsets.sidecarctl.io", "--timeout=30s"))
+        # Namespaced objects need their namespace to exist for a dry run (nothing is persisted).
+        ensure_namespace(kube, MANAGER_NS)
+        yield Fresh(cp, kube)
+    finally:
+        aloop.run(client.close())
+        cp.stop()
+
+
+def test_api_server_accepts_config_default(fresh: Fresh) -> None:
+    lines = dry_run_apply(fresh.cp, "-k", str(CONFIG / "default"))
     assert len(lines) == len(render(CONFIG / "default"))
 
 
@@ -179,7 +204,8 @@ def _standin_crd(kind: str) -> Obj:
 
 
 @pytest.fixture
-def cert_manager_standin(kube: Kube) -> Iterator[None]:
+def cert_manager_standin(fresh: Fresh) -> Iterator[None]:
+    kube = fresh.kube
     crds = [_standin_crd(kind) for kind in CERT_MANAGER_KINDS]
     for obj in crds:
         if kube.get_or_none(f"{CRD_PATH}/{obj['metadata']['name']}") is not None:
@@ -201,14 +227,10 @@ def cert_manager_standin(kube: Kube) -> Iterator[None]:
             kube.delete(f"{CRD_PATH}/{obj['metadata']['name']}")
 
 
-def test_api_server_accepts_config_certmanager(
-    control_plane: ControlPlane, kube: Kube, crd: Obj, cert_manager_standin: None
-) -> None:
-    ensure_namespace(kube, MANAGER_NS)
-
+def test_api_server_accepts_config_certmanager(fresh: Fresh, cert_manager_standin: None) -> None:
     def attempt() -> list[str] | None:
         # Discovery of the new group can lag its Established condition by a moment.
-        proc = kubectl(control_plane, "apply", "--dry-run=server", "-k", str(CONFIG / "certmanager"))
+        proc = kubectl(fresh.cp, "apply", "--dry-run=server", "-k", str(CONFIG / "certmanager"))
         return proc.stdout.splitlines() if proc.returncode == 0 else None
 
     lines = eventually(attempt, timeout=20, interval=0.5, what="kubectl apply -k config/certmanager --dry-run=server")

@@ -128,7 +128,7 @@ def _expiry(s: Scrape, name: str) -> float:
 def test_watch_leader_and_certificate_metrics_are_exposed(manager: RunningManager) -> None:
     s = scrape(manager)
     assert s.types["sidecarctl_watch_restarts"] == "counter"
-    assert s.value("sidecarctl_leader") == 1
+    assert s.value("sidecarctl_leader", lease=manager.opts.lease_name) == 1
     assert s.total("sidecarctl_cert_reloads_total") >= 1
     serving = _expiry(s, "sidecarctl_serving_cert_expiry_timestamp_seconds")
     ca = _expiry(s, "sidecarctl_ca_cert_expiry_timestamp_seconds")
@@ -151,6 +151,7 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_cabundle_writes_total": {"configuration"},
         "sidecarctl_cabundle_conflicts_total": {"configuration"},
         "sidecarctl_cert_reload_errors_total": {"reason"},
+        "sidecarctl_leader": {"lease"},
     }
     s = scrape(manager)
     seen = 0

@@ -163,7 +163,7 @@ def test_rollout_of_50_pods_never_exceeds_max_unavailable_across_a_leader_kill(c
             assert _leader(kube) == ("rollout-b" if survivor is standby else "rollout-a")
         wait_status(kube, "rollout", matchedPods=PODS, updatedPods=PODS, readyPods=PODS, updatedReadyPods=PODS)
 
-        assert len(sampler.samples) > 100, "the sampler must have watched the whole rollout"
+        assert len(sampler.samples) > 50, "the sampler must have watched the whole rollout"
         if max(sampler.samples) > MAX_UNAVAILABLE:
             print(first.log_tail(400))
             if standby is not None:
@@ -199,7 +199,7 @@ def _create_ok(kube: Kube, ss: dict[str, Any]) -> bool:
 def _leading(m: ManagerProcess) -> float:
     with urllib.request.urlopen(m.probe_url + "/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("sidecarctl_leader "):
+            if line.startswith('sidecarctl_leader{lease="sidecarctl-controller"} '):
                 return float(line.split()[1])
     return -1.0
 

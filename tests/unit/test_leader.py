@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from sidecarsets import kubeapi
 from sidecarsets.jsontypes import JsonObj
-from sidecarsets.leader import LeaderElector
+from sidecarsets.leader import DEFAULT_LEASE_NAME, LeaderElector
 
 T = TypeVar("T")
 NS = "sidecarctl-system"
@@ -202,8 +202,8 @@ def test_api_errors_are_a_failed_attempt_not_an_exception() -> None:
 FAST: dict[str, Any] = {"lease_duration": 1, "renew_deadline": 0.5, "retry_period": 0.05}
 
 
-def leader_gauge() -> float | None:
-    return REGISTRY.get_sample_value("sidecarctl_leader")
+def leader_gauge(lease: str = DEFAULT_LEASE_NAME) -> float | None:
+    return REGISTRY.get_sample_value("sidecarctl_leader", {"lease": lease})
 
 
 def test_run_leads_then_stop_cancels_the_task_and_releases() -> None:
