@@ -157,20 +157,20 @@ def start_in_process(
     **overrides: Any,
 ) -> RunningManager:
     webhook_port, probe_port = free_port(), free_port()
-    opts = ManagerOptions(
-        kubeconfig=str(cp.kubeconfig),
-        namespace=MANAGER_NS,
-        webhook_bind=f"127.0.0.1:{webhook_port}",
-        probe_bind=f"127.0.0.1:{probe_port}",
-        cert_dir=str(cert_dir),
-        identity=identity,
-        lease_duration=lease_duration,
-        renew_deadline=min(10.0, lease_duration * 2 / 3),
-        retry_period=min(2.0, lease_duration / 5),
-        ca_bundle_resync=5.0,
-        cert_poll_interval=2.0,
-        **overrides,
-    )
+    settings: dict[str, Any] = {
+        "kubeconfig": str(cp.kubeconfig),
+        "namespace": MANAGER_NS,
+        "webhook_bind": f"127.0.0.1:{webhook_port}",
+        "probe_bind": f"127.0.0.1:{probe_port}",
+        "cert_dir": str(cert_dir),
+        "identity": identity,
+        "lease_duration": lease_duration,
+        "renew_deadline": min(10.0, lease_duration * 2 / 3),
+        "retry_period": min(2.0, lease_duration / 5),
+        "ca_bundle_resync": 5.0,
+        "cert_poll_interval": 2.0,
+    }
+    opts = ManagerOptions(**{**settings, **overrides})
 
     async def build() -> Manager:
         return Manager(opts)  # the aiohttp session must belong to the test loop
