@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -102,101 +103,94 @@ def pinned_sidecarsets(
     return result, None
 
 
-def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = None) -> Starlette:
-    """The ASGI app served on the TLS port: /inject and /validate-sidecarset."""
-    cfg = settings or WebhookSettings()
+Decision = tuple[str, bytes]  # (result label for the metrics, AdmissionReview response body)
 
-    async def inject(request: Request) -> Response:
+
+def _endpoint(webhook: str, decide: Callable[[admission.Review], Awaitable[Decision]]) -> Callable[..., Any]:
+    """Wrap `decide` with what every admission endpoint does: a bounded read, parsing, metrics,
+    and the rule that no input produces a 5xx or a traceback on the wire."""
+
+    async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         result = "error"
         try:
             review = admission.parse(await _read_body(request))
-            admission.require_kind(review, group="", kind="Pod", what="pods")
-            if review.operation != "CREATE" or review.sub_resource:
-                result = "skipped"
-                return Response(admission.response(review), media_type=JSON)
-            if review.object is None:
-                raise admission.ReviewError(400, "request.object is required for CREATE")
-            namespace = review.namespace or "default"
-            labels = await _namespace_labels(store, namespace, cfg.namespace_wait)
-            pod_labels = ((review.object.get("metadata") or {}).get("labels")) or {}
-            candidates, denied = pinned_sidecarsets(
-                store.snapshot, pod_labels if isinstance(pod_labels, dict) else {}, rand=random.random
-            )
-            if denied is not None:
-                result = "denied"
-                return Response(admission.response(review, denied=denied), media_type=JSON)
-            outcome = engine.inject(
-                review.object,
-                namespace=namespace,
-                namespace_labels=labels,
-                sidecarsets=candidates,
-                now=cfg.clock(),
-                operation=review.operation,
-                manager_namespace=cfg.manager_namespace,
-            )
-            if outcome.denied is not None:
-                result = "denied"
-                body = admission.response(review, denied=outcome.denied, code=400)
-            else:
-                result = "injected" if outcome.patch else "skipped"
-                body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
+            result, body = await decide(review)
             return Response(body, media_type=JSON)
         except admission.ReviewError as e:
             result = "bad_request"
             return _error(e.status, e.message)
         except Exception:
-            log.exception("inject: unexpected error")
+            log.exception("%s: unexpected error", webhook, extra={"webhook": webhook})
             return _error(400, "the webhook could not process this request; see the manager's log")
         finally:
-            ADMISSIONS.labels("inject", result).inc()
-            ADMISSION_LATENCY.labels("inject").observe(time.perf_counter() - started)
+            ADMISSIONS.labels(webhook, result).inc()
+            ADMISSION_LATENCY.labels(webhook).observe(time.perf_counter() - started)
 
-    async def validate(request: Request) -> Response:
-        started = time.perf_counter()
-        result = "error"
-        try:
-            review = admission.parse(await _read_body(request))
-            admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
-            if review.operation not in ("CREATE", "UPDATE"):
-                result = "allowed"
-                return Response(admission.response(review), media_type=JSON)
-            if review.object is None:
-                raise admission.ReviewError(400, f"request.object is required for {review.operation}")
-            snapshot = store.snapshot
-            errors = [
-                str(e)
-                for e in validation.validate_sidecarset(
-                    review.object, old=review.old_object, others=list(snapshot.objects.values())
-                )
-            ]
-            spec = review.object.get("spec")
-            pin = ((spec.get("injectionStrategy") or {}).get("revision")) if isinstance(spec, dict) else None
-            if isinstance(pin, dict) and (pin.get("revisionName") or pin.get("customVersion")):
-                try:
-                    revisions.resolve_pinned(review.object, list(snapshot.revisions.values()))
-                except revisions.RevisionError as e:
-                    errors.append(f"spec.injectionStrategy.revision: {e}")
-            if errors:
-                result = "denied"
-                message = "SidecarSet rejected: " + "; ".join(errors)
-                return Response(admission.response(review, denied=message, code=422), media_type=JSON)
-            result = "allowed"
-            return Response(admission.response(review), media_type=JSON)
-        except admission.ReviewError as e:
-            result = "bad_request"
-            return _error(e.status, e.message)
-        except Exception:
-            log.exception("validate-sidecarset: unexpected error")
-            return _error(400, "the webhook could not process this request; see the manager's log")
-        finally:
-            ADMISSIONS.labels("validate", result).inc()
-            ADMISSION_LATENCY.labels("validate").observe(time.perf_counter() - started)
+    return endpoint
+
+
+def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = None) -> Starlette:
+    """The ASGI app served on the TLS port: /inject and /validate-sidecarset."""
+    cfg = settings or WebhookSettings()
+
+    async def inject(review: admission.Review) -> Decision:
+        admission.require_kind(review, group="", kind="Pod", what="pods")
+        if review.operation != "CREATE" or review.sub_resource:
+            return "skipped", admission.response(review)
+        if review.object is None:
+            raise admission.ReviewError(400, "request.object is required for CREATE")
+        namespace = review.namespace or "default"
+        labels = await _namespace_labels(store, namespace, cfg.namespace_wait)
+        pod_labels = ((review.object.get("metadata") or {}).get("labels")) or {}
+        candidates, denied = pinned_sidecarsets(
+            store.snapshot, pod_labels if isinstance(pod_labels, dict) else {}, rand=random.random
+        )
+        if denied is not None:
+            return "denied", admission.response(review, denied=denied)
+        outcome = engine.inject(
+            review.object,
+            namespace=namespace,
+            namespace_labels=labels,
+            sidecarsets=candidates,
+            now=cfg.clock(),
+            operation=review.operation,
+            manager_namespace=cfg.manager_namespace,
+        )
+        if outcome.denied is not None:
+            return "denied", admission.response(review, denied=outcome.denied, code=400)
+        body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
+        return ("injected" if outcome.patch else "skipped"), body
+
+    async def validate(review: admission.Review) -> Decision:
+        admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
+        if review.operation not in ("CREATE", "UPDATE"):
+            return "allowed", admission.response(review)
+        if review.object is None:
+            raise admission.ReviewError(400, f"request.object is required for {review.operation}")
+        snapshot = store.snapshot
+        errors = [
+            str(e)
+            for e in validation.validate_sidecarset(
+                review.object, old=review.old_object, others=list(snapshot.objects.values())
+            )
+        ]
+        spec = review.object.get("spec")
+        pin = ((spec.get("injectionStrategy") or {}).get("revision")) if isinstance(spec, dict) else None
+        if isinstance(pin, dict) and (pin.get("revisionName") or pin.get("customVersion")):
+            try:
+                revisions.resolve_pinned(review.object, list(snapshot.revisions.values()))
+            except revisions.RevisionError as e:
+                errors.append(f"spec.injectionStrategy.revision: {e}")
+        if errors:
+            message = "SidecarSet rejected: " + "; ".join(errors)
+            return "denied", admission.response(review, denied=message, code=422)
+        return "allowed", admission.response(review)
 
     return Starlette(
         routes=[
-            Route(names.INJECT_PATH, inject, methods=["POST"]),
-            Route(names.VALIDATE_PATH, validate, methods=["POST"]),
+            Route(names.INJECT_PATH, _endpoint("inject", inject), methods=["POST"]),
+            Route(names.VALIDATE_PATH, _endpoint("validate", validate), methods=["POST"]),
         ]
     )
 

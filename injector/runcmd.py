@@ -7,6 +7,7 @@ Deployment can be configured with env vars alone; a flag on the command line win
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -91,32 +92,14 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level, args.log_format)
     if not args.cert_dir and not args.self_signed:
         raise SystemExit("sidecarctl run: error: one of --cert-dir DIR or --self-signed is required")
-    opts = ManagerOptions(
-        kubeconfig=args.kubeconfig,
-        namespace=args.namespace,
-        webhook_bind=args.webhook_bind,
-        probe_bind=args.probe_bind,
-        cert_dir=args.cert_dir,
-        self_signed=args.self_signed,
-        service_name=args.service_name,
-        secret_name=args.secret_name,
-        extra_dns=tuple(args.extra_dns),
-        extra_ips=tuple(args.extra_ip),
-        mutating_config=args.mutating_config,
-        validating_config=args.validating_config,
-        sync_ca_bundle=args.sync_ca_bundle,
-        ca_bundle_resync=args.ca_bundle_resync,
-        cert_poll_interval=args.cert_poll_interval,
-        cert_event_interval=args.cert_event_interval,
-        leader_elect=args.leader_elect,
-        lease_name=args.lease_name,
-        lease_duration=args.lease_duration,
-        renew_deadline=args.renew_deadline or min(10.0, args.lease_duration * 2 / 3),
-        retry_period=args.retry_period or min(2.0, args.lease_duration / 5),
-        workers=args.workers,
-    )
-    if args.identity:
-        opts.identity = args.identity
+    # Every flag is named after the ManagerOptions field it sets (--extra-ip fills extra_ips).
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ManagerOptions) if hasattr(args, f.name)}
+    given = {k: v for k, v in given.items() if v is not None}
+    given["extra_dns"] = tuple(args.extra_dns)
+    given["extra_ips"] = tuple(args.extra_ip)
+    given.setdefault("renew_deadline", min(10.0, args.lease_duration * 2 / 3))
+    given.setdefault("retry_period", min(2.0, args.lease_duration / 5))
+    opts = ManagerOptions(**given)
     try:
         return run_forever(opts)
     except ValueError as e:  # a bad option combination, found while wiring the manager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import signal
 import subprocess
@@ -10,19 +9,14 @@ import sys
 import time
 from typing import Any
 
-import orjson
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from sidecarsets import kubeapi
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.fakekubelet import FakeKubelet, image_id
 from tests.kube.loop import BackgroundLoop
-from tests.kube.webhook import TLSServer, mutating_config, wait_until_called
+from tests.kube.webhook import TLSServer, labeling_app, mutating_config, wait_until_called
 
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 
@@ -65,25 +59,8 @@ def test_sidecarset_crd_accepts_valid_and_schema_rejects_invalid(kube: Kube, crd
         kube.delete(f"{SS_PATH}/foundation-valid")
 
 
-def _labeling_app() -> Starlette:
-    """A throwaway mutating webhook: adds the label `mutated-by=foundation-test` to every pod."""
-
-    async def mutate(request: Request) -> Response:
-        review = orjson.loads(await request.body())
-        patch = [{"op": "add", "path": "/metadata/labels/mutated-by", "value": "foundation-test"}]
-        review["response"] = {
-            "uid": review["request"]["uid"],
-            "allowed": True,
-            "patchType": "JSONPatch",
-            "patch": base64.b64encode(orjson.dumps(patch)).decode(),
-        }
-        return Response(orjson.dumps(review), media_type="application/json")
-
-    return Starlette(routes=[Route("/mutate", mutate, methods=["POST"])])
-
-
 def test_throwaway_webhook_mutates_through_real_admission(aloop: BackgroundLoop, kube: Kube, namespace: str) -> None:
-    server = TLSServer(_labeling_app())
+    server = TLSServer(labeling_app("mutated-by", "foundation-test"))
     aloop.run(server.start())
     mwc_path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
     cfg = mutating_config(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import socket
 import ssl
 import time
@@ -11,17 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from sidecarsets import names
 from tests.e2e.conftest import SS_PATH, make_pod, wait_injecting
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import MWC_PATH, RunningManager
-from tests.kube.webhook import TLSServer, mutating_config, wait_until_called
+from tests.kube.webhook import TLSServer, labeling_app, mutating_config, wait_until_called
 
 
 def _names(items: list[dict[str, Any]] | None) -> list[str]:
@@ -98,25 +93,6 @@ def test_sidecarset_edit_reaches_the_next_pod_within_a_second(
     assert gone is not None and gone < 1.0, f"deletion reached admissions after {gone}s"
 
 
-def _adder_app() -> Starlette:
-    """A second mutating webhook that adds a label after ours, forcing our re-invocation."""
-
-    async def mutate(request: Request) -> Response:
-        review = orjson.loads(await request.body())
-        obj = review["request"]["object"]
-        patch = []
-        if "relabelled" not in (obj["metadata"].get("labels") or {}):
-            patch = [{"op": "add", "path": "/metadata/labels/relabelled", "value": "yes"}]
-        resp: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": True}
-        if patch:
-            resp["patchType"] = "JSONPatch"
-            resp["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
-        review["response"] = resp
-        return Response(orjson.dumps(review), media_type="application/json")
-
-    return Starlette(routes=[Route("/mutate", mutate, methods=["POST"])])
-
-
 def test_reinvocation_does_not_inject_twice(
     aloop: BackgroundLoop,
     kube: Kube,
@@ -126,7 +102,7 @@ def test_reinvocation_does_not_inject_twice(
 ) -> None:
     sidecarsets("reinv")
     wait_injecting(kube, injected_ns, "reinv", lambda p: "proxy" in _names(p["spec"]["containers"]))
-    server = TLSServer(_adder_app())
+    server = TLSServer(labeling_app("relabelled", "yes"))  # runs after ours: forces our re-invocation
     aloop.run(server.start())
     cfg_name = f"zz-relabel-{injected_ns}"  # sorts after ours, so it runs after ours
     cfg = mutating_config(

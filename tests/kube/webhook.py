@@ -16,8 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from tests.kube.controlplane import free_port
 from tests.kube.pki import CA
@@ -65,6 +70,23 @@ class TLSServer:
         self._stop.set()
         if self._task is not None:
             await asyncio.wait_for(self._task, timeout=10)
+
+
+def labeling_app(label: str, value: str) -> Starlette:
+    """A throwaway mutating webhook at /mutate that adds `label: value` to objects lacking it."""
+
+    async def mutate(request: Request) -> Response:
+        review = orjson.loads(await request.body())
+        obj = review["request"]["object"]
+        response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": True}
+        if label not in (obj.get("metadata", {}).get("labels") or {}):
+            patch = [{"op": "add", "path": f"/metadata/labels/{label.replace('/', '~1')}", "value": value}]
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
+        review["response"] = response
+        return Response(orjson.dumps(review), media_type="application/json")
+
+    return Starlette(routes=[Route("/mutate", mutate, methods=["POST"])])
 
 
 def mutating_config(
