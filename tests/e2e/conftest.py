@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import names
+from sidecarsets import kubeapi, names
+from tests.e2e.helpers import SS_PATH, make_sidecarset
+from tests.e2e.test_certs_support import Rig, open_rig
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane
 from tests.kube.fakekubelet import FakeKubelet
@@ -28,8 +30,6 @@ from tests.kube.managerharness import (
     webhook_configs,
     write_cert_dir,
 )
-
-SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 
 
 @pytest.fixture(scope="session")
@@ -68,25 +68,6 @@ def manager(
         kube.delete(f"{VWC_PATH}/{names.VALIDATING_WEBHOOK_CONFIG}")
 
 
-def make_sidecarset(name: str, app: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "selector": {"matchLabels": {"app": app}},
-        "initContainers": [{"name": "proxy-init", "image": "proxy-init:1"}],
-        "containers": [{"name": "proxy", "image": "proxy:1"}],
-    }
-    body.update(spec)
-    return {"apiVersion": names.API_VERSION, "kind": "SidecarSet", "metadata": {"name": name}, "spec": body}
-
-
-def make_pod(name: str, app: str, **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": app, **labels}},
-        "spec": {"containers": [{"name": "app", "image": "app:1"}], "terminationGracePeriodSeconds": 1},
-    }
-
-
 @pytest.fixture
 def injected_ns(kube: Kube, namespace: str, manager: RunningManager) -> str:
     """The per-test namespace, labelled sidecar-injection=enabled."""
@@ -110,11 +91,10 @@ def sidecarsets(kube: Kube) -> Iterator[Callable[..., dict[str, Any]]]:
         kube.delete(f"{SS_PATH}/{name}")
 
 
-def wait_injecting(kube: Kube, namespace: str, app: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """Dry-run pod creates until the injection the test expects shows up (store and apiserver caught up)."""
-
-    def attempt() -> dict[str, Any] | None:
-        p = kube.create(f"/api/v1/namespaces/{namespace}/pods", make_pod("probe", app), dryRun="All")
-        return p if check(p) else None
-
-    return eventually(attempt, timeout=20, interval=0.05, what="the webhook injects as expected")
+@pytest.fixture
+def rig(
+    aloop: BackgroundLoop, control_plane: ControlPlane, kube: Kube, kube_client: kubeapi.KubeClient, crd: Any
+) -> Iterator[Rig]:
+    """Per-test names, extra managers and cleanup for the cert watcher tests."""
+    with open_rig(aloop, control_plane, kube, kube_client) as r:
+        yield r

@@ -1,12 +1,43 @@
-"""Small e2e helpers shared by the controller and upgrade tests."""
+"""Builders and waits shared by the e2e tests; fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sidecarsets import names
-from tests.e2e.conftest import SS_PATH, make_pod
 from tests.kube.client import Kube, eventually
+
+SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+
+
+def make_sidecarset(name: str, app: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": app}},
+        "initContainers": [{"name": "proxy-init", "image": "proxy-init:1"}],
+        "containers": [{"name": "proxy", "image": "proxy:1"}],
+    }
+    body.update(spec)
+    return {"apiVersion": names.API_VERSION, "kind": "SidecarSet", "metadata": {"name": name}, "spec": body}
+
+
+def make_pod(name: str, app: str, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app, **labels}},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}], "terminationGracePeriodSeconds": 1},
+    }
+
+
+def wait_injecting(kube: Kube, namespace: str, app: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Dry-run pod creates until the injection the test expects shows up (store and apiserver caught up)."""
+
+    def attempt() -> dict[str, Any] | None:
+        p = kube.create(f"/api/v1/namespaces/{namespace}/pods", make_pod("probe", app), dryRun="All")
+        return p if check(p) else None
+
+    return eventually(attempt, timeout=20, interval=0.05, what="the webhook injects as expected")
 
 
 def ready(pod: dict[str, Any]) -> bool:

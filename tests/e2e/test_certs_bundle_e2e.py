@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import pytest
 from prometheus_client import REGISTRY
 
 from certwatcher import pem
 from certwatcher.cabundle import SyncResult
-from sidecarsets import kubeapi, names
+from sidecarsets import names
 from tests.certutil import make_ca, pems, write_dir
 from tests.e2e.test_certs_support import (
     LABEL,
@@ -30,26 +27,15 @@ from tests.e2e.test_certs_support import (
     failures_text,
     fp,
     leaf_for,
-    open_rig,
     published,
     report,
     resource_version,
     scrape,
     served_leaf,
 )
-from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane, free_port
-from tests.kube.loop import BackgroundLoop
+from tests.kube.client import eventually
+from tests.kube.controlplane import free_port
 from tests.kube.managerharness import VWC_PATH, wait_ready, webhook_configs
-
-
-@pytest.fixture
-def rig(
-    aloop: BackgroundLoop, control_plane: ControlPlane, kube: Kube, kube_client: kubeapi.KubeClient, crd: Any
-) -> Iterator[Rig]:
-    with open_rig(aloop, control_plane, kube, kube_client) as r:
-        yield r
-
 
 # --- CA rotation with overlap -----------------------------------------------------------------------
 

@@ -11,13 +11,11 @@ import random
 import signal
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
-from sidecarsets import kubeapi
 from tests.certutil import make_ca, write_dir
 from tests.e2e.test_certs_support import (
     RESYNC,
@@ -26,7 +24,6 @@ from tests.e2e.test_certs_support import (
     failures_text,
     fp,
     leaf_for,
-    open_rig,
     published,
     readyz,
     report,
@@ -34,19 +31,9 @@ from tests.e2e.test_certs_support import (
     scrape,
     served_leaf,
 )
-from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane, free_port
-from tests.kube.loop import BackgroundLoop
+from tests.kube.client import eventually
+from tests.kube.controlplane import free_port
 from tests.kube.managerharness import wait_ready
-
-
-@pytest.fixture
-def rig(
-    aloop: BackgroundLoop, control_plane: ControlPlane, kube: Kube, kube_client: kubeapi.KubeClient, crd: Any
-) -> Iterator[Rig]:
-    with open_rig(aloop, control_plane, kube, kube_client) as r:
-        yield r
-
 
 # --- symlink swap under load ------------------------------------------------------------------------
 

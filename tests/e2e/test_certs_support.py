@@ -45,7 +45,7 @@ from tests.certutil import (
     make_leaf,
     peer_serial,
 )
-from tests.e2e.conftest import SS_PATH, make_sidecarset
+from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop

@@ -9,8 +9,16 @@ from typing import Any
 import pytest
 
 from sidecarsets import kubeapi, names
-from tests.e2e.conftest import SS_PATH, make_pod, make_sidecarset, wait_injecting
-from tests.e2e.helpers import create_ready_pods, pods, set_image, wait_status
+from tests.e2e.helpers import (
+    SS_PATH,
+    create_ready_pods,
+    make_pod,
+    make_sidecarset,
+    pods,
+    set_image,
+    wait_injecting,
+    wait_status,
+)
 from tests.kube.client import Kube, eventually
 from tests.kube.managerharness import MANAGER_NS, RunningManager
 

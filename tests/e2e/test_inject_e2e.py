@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from sidecarsets import names
-from tests.e2e.conftest import SS_PATH, make_pod, wait_injecting
+from tests.e2e.helpers import SS_PATH, make_pod, wait_injecting
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import MWC_PATH, RunningManager

@@ -28,7 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecarsets import kubeapi, names
-from tests.e2e.conftest import SS_PATH, make_sidecarset
+from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop

@@ -30,8 +30,18 @@ import yaml
 
 from sidecarsets import kubeapi, names
 from sidecarsets.revisions import revision_data, revision_hash, revision_name
-from tests.e2e.conftest import SS_PATH, make_sidecarset, wait_injecting
-from tests.e2e.helpers import create_ready_pods, image_of, pods, ready, set_image, upgradable, wait_status
+from tests.e2e.helpers import (
+    SS_PATH,
+    create_ready_pods,
+    image_of,
+    make_sidecarset,
+    pods,
+    ready,
+    set_image,
+    upgradable,
+    wait_injecting,
+    wait_status,
+)
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
 from tests.kube.fakekubelet import FakeKubelet

@@ -18,8 +18,18 @@ from typing import Any
 import pytest
 
 from sidecarsets import kubeapi, names
-from tests.e2e.conftest import SS_PATH, make_sidecarset, wait_injecting
-from tests.e2e.helpers import container_status, create_ready_pods, image_of, pods, ready, set_image, wait_status
+from tests.e2e.helpers import (
+    SS_PATH,
+    container_status,
+    create_ready_pods,
+    image_of,
+    make_sidecarset,
+    pods,
+    ready,
+    set_image,
+    wait_injecting,
+    wait_status,
+)
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.fakekubelet import FakeKubelet

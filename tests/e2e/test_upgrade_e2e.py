@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from sidecarsets import names
-from tests.e2e.conftest import SS_PATH, wait_injecting
 from tests.e2e.helpers import (
+    SS_PATH,
     container_status,
     create_ready_pods,
     image_of,
@@ -18,6 +18,7 @@ from tests.e2e.helpers import (
     ready,
     set_image,
     upgradable,
+    wait_injecting,
     wait_status,
 )
 from tests.kube.client import Kube, eventually
