@@ -97,25 +97,31 @@ def make_leaf(
     lifetime: timedelta = timedelta(days=1),
     ca: bool = False,
     cn: str = "leaf",
+    client: bool = False,
+    organizations: Iterable[str] = (),
 ) -> KeyPair:
+    """A serving leaf (default) or, with `client=True`, a client certificate (e.g. O=system:masters)."""
     key = ec.generate_private_key(ec.SECP256R1())
     start, end = _window(not_before, not_after, lifetime)
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    cert = (
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .subject_name(x509.Name(subject))
         .issuer_name(issuer.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(issuer.key, hashes.SHA256())
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
-    return KeyPair(cert=cert, key=key)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return KeyPair(cert=builder.sign(issuer.key, hashes.SHA256()), key=key)
 
 
 def pems(*pairs: KeyPair) -> bytes:

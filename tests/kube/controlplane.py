@@ -10,6 +10,7 @@ its own temp dir with its own ports, so two runs on one machine do not collide.
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.kube.pki import CA, key_pem, write
+from tests.certutil import make_ca, make_leaf
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tools" / "build-control-plane.sh"
@@ -88,19 +89,28 @@ class ControlPlane:
     def _pki(self) -> None:
         d = self.workdir / "pki"
         d.mkdir(exist_ok=True)
-        self.serving_ca = CA.new("sidecarctl-test-serving-ca")
-        self.client_ca = CA.new("sidecarctl-test-client-ca")
-        crt, key = self.serving_ca.issue("kube-apiserver", dns=("localhost", "kubernetes"), ips=("127.0.0.1",))
-        write(d / "apiserver.crt", crt)
-        write(d / "apiserver.key", key)
-        write(d / "serving-ca.crt", self.serving_ca.pem)
-        write(d / "client-ca.crt", self.client_ca.pem)
-        self.admin_cert, self.admin_key = self.client_ca.issue("admin", organizations=("system:masters",), client=True)
-        write(d / "admin.crt", self.admin_cert)
-        write(d / "admin.key", self.admin_key)
-        sa = CA.new("service-account-signer")
-        write(d / "sa.key", key_pem(sa.key))
-        write(d / "sa.crt", sa.pem)
+        week = dt.timedelta(days=7)
+        serving_ca = make_ca("sidecarctl-test-serving-ca", lifetime=week)
+        client_ca = make_ca("sidecarctl-test-client-ca", lifetime=week)
+        serving = make_leaf(
+            serving_ca, dns=("localhost", "kubernetes"), ips=("127.0.0.1",), lifetime=week, cn="kube-apiserver"
+        )
+        admin = make_leaf(
+            client_ca, dns=(), ips=(), lifetime=week, cn="admin", client=True, organizations=("system:masters",)
+        )
+        signer = make_ca("service-account-signer", lifetime=week)
+        for name, data in {
+            "apiserver.crt": serving.cert_pem,
+            "apiserver.key": serving.key_pem,
+            "serving-ca.crt": serving_ca.cert_pem,
+            "client-ca.crt": client_ca.cert_pem,
+            "admin.crt": admin.cert_pem,
+            "admin.key": admin.key_pem,
+            "sa.key": signer.key_pem,
+            "sa.crt": signer.cert_pem,
+        }.items():
+            (d / name).write_bytes(data)
+            (d / name).chmod(0o600)
         (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
 
     def _write_kubeconfig(self) -> None:

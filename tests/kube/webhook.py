@@ -24,28 +24,28 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tests.certutil import KeyPair, make_ca, make_leaf
 from tests.kube.controlplane import free_port
-from tests.kube.pki import CA
 
 
 class TLSServer:
     """hypercorn serving `app` with a certificate for 127.0.0.1 from a throwaway CA."""
 
-    def __init__(self, app: Any, *, ca: CA | None = None) -> None:
+    def __init__(self, app: Any, *, ca: KeyPair | None = None) -> None:
         self.app = app
-        self.ca = ca or CA.new("sidecarctl-test-webhook-ca")
+        self.ca = ca or make_ca("sidecarctl-test-webhook-ca")
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self._dir = Path(tempfile.mkdtemp(prefix="sidecarctl-wh-"))
-        crt, key = self.ca.issue("webhook", dns=("localhost",), ips=("127.0.0.1",))
-        (self._dir / "tls.crt").write_bytes(crt)
-        (self._dir / "tls.key").write_bytes(key)
+        leaf = make_leaf(self.ca, dns=("localhost",), ips=("127.0.0.1",), cn="webhook")
+        (self._dir / "tls.crt").write_bytes(leaf.cert_pem)
+        (self._dir / "tls.key").write_bytes(leaf.key_pem)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def ca_bundle(self) -> str:
-        return base64.b64encode(self.ca.pem).decode()
+        return base64.b64encode(self.ca.cert_pem).decode()
 
     async def start(self) -> None:
         config = Config()
