@@ -356,7 +356,7 @@ def run_h2load(
         raise RuntimeError(f"h2load failed ({out.returncode}): {out.stdout[-1500:]}{out.stderr[-1500:]}")
     if not h1 and "Application protocol: h2" not in out.stdout:
         raise RuntimeError(f"h2load did not negotiate h2:\n{out.stdout[-1500:]}")
-    finished = re.search(r"finished in [0-9.]+s, ([0-9.]+) req/s", out.stdout)
+    finished = re.search(r"finished in [0-9.]+m?s, ([0-9.]+) req/s", out.stdout)
     failed = re.search(r"requests: \d+ total, \d+ started, \d+ done, \d+ succeeded, (\d+) failed", out.stdout)
     if finished is None or failed is None:
         raise RuntimeError(f"cannot read h2load's summary:\n{out.stdout[-1500:]}")
