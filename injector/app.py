@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from injector import admission, engine
 from injector.metrics import ADMISSION_LATENCY, ADMISSIONS
+from injector.replay import ReplayCache, request_key
 from sidecarsets import names, revisions, validation
 from sidecarsets.model import ModelError, SidecarSet
 from sidecarsets.store import Snapshot, TemplateStore
@@ -43,6 +44,8 @@ class WebhookSettings:
     # How long an admission may wait for a namespace the watch has not delivered yet.
     namespace_wait: float = 1.0
     clock: Callable[[], str] = field(default=utc_now)
+    # Identical pods admitted within a second are answered from a cache (None turns it off).
+    replay: ReplayCache | None = field(default_factory=ReplayCache)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -80,17 +83,28 @@ async def _namespace_labels(store: TemplateStore, namespace: str, wait: float) -
 
 
 def pinned_sidecarsets(
-    snapshot: Snapshot, pod_labels: dict[str, str], *, rand: Callable[[], float]
+    snapshot: Snapshot,
+    pod_labels: dict[str, str],
+    *,
+    namespace: str,
+    namespace_labels: Mapping[str, str] | None,
+    rand: Callable[[], float],
 ) -> tuple[list[SidecarSet], str | None]:
     """The SidecarSets to inject, with `injectionStrategy.revision` pins resolved from history.
 
-    A pin that names no existing revision fails the pod (as in Kruise): injecting the latest
-    spec instead would silently break the pinning the user asked for.
+    Only SidecarSets that select this pod are resolved. A pin that names no existing revision
+    fails the pod (as in Kruise): injecting the latest spec instead would silently break the
+    pinning the user asked for.
     """
     result: list[SidecarSet] = []
     for ss in snapshot.sidecarsets:
         revision = ((ss.spec.get("injectionStrategy") or {}).get("revision")) or None
-        if not revision or not revisions.should_use_pinned(ss.obj, pod_labels=pod_labels, rand=rand()):
+        if (
+            not revision
+            or not ss.matches_pod(pod_labels)
+            or not ss.matches_namespace(namespace, namespace_labels)
+            or not revisions.should_use_pinned(ss.obj, pod_labels=pod_labels, rand=rand())
+        ):
             result.append(ss)
             continue
         try:
@@ -103,19 +117,37 @@ def pinned_sidecarsets(
     return result, None
 
 
-Decision = tuple[str, bytes]  # (result label for the metrics, AdmissionReview response body)
+# (result label for the metrics, AdmissionReview response body, whether it may be replayed)
+Decision = tuple[str, bytes, bool]
 
 
-def _endpoint(webhook: str, decide: Callable[[admission.Review], Awaitable[Decision]]) -> Callable[..., Any]:
+def _endpoint(
+    webhook: str,
+    decide: Callable[[admission.Review], Awaitable[Decision]],
+    *,
+    replay: ReplayCache | None = None,
+    version: Callable[[], int] = lambda: 0,
+) -> Callable[..., Any]:
     """Wrap `decide` with what every admission endpoint does: a bounded read, parsing, metrics,
-    and the rule that no input produces a 5xx or a traceback on the wire."""
+    and the rule that no input produces a 5xx or a traceback on the wire. With `replay`, a body
+    seen a moment ago under the same store snapshot is answered from the cache."""
 
     async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         result = "error"
         try:
-            review = admission.parse(await _read_body(request))
-            result, body = await decide(review)
+            raw = await _read_body(request)
+            key = request_key(raw) if replay is not None else None
+            if replay is not None and key is not None:
+                hit = replay.get(key[0], key[1], version())
+                if hit is not None:
+                    result = hit[0]
+                    return Response(hit[1], media_type=JSON)
+            seen = version()
+            review = admission.parse(raw)
+            result, body, replayable = await decide(review)
+            if replay is not None and key is not None and replayable and seen == version():
+                replay.put(key[0], key[1], seen, result, body)
             return Response(body, media_type=JSON)
         except admission.ReviewError as e:
             result = "bad_request"
@@ -137,17 +169,27 @@ def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = 
     async def inject(review: admission.Review) -> Decision:
         admission.require_kind(review, group="", kind="Pod", what="pods")
         if review.operation != "CREATE" or review.sub_resource:
-            return "skipped", admission.response(review)
+            return "skipped", admission.response(review), False
         if review.object is None:
             raise admission.ReviewError(400, "request.object is required for CREATE")
         namespace = review.namespace or "default"
         labels = await _namespace_labels(store, namespace, cfg.namespace_wait)
         pod_labels = ((review.object.get("metadata") or {}).get("labels")) or {}
+        snapshot = store.snapshot
         candidates, denied = pinned_sidecarsets(
-            store.snapshot, pod_labels if isinstance(pod_labels, dict) else {}, rand=random.random
+            snapshot,
+            pod_labels if isinstance(pod_labels, dict) else {},
+            namespace=namespace,
+            namespace_labels=labels,
+            rand=random.random,
         )
         if denied is not None:
-            return "denied", admission.response(review, denied=denied)
+            return "denied", admission.response(review, denied=denied), False
+        # Replaying is exact only when the answer depends on nothing but the body and the snapshot:
+        # a namespace still unknown may arrive, and a pinned revision may be chosen at random.
+        replayable = labels is not None and not any(
+            (ss.spec.get("injectionStrategy") or {}).get("revision") for ss in snapshot.sidecarsets
+        )
         outcome = engine.inject(
             review.object,
             namespace=namespace,
@@ -158,14 +200,14 @@ def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = 
             manager_namespace=cfg.manager_namespace,
         )
         if outcome.denied is not None:
-            return "denied", admission.response(review, denied=outcome.denied, code=400)
+            return "denied", admission.response(review, denied=outcome.denied, code=400), False
         body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
-        return ("injected" if outcome.patch else "skipped"), body
+        return ("injected" if outcome.patch else "skipped"), body, replayable
 
     async def validate(review: admission.Review) -> Decision:
         admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
         if review.operation not in ("CREATE", "UPDATE"):
-            return "allowed", admission.response(review)
+            return "allowed", admission.response(review), False
         if review.object is None:
             raise admission.ReviewError(400, f"request.object is required for {review.operation}")
         snapshot = store.snapshot
@@ -184,12 +226,16 @@ def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = 
                 errors.append(f"spec.injectionStrategy.revision: {e}")
         if errors:
             message = "SidecarSet rejected: " + "; ".join(errors)
-            return "denied", admission.response(review, denied=message, code=422)
-        return "allowed", admission.response(review)
+            return "denied", admission.response(review, denied=message, code=422), False
+        return "allowed", admission.response(review), False
 
     return Starlette(
         routes=[
-            Route(names.INJECT_PATH, _endpoint("inject", inject), methods=["POST"]),
+            Route(
+                names.INJECT_PATH,
+                _endpoint("inject", inject, replay=cfg.replay, version=lambda: store.version),
+                methods=["POST"],
+            ),
             Route(names.VALIDATE_PATH, _endpoint("validate", validate), methods=["POST"]),
         ]
     )

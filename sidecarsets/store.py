@@ -57,6 +57,8 @@ class TemplateStore:
     def __init__(self) -> None:
         self._snapshot = Snapshot()
         self._dirty = False
+        # Bumped on every change: answers computed under an older version are stale.
+        self.version = 0
         self._models: dict[str, SidecarSet] = {}
         self._objects: dict[str, JsonObj] = {}
         self._namespaces: dict[str, Mapping[str, str]] = {}
@@ -72,6 +74,7 @@ class TemplateStore:
 
     def _publish(self) -> None:
         self._dirty = True
+        self.version += 1
 
     def _build(self) -> Snapshot:
         ordered = sorted(self._models.values(), key=lambda s: (s.creation_timestamp, s.name))
