@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -112,6 +113,9 @@ async def _serve(app: Any, bind: str, stop: asyncio.Event, *, context: ssl.SSLCo
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 5.0
     config.keep_alive_timeout = 75.0  # the API server reuses connections; do not drop them every 5 s
+    # hypercorn closes a connection after 1,000 requests by default (over h2 with a GOAWAY that
+    # some clients stall on); the API server keeps a few long-lived connections per webhook.
+    config.keep_alive_max_requests = 1_000_000
     await serve(app, config, shutdown_trigger=stop.wait)
 
 
@@ -166,6 +170,8 @@ class Manager:
             transform=project,
             handler=self.controller.on_pod,
             label_selector=f"{names.POD_INJECTED_LABEL}=true",
+            # Pods are large; small pages keep the peak heap (and so the RSS, which Python keeps) low.
+            page_size=100,
         )
         self.cert_dir = Path(opts.cert_dir) if opts.cert_dir else None
         self.issuer: SelfSignedIssuer | None = None
@@ -331,6 +337,10 @@ class Manager:
 
 def run_forever(opts: ManagerOptions) -> int:
     """Entry point of `sidecarctl run`: runs until SIGTERM or SIGINT."""
+
+    # Listing thousands of pods allocates millions of short-lived objects; the default GC
+    # thresholds collect so often that collection dominates the list time.
+    gc.set_threshold(100_000, 50, 100)
 
     async def main() -> None:
         stop = asyncio.Event()
