@@ -45,13 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from injector import admission, engine
-from injector.app import create_webhook_app, pinned_sidecarsets
+from injector.app import WebhookSettings, create_webhook_app, pinned_sidecarsets
 from sidecarsets import names
 from sidecarsets.store import TemplateStore
 
 NAMESPACE = "shop"
 NS_LABELS = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED, names.NS_NAME_LABEL: NAMESPACE}
-APPS = ("empty", "webhook")
+APPS = ("empty", "webhook", "webhook-noreplay")
 EMPTY_RESPONSE = orjson.dumps(
     {
         "apiVersion": "admission.k8s.io/v1",
@@ -86,7 +86,9 @@ def handler_pieces(store: TemplateStore, body: bytes) -> bytes:
     snapshot = store.snapshot
     labels = snapshot.namespaces.get(review.namespace)
     pod_labels = (review.object.get("metadata") or {}).get("labels") or {}
-    candidates, denied = pinned_sidecarsets(snapshot, pod_labels, rand=lambda: 0.5)
+    candidates, denied = pinned_sidecarsets(
+        snapshot, pod_labels, namespace=review.namespace, namespace_labels=labels, rand=lambda: 0.5
+    )
     assert denied is None
     outcome = engine.inject(
         review.object,
@@ -164,10 +166,7 @@ def run_in_process(iterations: int, warmup: int) -> list[tuple[str, tuple[float,
             samples.append(time.perf_counter_ns() - t0)
     results.append(("handler pieces (parse, inject, response)", stats_us(samples)))
 
-    app = create_webhook_app(store)
-    call = asgi_caller(app, body)
-
-    async def loop() -> list[int]:
+    async def loop(call: Callable[[], Awaitable[bytes]]) -> list[int]:
         check_response(await call())
         out: list[int] = []
         for i in range(warmup + iterations):
@@ -177,7 +176,10 @@ def run_in_process(iterations: int, warmup: int) -> list[tuple[str, tuple[float,
                 out.append(time.perf_counter_ns() - t0)
         return out
 
-    results.append(("whole ASGI app (starlette, no socket)", stats_us(asyncio.run(loop()))))
+    computed = asgi_caller(create_webhook_app(store, WebhookSettings(replay=None)), body)
+    results.append(("whole ASGI app, every pod computed", stats_us(asyncio.run(loop(computed)))))
+    replayed = asgi_caller(create_webhook_app(store), body)
+    results.append(("whole ASGI app, identical pods replayed", stats_us(asyncio.run(loop(replayed)))))
     return results
 
 
@@ -222,7 +224,11 @@ def serve(kind: str, bind: str, cert_dir: str) -> None:
             loop.add_signal_handler(sig, stop.set)
         reloader = CertReloader(cert_dir)
         reloader.reload_now()
-        app: Any = create_webhook_app(build_store()) if kind == "webhook" else empty_app
+        app: Any = empty_app
+        if kind == "webhook":
+            app = create_webhook_app(build_store())
+        elif kind == "webhook-noreplay":
+            app = create_webhook_app(build_store(), WebhookSettings(replay=None))
         await _serve(app, bind, stop, context=reloader.front_context)
 
     asyncio.run(main())
@@ -424,7 +430,7 @@ def run_https(seconds: int, connections: int) -> tuple[list[list[object]], list[
             server = start_server(kind, cert_dir, workdir)
             try:
                 reply = post_once(server.port, body)
-                if kind == "webhook":
+                if kind != "empty":
                     check_response(reply)
                 for protocol in protocols:
                     size = f"{seconds}s" if "wrk" in protocol else f"{H2_REQUESTS_PER_CONNECTION} requests/connection"
@@ -435,9 +441,13 @@ def run_https(seconds: int, connections: int) -> tuple[list[list[object]], list[
                 server.stop()
         rows: list[list[object]] = []
         for protocol in protocols:
-            empty, hook = results[("empty", protocol)], results[("webhook", protocol)]
-            ratio = hook.rps / empty.rps
-            for kind, load in (("empty", empty), ("webhook /inject", hook)):
+            empty = results[("empty", protocol)]
+            for kind, load in (
+                ("empty", empty),
+                ("/inject, identical pods (replayed)", results[("webhook", protocol)]),
+                ("/inject, every pod computed", results[("webhook-noreplay", protocol)]),
+            ):
+                ratio = load.rps / empty.rps
                 rows.append(
                     [
                         protocol,
