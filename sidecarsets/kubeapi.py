@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import yaml
 
 from sidecarsets.jsontypes import JsonObj
 
@@ -95,6 +96,10 @@ def _config_from_official(cfg: Any) -> ClusterConfig:
     return ClusterConfig(server=cfg.host.rstrip("/"), ssl_context=ctx, headers=headers)
 
 
+class ConfigError(ValueError):
+    """No usable cluster credentials; the message says which source failed and why."""
+
+
 def load_config(kubeconfig: str | None = None, *, context: str | None = None) -> ClusterConfig:
     """Kubeconfig when given (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
     from kubernetes import client, config  # the loaders only; imported lazily, they are slow to import
@@ -106,10 +111,14 @@ def load_config(kubeconfig: str | None = None, *, context: str | None = None) ->
             return _config_from_official(cfg)
         except config.ConfigException:
             pass
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context, client_configuration=cfg
-    )
-    return _config_from_official(cfg)
+    try:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=cfg
+        )
+        return _config_from_official(cfg)
+    except (config.ConfigException, OSError, ssl.SSLError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+        where = kubeconfig or "$KUBECONFIG or ~/.kube/config (and not running in a cluster)"
+        raise ConfigError(f"cannot load cluster credentials from {where}: {e}") from None
 
 
 class KubeClient:

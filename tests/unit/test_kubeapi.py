@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sidecarsets import kubeapi
@@ -46,3 +47,22 @@ def test_status_codes_map_to_error_types() -> None:
     plain = kubeapi.error_from_status(500, "<html>oops</html>")
     assert type(plain) is kubeapi.ApiError
     assert plain.message == "<html>oops</html>"
+
+
+def test_missing_or_broken_kubeconfig_is_a_clear_config_error(tmp_path: Path) -> None:
+
+    with pytest.raises(kubeapi.ConfigError, match="/nonexistent"):
+        kubeapi.load_config("/nonexistent")
+    broken = tmp_path / "broken"
+    broken.write_text("clusters: [oops")
+    with pytest.raises(kubeapi.ConfigError, match="cannot load cluster credentials"):
+        kubeapi.load_config(str(broken))
+
+
+def test_sidecarctl_run_reports_bad_credentials_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from injector import cli
+
+    assert cli.main(["run", "--kubeconfig", "/nonexistent", "--self-signed", "--log-format", "text"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sidecarctl run: error: cannot load cluster credentials from /nonexistent")
+    assert "Traceback" not in err
