@@ -223,7 +223,11 @@ class Controller:
             metrics.INPLACE_UPGRADES.labels("error").inc()
             log.warning("upgrading pod %s failed: %s", key, e)
             return False
-        self.expected[key] = _rv(str((result.get("metadata") or {}).get("resourceVersion") or "0"))
+        written = _rv(str((result.get("metadata") or {}).get("resourceVersion") or "0"))
+        cached = self.pods.get(key)
+        # The watch may have delivered our write before the response arrived: expect only what is missing.
+        if cached is None or _rv(cached.resource_version) < written:
+            self.expected[key] = written
         metrics.INPLACE_UPGRADES.labels("patched").inc()
         return True
 
