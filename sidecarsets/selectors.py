@@ -7,7 +7,7 @@ are disjoint only when some key is pinned to values that cannot both hold.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -84,6 +84,43 @@ def matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bo
         elif present:  # DoesNotExist
             return False
     return True
+
+
+def _never(labels: Mapping[str, str]) -> bool:
+    return False
+
+
+def matcher(selector: Mapping[str, Any] | None) -> Callable[[Mapping[str, str]], bool]:
+    """`matches` with the selector parsed once, for testing many label sets against one selector.
+
+    Same answers as `matches(selector, labels)`: a nil or ill-formed selector matches nothing,
+    an empty one matches everything.
+    """
+    if selector is None:
+        return _never
+    try:
+        reqs = tuple(_requirements(selector))
+    except SelectorError:
+        return _never
+
+    def match(labels: Mapping[str, str]) -> bool:
+        for key, op, values in reqs:
+            value = labels.get(key)
+            present = value is not None or key in labels
+            if op == "In":
+                if not present or value not in values:
+                    return False
+            elif op == "NotIn":
+                if present and value in values:
+                    return False
+            elif op == "Exists":
+                if not present:
+                    return False
+            elif present:  # DoesNotExist
+                return False
+        return True
+
+    return match
 
 
 def overlap(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
