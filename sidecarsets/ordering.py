@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sidecarsets import selectors
@@ -28,6 +29,7 @@ from sidecarsets.projection import PodProjection
 _PHASE_ORDINAL = {"Pending": 0, "Unknown": 1, "Running": 2}
 
 
+@lru_cache(maxsize=4096)  # replicas share creation and ready times: each is parsed once, not once per pod
 def _epoch(timestamp: str) -> float | None:
     if not timestamp:
         return None
@@ -71,16 +73,16 @@ def priority_key(strategy: Any) -> Callable[[PodProjection], Any] | None:
     """
     if not isinstance(strategy, Mapping):
         return None
-    weights: list[tuple[int, Mapping[str, Any]]] = []
+    weights: list[tuple[int, Callable[[Mapping[str, str]], bool]]] = []
     for term in strategy.get("weightPriority") or []:
         if isinstance(term, Mapping):
             w, sel = term.get("weight"), term.get("matchSelector")
             if isinstance(w, int) and isinstance(sel, Mapping):
-                weights.append((w, sel))
+                weights.append((w, selectors.matcher(sel)))
     if weights:
 
         def by_weight(pod: PodProjection) -> int:
-            return -sum(w for w, sel in weights if selectors.matches(sel, pod.labels))
+            return -sum(w for w, selected in weights if selected(pod.labels))
 
         return by_weight
     keys: list[str] = []
