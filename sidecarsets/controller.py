@@ -156,14 +156,17 @@ class Controller:
         latest, collisions = await revisions.sync_history(
             self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
         )
-        new_status = status.compute_status(ss, matched, latest_revision=latest, collision_count=collisions)
+        verdicts = status.evaluate(ss, matched)  # shared by the status and the plan: each pod is evaluated once
+        new_status = status.compute_status(
+            ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
+        )
         if status.status_changed(ss.get("status"), new_status):
             await self._write_status(ss, new_status)
 
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
         if stale:
             return 0.5  # our own pod writes are not in the cache yet: plan again once they are
-        plan = planner.plan_upgrade(ss, matched, revision=latest, now=self.clock())
+        plan = planner.plan_upgrade(ss, matched, revision=latest, now=self.clock(), verdicts=verdicts)
         await self._mark_upgradable(ss, matched, set(plan.not_upgradable))
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
@@ -236,13 +239,20 @@ class Controller:
         name = ss["metadata"]["name"]
         now = self.clock()
         newly_stuck: list[str] = []
+        # Pods of one workload share their condition tuple, so each distinct (condition, verdict)
+        # is worked out once.
+        verdicts: dict[tuple[tuple[str, ...], bool], tuple[JsonObj, bool]] = {}
         for pod in matched:
-            blocked = pod.key in stuck
-            cond = planner.upgradable_condition(pod, {name: blocked}, now=now)
-            if planner.condition_current(pod, cond):
-                continue
+            blocked = bool(stuck) and pod.key in stuck
             if not pod.upgradable_condition and not blocked:
                 continue  # no condition yet and nothing to report: do not write to every pod
+            found = verdicts.get((pod.upgradable_condition, blocked))
+            if found is None:
+                cond = planner.upgradable_condition(pod, {name: blocked}, now=now)
+                found = verdicts[(pod.upgradable_condition, blocked)] = (cond, planner.condition_current(pod, cond))
+            cond, current = found
+            if current:
+                continue
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
             try:
                 await self.client.patch(path, {"status": {"conditions": [cond]}}, patch_type="strategic")

@@ -171,31 +171,43 @@ def _max_unavailable(value: Any, total: int) -> int:
     return max(m, 1) if n > 0 and total > 0 else m
 
 
-def plan_upgrade(ss: JsonObj, matched: Sequence[PodProjection], *, revision: str, now: str) -> Plan:
+def _by_identity(item: tuple[PodProjection, bool]) -> tuple[str, str, str]:
+    pod = item[0]
+    return (pod.namespace, pod.name, pod.uid)
+
+
+def plan_upgrade(
+    ss: JsonObj,
+    matched: Sequence[PodProjection],
+    *,
+    revision: str,
+    now: str,
+    verdicts: podstate.Verdicts | None = None,
+) -> Plan:
+    """The next step of the rollout over `matched` (pods with distinct namespace/name).
+
+    `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
+    status was just computed from the same pods.
+    """
     name = rawspec.name(ss)
     spec = rawspec.spec(ss)
     strategy = rawspec.update_strategy(ss)
-    pods = sorted(matched, key=lambda p: (p.namespace, p.name, p.uid))
-    total = len(pods)
+    total = len(matched)
     new_hash = spec_hash(spec)
     new_hash_wo = spec_hash_without_image(spec)
     sidecars = rawspec.sidecar_list(ss)
-    sidecar_set = set(sidecars)
     m = _max_unavailable(strategy.get("maxUnavailable"), total)
 
-    updated = {p.key for p in pods if podstate.is_updated(p, sidecarset=name, spec_hash=new_hash)}
-    in_flight = {
-        p.key
-        for p in pods
-        if p.key not in updated and podstate.upgrade_in_flight(p, sidecarset=name, containers=sidecar_set)
-    }
+    if verdicts is None:
+        verdicts = podstate.evaluate(matched, sidecarset=name, spec_hash=new_hash, containers=set(sidecars))
+    elif not verdicts.is_for(matched, sidecarset=name, spec_hash=new_hash):
+        raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
     unavailable = sum(
         1
-        for p in pods
-        if (p.key in updated or p.key in in_flight)
-        and not podstate.is_available(p, sidecarset=name, containers=sidecar_set)
+        for is_new, moving, ok in zip(verdicts.updated, verdicts.in_flight, verdicts.available, strict=True)
+        if (is_new or moving) and not ok
     )
-    done = len(updated) >= total
+    done = sum(verdicts.updated) >= total
 
     def stop(reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
         return Plan((), not_upgradable, unavailable, m, done, reason)
@@ -213,19 +225,22 @@ def plan_upgrade(ss: JsonObj, matched: Sequence[PodProjection], *, revision: str
     if problem:
         return stop(f"invalid: {problem}")
 
+    # Only pods not yet updated can be planned; in namespace/name order, so ties and the
+    # not-upgradable list never depend on the order the pods came in.
+    outdated = [(p, f) for p, u, f in zip(matched, verdicts.updated, verdicts.in_flight, strict=True) if not u]
+    outdated.sort(key=_by_identity)
     update_selector = strategy.get("selector")
+    selected = None if update_selector is None else selectors.matcher(update_selector)
     candidates: list[PodProjection] = []
     not_upgradable: list[tuple[str, str]] = []
     waiting = 0
-    for pod in pods:
-        if pod.key in updated:
-            continue
-        if update_selector is not None and not selectors.matches(update_selector, pod.labels):
+    for pod, moving in outdated:
+        if selected is not None and not selected(pod.labels):
             continue
         entry = pod.hash_without_image_for(name)
         if entry is None or entry.hash != new_hash_wo:
             not_upgradable.append(pod.key)
-        elif pod.key in in_flight:
+        elif moving:
             waiting += 1
         else:
             candidates.append(pod)
@@ -240,7 +255,7 @@ def plan_upgrade(ss: JsonObj, matched: Sequence[PodProjection], *, revision: str
     if native:
         return stop(f"native sidecar initContainers cannot be upgraded in place: {', '.join(native)}", stuck)
 
-    order = upgrade_order(candidates, pods, strategy)
+    order = upgrade_order(candidates, matched, strategy)
     kept = _partition(strategy.get("partition"), total)
     order = order[: max(0, len(order) - kept)]
     count = unavailable

@@ -8,12 +8,17 @@ swapped a container image, so the controller records each changed container's im
 patching and treats the upgrade as landed once the reported imageID moves away from it (or the
 reported image already equals the spec image). When every sidecar image is pinned by digest,
 the reported imageID must carry that digest instead.
+
+A reconcile asks these questions of every matched pod; `evaluate` answers them once per
+reconcile for both the status and the planner.
 """
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 
 from sidecarsets.projection import PodProjection
 
@@ -131,3 +136,70 @@ def is_consistent(pod: PodProjection, *, sidecarset: str, containers: Collection
 
 def is_available(pod: PodProjection, *, sidecarset: str, containers: Collection[str]) -> bool:
     return is_running_ready(pod) and is_consistent(pod, sidecarset=sidecarset, containers=containers)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """The answers for each of `pods` (same index) relative to one SidecarSet spec.
+
+    Built once per reconcile and shared by the status and the planner, so a reconcile over
+    thousands of pods asks each question once and both sides see the same answers.
+    """
+
+    pods: tuple[PodProjection, ...]
+    sidecarset: str
+    spec_hash: str
+    updated: tuple[bool, ...]  # is_updated
+    available: tuple[bool, ...]  # is_available
+    in_flight: tuple[bool, ...]  # not updated, and upgrade_in_flight
+
+    def is_for(self, pods: Sequence[PodProjection], *, sidecarset: str, spec_hash: str) -> bool:
+        """These verdicts answer for exactly these pods (same objects, same order) and this spec."""
+        mine = self.pods
+        return (
+            self.sidecarset == sidecarset
+            and self.spec_hash == spec_hash
+            and len(mine) == len(pods)
+            and all(map(operator.is_, mine, pods))
+        )
+
+
+def evaluate(
+    pods: Sequence[PodProjection], *, sidecarset: str, spec_hash: str, containers: Collection[str]
+) -> Verdicts:
+    """`Verdicts` for `pods`; the same answers as the per-pod functions above.
+
+    Whether a pod's sidecars have landed depends only on its container list, its container
+    statuses and this SidecarSet's in-place record, and replicas of one workload share those
+    objects (projection hands out one instance per distinct value), so that part is worked out
+    once per distinct combination. The memo is keyed by object identity: every keyed object is
+    held by a pod in `pods` for as long as the memo lives, so an id cannot be reused meanwhile.
+    """
+    memo: dict[tuple[int, int, int], tuple[bool, bool]] = {}
+    updated: list[bool] = []
+    available: list[bool] = []
+    in_flight: list[bool] = []
+    for pod in pods:
+        # pod.hash_for and pod.inplace_for, inlined: this loop runs for every pod of every reconcile
+        is_new = False
+        for entry in pod.hashes:
+            if entry.sidecarset == sidecarset:
+                is_new = bool(entry.hash) and entry.hash == spec_hash
+                break
+        last = None
+        for state in pod.inplace_state:
+            if state.sidecarset == sidecarset:
+                last = state.last_image_ids
+                break
+        key = (id(pod.containers), id(pod.container_statuses), id(last))
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = (
+                is_consistent(pod, sidecarset=sidecarset, containers=containers),
+                upgrade_in_flight(pod, sidecarset=sidecarset, containers=containers),
+            )
+        consistent, moving = found
+        updated.append(is_new)
+        available.append(consistent and pod.phase == "Running" and pod.ready and not pod.deleting)
+        in_flight.append(moving and not is_new)
+    return Verdicts(tuple(pods), sidecarset, spec_hash, tuple(updated), tuple(available), tuple(in_flight))

@@ -7,6 +7,7 @@ injected by an older, narrower SidecarSet is not reported as "not updated" forev
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,12 @@ def namespace_matches(
 def matched_pods(
     ss: JsonObj, pods: Iterable[PodProjection], namespace_labels: Mapping[str, Mapping[str, str]]
 ) -> list[PodProjection]:
+    """The pods this SidecarSet owns, in the order given.
+
+    Replicas of one workload share their label set and container lists (projection hands out one
+    instance per distinct value), so the selector and the sidecar check run once per distinct
+    object. The memos are keyed by identity; every keyed object is held by a pod in `pods`.
+    """
     name = rawspec.name(ss)
     pod_selector = rawspec.pod_selector(ss)
     if not name or pod_selector is None or selectors.is_empty(pod_selector):
@@ -55,7 +62,10 @@ def matched_pods(
     cold = [c["name"] for c in rawspec.cold_containers(ss)]
     hot = rawspec.hot_names(ss)
     native = rawspec.native_init_names(ss)
+    selected = selectors.matcher(pod_selector)
     ns_cache: dict[str, bool] = {}
+    labels_cache: dict[int, bool] = {}
+    sidecars_cache: dict[tuple[int, int], bool] = {}
     out: list[PodProjection] = []
     for pod in pods:
         if name not in pod.injected or not podstate.is_active(pod):
@@ -63,26 +73,52 @@ def matched_pods(
         in_ns = ns_cache.get(pod.namespace)
         if in_ns is None:
             in_ns = ns_cache[pod.namespace] = namespace_matches(ns_selector, pod.namespace, namespace_labels)
-        if not in_ns or not selectors.matches(pod_selector, pod.labels):
+        if not in_ns:
             continue
-        if podstate.has_sidecars(pod, cold=cold, hot=hot, native_init=native):
+        labels = pod.labels
+        in_sel = labels_cache.get(id(labels))
+        if in_sel is None:
+            in_sel = labels_cache[id(labels)] = selected(labels)
+        if not in_sel:
+            continue
+        key = (id(pod.containers), id(pod.init_containers))
+        complete = sidecars_cache.get(key)
+        if complete is None:
+            complete = sidecars_cache[key] = podstate.has_sidecars(pod, cold=cold, hot=hot, native_init=native)
+        if complete:
             out.append(pod)
     return out
 
 
+def evaluate(ss: JsonObj, matched: Sequence[PodProjection]) -> podstate.Verdicts:
+    """The per-pod verdicts for `matched` against the SidecarSet's current spec, computed once so
+    `compute_status` and `planner.plan_upgrade` can share them."""
+    return podstate.evaluate(
+        matched,
+        sidecarset=rawspec.name(ss),
+        spec_hash=spec_hash(rawspec.spec(ss)),
+        containers=set(rawspec.sidecar_list(ss)),
+    )
+
+
 def compute_status(
-    ss: JsonObj, matched: Sequence[PodProjection], *, latest_revision: str | None, collision_count: int | None
+    ss: JsonObj,
+    matched: Sequence[PodProjection],
+    *,
+    latest_revision: str | None,
+    collision_count: int | None,
+    verdicts: podstate.Verdicts | None = None,
 ) -> JsonObj:
+    """The status for `matched`; `verdicts` from `evaluate(ss, matched)` saves evaluating the pods again."""
     name = rawspec.name(ss)
     current = spec_hash(rawspec.spec(ss))
-    sidecars = set(rawspec.sidecar_list(ss))
-    updated = ready = updated_ready = 0
-    for pod in matched:
-        is_updated = podstate.is_updated(pod, sidecarset=name, spec_hash=current)
-        is_ready = podstate.is_available(pod, sidecarset=name, containers=sidecars)
-        updated += is_updated
-        ready += is_ready
-        updated_ready += is_updated and is_ready
+    if verdicts is None:
+        verdicts = evaluate(ss, matched)
+    elif not verdicts.is_for(matched, sidecarset=name, spec_hash=current):
+        raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
+    updated = sum(verdicts.updated)
+    ready = sum(verdicts.available)
+    updated_ready = sum(map(operator.and_, verdicts.updated, verdicts.available))
     status: JsonObj = {}
     generation = (ss.get("metadata") or {}).get("generation")
     if isinstance(generation, int) and not isinstance(generation, bool):

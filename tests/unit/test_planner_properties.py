@@ -16,11 +16,13 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sidecarsets import podstate
 from sidecarsets.hashing import spec_hash
 from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, plan_upgrade
 from sidecarsets.projection import project
+from sidecarsets.status import compute_status, evaluate
 from tests.unit.podbuild import apply, kubelet_sync, pod, set_ready, sidecarset, with_images
 
 V1 = sidecarset(containers=[{"name": "envoy", "image": "envoy:v1"}, {"name": "log", "image": "log:v1"}])
@@ -223,3 +225,34 @@ def test_rollout_completes_when_nothing_holds_it_back(
     plan, _ = run_round(ss, pods)
     assert plan.done and plan.reason == "done"
     assert all(is_updated(p, ss) and is_available(p) for p in pods)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=pod_specs, strategy=strategies, rng=st.randoms(use_true_random=False))
+def test_shared_verdicts_agree_with_the_per_pod_questions(
+    specs: list[dict[str, Any]], strategy: JsonObj, rng: random.Random
+) -> None:
+    """A reconcile evaluates the pods once for both the status and the plan, memoised over the
+    tuples replicas share: through a rollout (pods updated, in flight, unready, not upgradable,
+    in any order) every answer is the per-pod function's, and the plan and status do not change."""
+    ss = with_images(V1, envoy="envoy:v2")
+    ss["spec"]["updateStrategy"] = strategy
+    current, sidecars = spec_hash(ss["spec"]), {"envoy", "log"}
+    pods = build(specs, ss)
+    for _ in range(4):
+        projections = [project(p) for p in pods]
+        rng.shuffle(projections)
+        verdicts = evaluate(ss, projections)
+        for i, p in enumerate(projections):
+            updated = podstate.is_updated(p, sidecarset="mesh", spec_hash=current)
+            moving = podstate.upgrade_in_flight(p, sidecarset="mesh", containers=sidecars)
+            assert verdicts.updated[i] == updated
+            assert verdicts.available[i] == podstate.is_available(p, sidecarset="mesh", containers=sidecars)
+            assert verdicts.in_flight[i] == (moving and not updated)
+        alone = plan_upgrade(ss, projections, revision="rev", now="2024-06-01T00:00:00Z")
+        assert plan_upgrade(ss, projections, revision="rev", now="2024-06-01T00:00:00Z", verdicts=verdicts) == alone
+        assert compute_status(
+            ss, projections, latest_revision="rev", collision_count=0, verdicts=verdicts
+        ) == compute_status(ss, projections, latest_revision="rev", collision_count=0)
+        _, pods = run_round(ss, pods)
+        pods = kubelet(pods, rng)

@@ -6,11 +6,15 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from sidecarsets import podstate, selectors
+from sidecarsets.hashing import spec_hash
 from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, NS_NAME_LABEL
 from sidecarsets.projection import PodProjection, project
-from sidecarsets.status import compute_status, matched_pods, status_changed
+from sidecarsets.status import compute_status, evaluate, matched_pods, status_changed
 from tests.unit.podbuild import T0, image_id, pod, sidecarset, with_images
 
 NS = {"shop": {NS_NAME_LABEL: "shop", "env": "prod"}, "dev": {NS_NAME_LABEL: "dev", "env": "dev"}}
@@ -176,6 +180,105 @@ class TestComputeStatus:
         del ss["metadata"]["generation"]
         status = compute_status(ss, [], latest_revision=None, collision_count=None)
         assert status == {"matchedPods": 0, "updatedPods": 0, "readyPods": 0, "updatedReadyPods": 0}
+
+
+class TestSharedVerdicts:
+    """`evaluate` answers once per reconcile what status and planner would each ask per pod."""
+
+    V1 = sidecarset()
+    V2 = with_images(V1, envoy="envoy:v2")
+
+    def pods(self) -> list[PodProjection]:
+        v1, v2 = self.V1, self.V2
+        digest = with_images(v1, envoy="docker.io/library/envoy@sha256:" + "b" * 64)
+        unreported = pod("unreported", v2)
+        unreported["status"]["containerStatuses"].pop()
+        # the same spec and statuses as an in-flight pod, but no in-place record: nothing to wait for
+        no_record = in_flight(v1, v2, name="no-record")
+        del no_record["metadata"]["annotations"][ANN_INPLACE_STATE]
+        raws = [
+            pod("old-ready", v1),
+            pod("old-not-ready", v1, ready=False),
+            pod("new-ready", v2),
+            pod("new-deleting", v2, deleting=True),
+            pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False),
+            in_flight(v1, v2),
+            in_flight(v1, v2, name="moving-too"),
+            pod("digest-not-pulled", digest),
+            unreported,
+            no_record,
+        ]
+        return [project(r) for r in raws]
+
+    def test_same_answers_as_the_per_pod_questions(self) -> None:
+        pods = self.pods()
+        v3 = with_images(self.V2, envoy="envoy:v3")  # the in-flight pods are outdated again
+        for ss in (self.V2, v3):
+            v = evaluate(ss, pods)
+            current, sidecars = spec_hash(ss["spec"]), {"envoy"}
+            for i, p in enumerate(pods):
+                updated = podstate.is_updated(p, sidecarset="mesh", spec_hash=current)
+                assert v.updated[i] == updated, p.name
+                assert v.available[i] == podstate.is_available(p, sidecarset="mesh", containers=sidecars), p.name
+                moving = podstate.upgrade_in_flight(p, sidecarset="mesh", containers=sidecars)
+                assert v.in_flight[i] == (moving and not updated), p.name
+        # replicas in one state share their tuples, and still get their own answers
+        assert pods[5].container_statuses is pods[6].container_statuses is pods[9].container_statuses
+        v = evaluate(self.V2, pods)
+        assert [p.name for i, p in enumerate(pods) if v.available[i]] == ["old-ready", "new-ready", "no-record"]
+        assert not any(v.in_flight)  # the pods still moving are updated, so not counted in flight
+        v = evaluate(v3, pods)
+        assert [p.name for i, p in enumerate(pods) if v.in_flight[i]] == ["moving", "moving-too"]
+
+    def test_status_from_shared_verdicts_equals_status_computed_alone(self) -> None:
+        pods = self.pods()
+        alone = compute_status(self.V2, pods, latest_revision="r", collision_count=0)
+        shared = compute_status(self.V2, pods, latest_revision="r", collision_count=0, verdicts=evaluate(self.V2, pods))
+        assert shared == alone
+        counters = ("matchedPods", "updatedPods", "readyPods", "updatedReadyPods")
+        assert [alone[k] for k in counters] == [10, 7, 3, 2]
+
+    def test_verdicts_for_other_pods_or_another_spec_are_refused(self) -> None:
+        pods = self.pods()
+        v = evaluate(self.V2, pods)
+        for ss, others in ((self.V2, pods[1:]), (self.V2, [*pods[1:], pods[0]]), (self.V1, pods)):
+            with pytest.raises(ValueError, match="other pods or another SidecarSet spec"):
+                compute_status(ss, others, latest_revision=None, collision_count=None, verdicts=v)
+        assert v.is_for(list(pods), sidecarset="mesh", spec_hash=spec_hash(self.V2["spec"]))
+
+
+_label_keys = st.sampled_from(["app", "zone", "tier", "a/b"])
+_label_values = st.sampled_from(["shop", "a", "b", ""])
+_requirement = st.fixed_dictionaries(
+    {
+        "key": st.one_of(_label_keys, st.just(""), st.integers()),
+        "operator": st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Bogus"]),
+    },
+    optional={"values": st.one_of(st.lists(_label_values, max_size=3), st.just("a"))},
+)
+_selectors = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "matchLabels": st.one_of(
+                st.dictionaries(_label_keys, st.one_of(_label_values, st.integers()), max_size=2), st.just([])
+            ),
+            "matchExpressions": st.one_of(st.lists(_requirement, max_size=3), st.just({})),
+        },
+    ),
+)
+
+
+@given(selector=_selectors, labels=st.dictionaries(_label_keys, _label_values, max_size=4))
+def test_compiled_matcher_agrees_with_matches(selector: JsonObj | None, labels: dict[str, str]) -> None:
+    """The matcher status and planner compile once per reconcile gives `selectors.matches`' answer,
+    on plain dicts and on projected pod labels, for well-formed and ill-formed selectors alike."""
+    match = selectors.matcher(selector)
+    expected = selectors.matches(selector, labels)
+    assert match(labels) == expected
+    projected = project(pod("p", sidecarset(), labels=labels)).labels
+    assert match(projected) == selectors.matches(selector, projected)
 
 
 class TestStatusChanged:
