@@ -12,10 +12,14 @@ computes with `sidecarsets.hashing` from the same object.
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as _derived  # `field` names a field path throughout this module
 from typing import Any, Literal, TypeVar
+
+import orjson
 
 from sidecarsets import hashing, names, selectors
 from sidecarsets.jsontypes import JsonObj
@@ -52,6 +56,60 @@ class ModelError(ValueError):
     """A SidecarSet object too malformed to inject from; the message names the field."""
 
 
+# orjson would silently turn these into other JSON values; with these options it refuses them instead.
+_EXACT_DUMPS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _shares_nothing(value: Any) -> bool:
+    """No dict or list occurs twice in `value` (YAML anchors give shared ones; a JSON round trip splits them)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is not dict and kind is not list:
+            continue
+        if id(item) in seen:
+            return False
+        seen.add(id(item))
+        stack.extend(item.values() if kind is dict else item)
+    return True
+
+
+class JsonTemplate:
+    """A JSON value the engine puts into every injected pod, copied per pod without `copy.deepcopy`.
+
+    Each pod must get objects of its own (a caller may change the patch), and a deep copy per pod
+    is the injection's largest cost. The value is serialized on first use; each copy parses the
+    bytes again, several times faster. A value the round trip would not reproduce exactly (a YAML
+    date or NaN, shared subtrees) keeps the deep copy. The value must not change afterwards.
+    """
+
+    __slots__ = ("_raw", "_ready", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._raw: bytes | None = None
+        self._ready = False
+
+    def fresh(self) -> Any:
+        """A deep copy of the value, sharing nothing with it or with earlier copies."""
+        if not self._ready:  # on first use: SidecarSets read only to be reconciled never pay for it
+            self._raw = _exact_json(self.value)
+            self._ready = True
+        raw = self._raw
+        return copy.deepcopy(self.value) if raw is None else orjson.loads(raw)
+
+
+def _exact_json(value: Any) -> bytes | None:
+    """`value` as JSON, when parsing that gives back an equal value with nothing shared; else None."""
+    try:
+        raw = orjson.dumps(value, option=_EXACT_DUMPS)
+    except TypeError:  # orjson.JSONEncodeError: a type or an integer JSON cannot carry
+        return None
+    return raw if orjson.loads(raw) == value and _shares_nothing(value) else None
+
+
 @dataclass(frozen=True, slots=True)
 class TransferEnv:
     """Env vars copied from an app container of the pod into the sidecar.
@@ -63,6 +121,13 @@ class TransferEnv:
     source_container_name: str | None
     source_field_path: str | None
     env_names: tuple[str, ...]
+    env_name_set: frozenset[str] = _derived(init=False, repr=False, compare=False)
+    _subscript: tuple[str, str] | None = _derived(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env_name_set", frozenset(self.env_names))
+        m = None if self.source_field_path is None else _SUBSCRIPTED_PATH.match(self.source_field_path)
+        object.__setattr__(self, "_subscript", None if m is None else (m.group(1).split(".", 1)[1], m.group(2)))
 
     def source_in(self, pod_metadata: Mapping[str, Any]) -> str | None:
         """The source container name for this pod, or None when the pod does not say."""
@@ -71,13 +136,13 @@ class TransferEnv:
         if self.source_field_path == "metadata.name":
             value = pod_metadata.get("name")
             return value if isinstance(value, str) and value else None
-        m = _SUBSCRIPTED_PATH.match(self.source_field_path)
-        if m is None:
+        if self._subscript is None:
             return None
-        section = pod_metadata.get(m.group(1).split(".", 1)[1])
+        section_name, key = self._subscript
+        section = pod_metadata.get(section_name)
         if not isinstance(section, Mapping):
             return None
-        value = section.get(m.group(2))
+        value = section.get(key)
         return value if isinstance(value, str) and value else None
 
 
@@ -94,7 +159,8 @@ class SidecarContainer:
     """A sidecar container with its SidecarSet-only settings read out and defaulted.
 
     `container` is the plain corev1.Container that goes into the pod (the SidecarSet-only
-    fields removed); it is shared with the SidecarSet object, so copy it before changing it.
+    fields removed); it is shared with the SidecarSet object, so copy it before changing it
+    (`fresh_container` gives a copy). What the engine reads for every pod is derived once, here.
     """
 
     name: str
@@ -106,16 +172,27 @@ class SidecarContainer:
     transfer_env: tuple[TransferEnv, ...]
     native: bool
     has_resources_policy: bool
+    _volume_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
+    _template: JsonTemplate = _derived(init=False, repr=False, compare=False)
 
-    def mounted_volume_names(self) -> tuple[str, ...]:
-        """Names of the volumes this container uses through volumeMounts or volumeDevices."""
+    def __post_init__(self) -> None:
         out: list[str] = []
         for key in ("volumeMounts", "volumeDevices"):
             for item in self.container.get(key) or []:
                 name = item.get("name")
                 if isinstance(name, str) and name not in out:
                     out.append(name)
-        return tuple(out)
+        object.__setattr__(self, "_volume_names", tuple(out))
+        object.__setattr__(self, "_template", JsonTemplate(self.container))
+
+    def mounted_volume_names(self) -> tuple[str, ...]:
+        """Names of the volumes this container uses through volumeMounts or volumeDevices."""
+        return self._volume_names
+
+    def fresh_container(self) -> JsonObj:
+        """A deep copy of `container`, for a pod to own."""
+        out: JsonObj = self._template.fresh()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +217,35 @@ class SidecarSet:
     image_pull_secrets: tuple[JsonObj, ...]
     patch_pod_metadata: tuple[MetadataPatch, ...]
     latest_revision: str | None
+    # Derived once from the fields above (again by `dataclasses.replace`): the engine asks for
+    # them for every pod, and a SidecarSet is read once per change.
+    _container_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
+    _all_container_names: frozenset[str] = _derived(init=False, repr=False, compare=False)
+    _volumes_by_name: dict[str, tuple[JsonObj, JsonTemplate]] = _derived(init=False, repr=False, compare=False)
+    _pull_secrets: tuple[JsonTemplate, ...] = _derived(init=False, repr=False, compare=False)
+    _pod_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
+    _namespace_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
+    _namespace_name_only: bool = _derived(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        def derive(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        derive(
+            "_container_names",
+            tuple(c.name for c in self.containers) + tuple(c.name for c in self.init_containers if c.native),
+        )
+        derive("_all_container_names", frozenset(c.name for c in self.containers + self.init_containers))
+        by_name: dict[str, tuple[JsonObj, JsonTemplate]] = {}
+        for vol in self.volumes:
+            by_name.setdefault(vol["name"], (vol, JsonTemplate(vol)))
+        derive("_volumes_by_name", by_name)
+        derive("_pull_secrets", tuple(JsonTemplate(s) for s in self.image_pull_secrets))
+        selector = None if selectors.is_empty(self.selector) else self.selector
+        derive("_pod_matcher", selectors.matcher(selector))
+        sel = self.namespace_selector
+        derive("_namespace_matcher", selectors.matcher(sel))
+        derive("_namespace_name_only", sel is not None and _only_name_label(sel))
 
     @classmethod
     def from_object(cls, obj: JsonObj) -> SidecarSet:
@@ -212,19 +318,29 @@ class SidecarSet:
     @property
     def container_names(self) -> tuple[str, ...]:
         """The sidecars a pod carries for this SidecarSet: containers and native-sidecar init containers."""
-        return tuple(c.name for c in self.containers) + tuple(c.name for c in self.init_containers if c.native)
+        return self._container_names
 
     @property
     def all_container_names(self) -> frozenset[str]:
         """Every name this SidecarSet puts into a pod, init containers included."""
-        return frozenset(c.name for c in self.containers) | frozenset(c.name for c in self.init_containers)
+        return self._all_container_names
 
     def volume(self, name: str) -> JsonObj | None:
         """The SidecarSet's volume called `name`, if it defines one."""
-        for vol in self.volumes:
-            if vol.get("name") == name:
-                return vol
-        return None
+        found = self._volumes_by_name.get(name)
+        return None if found is None else found[0]
+
+    def fresh_volume(self, name: str) -> JsonObj | None:
+        """A deep copy of the volume called `name`, for a pod to own; None if there is no such volume."""
+        found = self._volumes_by_name.get(name)
+        if found is None:
+            return None
+        out: JsonObj = found[1].fresh()
+        return out
+
+    def fresh_image_pull_secrets(self) -> list[JsonObj]:
+        """Deep copies of `image_pull_secrets`, for a pod to own."""
+        return [template.fresh() for template in self._pull_secrets]
 
     def matches_namespace(self, namespace: str, namespace_labels: Mapping[str, str] | None) -> bool:
         """Whether pods in `namespace` are in scope.
@@ -232,19 +348,16 @@ class SidecarSet:
         With the labels unknown (None) only a selector on the namespace name label can be decided,
         from the name itself; any other selector does not match: unsure never widens injection.
         """
-        sel = self.namespace_selector
-        if sel is None:
+        if self.namespace_selector is None:
             return True
         if namespace_labels is None:
-            if not _keys(sel) <= {names.NS_NAME_LABEL}:
-                return False
-            return selectors.matches(sel, {names.NS_NAME_LABEL: namespace})
+            return self._namespace_name_only and self._namespace_matcher({names.NS_NAME_LABEL: namespace})
         # The API server always sets this label to the namespace's name.
-        return selectors.matches(sel, {**namespace_labels, names.NS_NAME_LABEL: namespace})
+        return self._namespace_matcher({**namespace_labels, names.NS_NAME_LABEL: namespace})
 
     def matches_pod(self, pod_labels: Mapping[str, str]) -> bool:
         """Whether the pod selector matches; an absent or empty selector matches no pod."""
-        return not selectors.is_empty(self.selector) and selectors.matches(self.selector, pod_labels)
+        return self._pod_matcher(pod_labels)
 
 
 def _type_name(value: Any) -> str:
@@ -269,6 +382,14 @@ def _selector(value: Any, field: str) -> JsonObj | None:
     if not isinstance(value, dict):
         raise ModelError(f"{field} must be an object, not {_type_name(value)}")
     return value
+
+
+def _only_name_label(selector: Mapping[str, Any]) -> bool:
+    """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
+    try:
+        return _keys(selector) <= {names.NS_NAME_LABEL}
+    except (AttributeError, TypeError):  # ill-formed: such a selector matches nothing anyway
+        return False
 
 
 def _keys(selector: Mapping[str, Any]) -> set[str]:

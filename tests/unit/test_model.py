@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
+import datetime
+import math
 from typing import Any
 
 import pytest
@@ -10,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecarsets import hashing, names
-from sidecarsets.model import AFTER_APP, BEFORE_APP, ModelError, SidecarSet
+from sidecarsets.model import AFTER_APP, BEFORE_APP, JsonTemplate, ModelError, SidecarSet
 
 
 def sidecarset(**spec: Any) -> dict[str, Any]:
@@ -271,3 +275,96 @@ def test_any_spec_value_is_read_or_refused_cleanly(key: str, value: Any) -> None
         SidecarSet.from_object(obj)
     except ModelError as e:
         assert str(e)
+
+
+# --- copies for the pod, and what is derived once --------------------------------------------
+
+
+def _ids(value: Any, out: set[int]) -> set[int]:
+    if isinstance(value, dict | list):
+        out.add(id(value))
+        for item in value.values() if isinstance(value, dict) else value:
+            _ids(item, out)
+    return out
+
+
+def test_fresh_copies_are_equal_and_share_nothing() -> None:
+    ss = SidecarSet.from_object(
+        sidecarset(
+            containers=[
+                {
+                    "name": "proxy",
+                    "image": "proxy:1",
+                    "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            volumes=[{"name": "data", "secret": {"secretName": "s", "items": [{"key": "k", "path": "p"}]}}],
+            imagePullSecrets=[{"name": "registry"}],
+        )
+    )
+    (proxy,) = ss.containers
+    originals = (proxy.container, ss.volumes[0], list(ss.image_pull_secrets))
+    snapshot = copy.deepcopy(originals)
+    copies = (proxy.fresh_container(), ss.fresh_volume("data"), ss.fresh_image_pull_secrets())
+    again = (proxy.fresh_container(), ss.fresh_volume("data"), ss.fresh_image_pull_secrets())
+    assert copies == snapshot == again
+    assert _ids(copies, set()).isdisjoint(_ids(originals, set()) | _ids(again, set()))
+    copies[0]["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] = "changed"
+    copies[1]["secret"]["items"].clear()
+    assert originals == snapshot
+    assert (proxy.fresh_container(), ss.fresh_volume("data")) == snapshot[:2]
+    assert ss.fresh_volume("absent") is None
+    assert ss.volume("data") is ss.volumes[0]
+
+
+def test_values_json_cannot_carry_are_deep_copied_with_their_types_and_sharing() -> None:
+    limits = {"cpu": "10m"}
+    container = {
+        "name": "proxy",
+        "image": "p",
+        "env": [{"name": "SINCE", "value": datetime.date(2024, 1, 1)}, {"name": "NAN", "value": math.nan}],
+        "resources": {"requests": limits, "limits": limits},  # what a YAML anchor gives
+    }
+    (proxy,) = SidecarSet.from_object(sidecarset(containers=[container])).containers
+    fresh = proxy.fresh_container()
+    assert fresh["env"][0]["value"] == datetime.date(2024, 1, 1)
+    assert math.isnan(fresh["env"][1]["value"])
+    assert fresh["resources"]["requests"] is fresh["resources"]["limits"] is not limits
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [{"port": 2**70}],
+        {"tuple": (1, 2)},
+        collections.OrderedDict(a=1),
+        {"key": "value", "nested": [{"deep": [1.5, None, True, "ü"]}]},
+    ],
+)
+def test_a_template_copy_equals_a_deep_copy(value: Any) -> None:
+    template = JsonTemplate(value)
+    for _ in range(2):
+        fresh = template.fresh()
+        expected = copy.deepcopy(value)
+        assert fresh == expected
+        assert repr(fresh) == repr(expected)  # the same types, not just equal values
+        assert fresh is not value
+
+
+def test_derived_data_follows_dataclasses_replace() -> None:
+    ss = SidecarSet.from_object(sidecarset(namespaceSelector={"matchLabels": {"team": "x"}}))
+    assert not ss.matches_namespace("shop", {"team": "y"})
+    widened = dataclasses.replace(ss, namespace_selector=None)
+    assert widened.matches_namespace("shop", {"team": "y"})
+    assert widened == dataclasses.replace(ss, namespace_selector=None)
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [{"matchLabels": ["team"]}, {"matchExpressions": 3}, {"matchExpressions": [{"key": "k", "operator": "Is"}]}],
+)
+def test_an_ill_formed_namespace_selector_matches_no_namespace(selector: dict[str, Any]) -> None:
+    ss = SidecarSet.from_object(sidecarset(namespaceSelector=selector))
+    assert not ss.matches_namespace("shop", None)
+    assert not ss.matches_namespace("shop", {"team": "x"})
