@@ -17,9 +17,11 @@ The clock is read by the caller and passed in `now`, which keeps the function pu
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from typing import Any, TypeGuard
 
 from injector import envs, metadata, patchops, policy, volumes
 from sidecarsets import names
@@ -118,7 +120,8 @@ def inject(
     if not todo:
         return InjectionResult(patch=[], skipped=SKIP_ALREADY_INJECTED, warnings=tuple(warnings))
 
-    built = _build(todo, pod_metadata=meta, containers=containers, volumes_in_pod=spec.get("volumes") or [])
+    apps = _Apps(containers)
+    built = _build(todo, pod_metadata=meta, containers=containers, apps=apps, volumes_in_pod=spec.get("volumes") or [])
     warnings.extend(built.warnings)
     # Kruise sorts the injected init containers of all SidecarSets together, by name.
     built.init_containers.sort(key=lambda item: str(item[1]["name"]))
@@ -134,15 +137,13 @@ def inject(
         annotations.get(names.ANN_INJECTED_LIST), [ss.name for ss in todo]
     )
     sidecar_names = {str(c["name"]) for _, c in built.containers}
-    first_app = next(
-        (str(c["name"]) for c in containers if c["name"] not in sidecar_names and not envs.is_injected(c)), None
-    )
+    first_app = next((str(c["name"]) for c in apps.containers if c["name"] not in sidecar_names), None)
     if names.ANN_DEFAULT_CONTAINER not in new_annotations and first_app is not None:
         new_annotations[names.ANN_DEFAULT_CONTAINER] = first_app
     new_labels = {**labels, names.POD_INJECTED_LABEL: "true"}
 
     ops: list[JsonObj] = []
-    if isinstance(pod.get("metadata"), Mapping):
+    if _is_object(pod.get("metadata")):
         ops += patchops.map_ops("/metadata/labels", meta.get("labels"), new_labels)
         ops += patchops.map_ops("/metadata/annotations", meta.get("annotations"), new_annotations)
     else:
@@ -165,11 +166,64 @@ def inject(
         spec.get("imagePullSecrets"),
         volumes.new_by_name(spec.get("imagePullSecrets") or [], built.pull_secrets),
     )
-    return InjectionResult(patch=copy.deepcopy(ops), injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
+    # Every object in `ops` is already the patch's own (see `_sidecar` and the model's `fresh_*`).
+    return InjectionResult(patch=ops, injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
 
 
-def _is_object(value: object) -> bool:
-    return isinstance(value, Mapping)
+def _is_object(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # Parsed JSON gives plain dicts; the ABC check (much slower) is for other callers' mappings.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+class _Apps:
+    """The pod's app containers (those without IS_INJECTED=true), and what sharing sidecars take
+    from them: the same for every sidecar of the pod, so found once per pod."""
+
+    __slots__ = ("_shared", "containers")
+
+    def __init__(self, containers: Sequence[JsonObj]) -> None:
+        self.containers = [c for c in containers if not envs.is_injected(c)]
+        self._shared: dict[str, tuple[list[JsonObj], list[JsonObj]]] = {}
+
+    def shared(self, key: str) -> tuple[list[JsonObj], list[JsonObj]]:
+        """`volumes.shared_from_apps(containers, key=key)`; the lists belong to the pod: copy what is kept."""
+        found = self._shared.get(key)
+        if found is None:
+            found = self._shared[key] = volumes.shared_from(self.containers, key=key)
+        return found
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def _copy_json(value: Any, memo: dict[int, Any]) -> Any:
+    """`copy.deepcopy(value, memo)`, with JSON's dicts, lists and scalars handled without its dispatch.
+
+    For the few pod objects a sidecar takes over (shared mounts, transferred env vars). Objects
+    shared within one sidecar stay shared, as with `copy.deepcopy`; dict keys, being immutable,
+    are kept rather than copied.
+    """
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    found = memo.get(id(value))
+    if found is not None:
+        return found
+    if kind is dict:
+        out: Any = value.copy()
+        memo[id(value)] = out
+        for key, item in out.items():
+            if type(item) not in _ATOMS:
+                out[key] = _copy_json(item, memo)
+        return out
+    if kind is list:
+        out = value.copy()
+        memo[id(value)] = out
+        for i, item in enumerate(out):
+            if type(item) not in _ATOMS:
+                out[i] = _copy_json(item, memo)
+        return out
+    return copy.deepcopy(value, memo)
 
 
 def _without_conflicts(
@@ -184,24 +238,34 @@ def _without_conflicts(
     init_names = {c["name"] for c in init_containers}
     claimed: dict[str, str] = {}
     chosen: list[SidecarSet] = []
-    for ss in sorted(matched, key=lambda s: (s.creation_timestamp, s.name)):
-        clash = sorted(n for n in ss.all_container_names if n in claimed)
-        if clash:
+    for ss in sorted(matched, key=_age):
+        if not ss.all_container_names.isdisjoint(claimed):
+            clash = sorted(ss.all_container_names.intersection(claimed))
             warnings.append(
                 f"SidecarSet {ss.name} is not injected: container {clash[0]} is also defined by SidecarSet "
                 f"{claimed[clash[0]]}, which takes precedence (older, or first by name)"
             )
             continue
-        crossed = sorted(
-            [f"container {c.name} (an init container of the pod)" for c in ss.containers if c.name in init_names]
-            + [f"init container {c.name} (a container of the pod)" for c in ss.init_containers if c.name in app_names]
-        )
+        crossed = []
+        if init_names:
+            crossed += [
+                f"container {c.name} (an init container of the pod)" for c in ss.containers if c.name in init_names
+            ]
+        if ss.init_containers:
+            crossed += [
+                f"init container {c.name} (a container of the pod)" for c in ss.init_containers if c.name in app_names
+            ]
         if crossed:
-            warnings.append(f"SidecarSet {ss.name} is not injected: its {crossed[0]} would duplicate a name")
+            warnings.append(f"SidecarSet {ss.name} is not injected: its {min(crossed)} would duplicate a name")
             continue
         chosen.append(ss)
-        claimed.update((n, ss.name) for n in ss.all_container_names)
+        claimed.update(dict.fromkeys(ss.all_container_names, ss.name))
     return chosen
+
+
+def _age(ss: SidecarSet) -> tuple[str, str]:
+    """Older first: the SidecarSet that wins a container name."""
+    return (ss.creation_timestamp, ss.name)
 
 
 def _build(
@@ -209,6 +273,7 @@ def _build(
     *,
     pod_metadata: Mapping[str, Any],
     containers: Sequence[JsonObj],
+    apps: _Apps,
     volumes_in_pod: Sequence[JsonObj],
 ) -> _Built:
     built = _Built(init_containers=[], containers=[], volumes=[], pull_secrets=[], warnings=[])
@@ -216,9 +281,9 @@ def _build(
     for ss in todo:
         for group, out in ((ss.init_containers, built.init_containers), (ss.containers, built.containers)):
             for sc in group:
-                out.append((sc.inject_policy, _sidecar(sc, ss, pod_metadata, containers, built.warnings)))
+                out.append((sc.inject_policy, _sidecar(sc, ss, pod_metadata, containers, apps, built.warnings)))
                 for vol_name in sc.mounted_volume_names():
-                    vol = ss.volume(vol_name)
+                    vol = ss.fresh_volume(vol_name)
                     if vol is not None:
                         built.volumes.append(vol)
                     elif vol_name not in pod_volume_names:
@@ -226,7 +291,7 @@ def _build(
                             f"SidecarSet {ss.name}, container {sc.name}: volume {vol_name} is defined "
                             "neither by the SidecarSet nor by the pod"
                         )
-        built.pull_secrets.extend(ss.image_pull_secrets)
+        built.pull_secrets.extend(ss.fresh_image_pull_secrets())
     return built
 
 
@@ -235,32 +300,58 @@ def _sidecar(
     ss: SidecarSet,
     pod_metadata: Mapping[str, Any],
     containers: Sequence[JsonObj],
+    apps: _Apps,
     warnings: list[str],
 ) -> JsonObj:
-    """The container as it goes into the pod: shared mounts, IS_INJECTED and transferred env added."""
-    where = f"SidecarSet {ss.name}, container {sc.name}"
+    """The container as it goes into the pod: shared mounts, IS_INJECTED and transferred env added.
+
+    The result shares no object with the SidecarSet or the pod: the SidecarSet's part is a fresh
+    copy and what comes from the pod is copied as it is added.
+    """
     if sc.upgrade_type == "HotUpgrade":
-        warnings.append(f"{where}: HotUpgrade is not supported; injected as one container (ColdUpgrade)")
+        warnings.append(_where(ss, sc) + ": HotUpgrade is not supported; injected as one container (ColdUpgrade)")
     if sc.has_resources_policy:
-        warnings.append(f"{where}: resourcesPolicy is not supported; ignored")
-    out = dict(sc.container)
+        warnings.append(_where(ss, sc) + ": resourcesPolicy is not supported; ignored")
+    out = sc.fresh_container()
+    memo: dict[int, Any] = {}
+
+    def adopt(item: JsonObj) -> JsonObj:
+        copied: JsonObj = _copy_json(item, memo)
+        return copied
+
     shared_env: list[JsonObj] = []
     if sc.share_volumes:
-        mounts, shared_env = volumes.shared_from_apps(containers)
-        out["volumeMounts"] = volumes.merged_mounts(out.get("volumeMounts") or [], mounts, path_key="mountPath")
+        mounts, shared_env = apps.shared("volumeMounts")
+        out["volumeMounts"] = volumes.merged_mounts(
+            out.get("volumeMounts") or [], mounts, path_key="mountPath", copy_added=adopt
+        )
     if sc.share_volume_devices:
-        devices, _ = volumes.shared_from_apps(containers, key="volumeDevices")
-        out["volumeDevices"] = volumes.merged_mounts(out.get("volumeDevices") or [], devices, path_key="devicePath")
-    transferred, problems = envs.transferred(sc.transfer_env, pod_metadata=pod_metadata, pod_containers=containers)
-    warnings.extend(f"{where}: {p}" for p in problems)
-    out["env"] = envs.merged(out.get("env") or [], transferred, shared_env)
-    return copy.deepcopy(out)
+        devices, _ = apps.shared("volumeDevices")
+        out["volumeDevices"] = volumes.merged_mounts(
+            out.get("volumeDevices") or [], devices, path_key="devicePath", copy_added=adopt
+        )
+    transferred: list[JsonObj] = []
+    if sc.transfer_env:
+        transferred, problems = envs.transferred(sc.transfer_env, pod_metadata=pod_metadata, pod_containers=containers)
+        warnings.extend(f"{_where(ss, sc)}: {p}" for p in problems)
+    out["env"] = envs.merged(out.get("env") or [], transferred, shared_env, copy_added=adopt)
+    return out
+
+
+def _where(ss: SidecarSet, sc: SidecarContainer) -> str:
+    return f"SidecarSet {ss.name}, container {sc.name}"
 
 
 def _duplicate_name(
     placements: Iterable[tuple[Sequence[JsonObj], dict[int, JsonObj], list[JsonObj], list[JsonObj]]],
 ) -> str | None:
     """A name that an added container shares with any other container of the resulting pod."""
+    placements = list(placements)
+    every = [
+        c["name"] for original, _, before, after in placements for group in (original, before, after) for c in group
+    ]
+    if len(set(every)) == len(every):
+        return None
     counts: dict[str, int] = {}
     added: list[str] = []
     for original, _, before, after in placements:
@@ -292,19 +383,21 @@ def _placement(
 def pod_problem(pod: Mapping[str, Any]) -> str | None:
     """Why a pod is too malformed to inject into (the message names the field), or None."""
     meta = pod.get("metadata")
-    if meta is not None and not isinstance(meta, Mapping):
+    if meta is not None and not _is_object(meta):
         return "metadata must be an object"
     for key in ("labels", "annotations"):
         section = (meta or {}).get(key)
         if section is None:
             continue
-        if not isinstance(section, Mapping):
+        if not _is_object(section):
             return f"metadata.{key} must be an object"
+        if all(map(isinstance, section.values(), repeat(str))):
+            continue
         for k, v in section.items():
             if not isinstance(v, str):
                 return f"metadata.{key}[{k}] must be a string"
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not _is_object(spec):
         return "spec must be an object"
     if not isinstance(spec.get("containers"), list) or not spec["containers"]:
         return "spec.containers must be a non-empty list"
@@ -319,8 +412,30 @@ def pod_problem(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _named_list_problem(items: Any, field: str) -> str | None:
+_NAME = operator.itemgetter("name")
+_CONTAINER_LISTS = ("env", "volumeMounts", "volumeDevices")
+
+
+def _names_ok(items: Any) -> bool:
+    """True when `items` is absent or a list of entries with non-empty string names.
+
+    The quick answer for the common case: every env var of every container is checked on every
+    admission, so the entries are read without a Python-level loop. False means "look closer".
+    """
     if items is None:
+        return True
+    if type(items) is not list:
+        return False
+    try:
+        found = list(map(_NAME, items))
+        "".join(found)  # raises TypeError unless every name is a string
+    except Exception:  # an entry that is not an object, or has no name
+        return False
+    return "" not in found
+
+
+def _named_list_problem(items: Any, field: str) -> str | None:
+    if _names_ok(items):
         return None
     if not isinstance(items, list):
         return f"{field} must be a list"
@@ -335,8 +450,10 @@ def _containers_problem(items: Any, field: str) -> str | None:
     if problem or items is None:
         return problem
     for i, container in enumerate(items):
-        for key in ("env", "volumeMounts", "volumeDevices"):
-            problem = _named_list_problem(container.get(key), f"{field}[{i}].{key}")
-            if problem:
-                return problem
+        for key in _CONTAINER_LISTS:
+            value = container.get(key)
+            if not _names_ok(value):  # the message is only worth building for a list that fails
+                problem = _named_list_problem(value, f"{field}[{i}].{key}")
+                if problem:
+                    return problem
     return None

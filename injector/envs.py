@@ -7,8 +7,9 @@ refer to). A var is never listed twice, so a sidecar's own setting always beats 
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sidecarsets import names
@@ -16,13 +17,26 @@ from sidecarsets.jsontypes import JsonObj
 from sidecarsets.model import TransferEnv
 
 _VAR_REF = re.compile(r"\$\(([^()]+)\)")
+_NAME_OF = operator.itemgetter("name")
+
+
+def _same(env: JsonObj) -> JsonObj:
+    return env
 
 
 def is_injected(container: Mapping[str, Any]) -> bool:
     """Whether a pod container is a sidecar (carries IS_INJECTED=true); such containers are never sources."""
+    env_list = container.get("env") or []
+    try:
+        # App containers carry dozens of vars and this runs for each of them on every admission:
+        # look for the name without a Python-level loop, and only then check the entry exactly.
+        if names.ENV_IS_INJECTED not in map(_NAME_OF, env_list):
+            return False
+    except (LookupError, TypeError):  # an entry that is not an object or has no name: the exact scan decides
+        pass
     return any(
         isinstance(env, Mapping) and env.get("name") == names.ENV_IS_INJECTED and env.get("value") == "true"
-        for env in container.get("env") or []
+        for env in env_list
     )
 
 
@@ -49,19 +63,24 @@ def transferred(
         if container is None:
             warnings.append(f"transferEnv: source container {source!r} is not in the pod; skipped")
             continue
-        wanted = set(entry.env_names)
-        out.extend(env for env in container.get("env") or [] if env.get("name") in wanted)
+        wanted = entry.env_name_set
+        out.extend([env for env in container.get("env") or [] if env.get("name") in wanted])
     return out, warnings
 
 
-def merged(own: Iterable[JsonObj], *additional: Iterable[JsonObj]) -> list[JsonObj]:
-    """The sidecar's env: own vars (minus any IS_INJECTED), IS_INJECTED=true, then additions; first name wins."""
+def merged(
+    own: Iterable[JsonObj], *additional: Iterable[JsonObj], copy_added: Callable[[JsonObj], JsonObj] = _same
+) -> list[JsonObj]:
+    """The sidecar's env: own vars (minus any IS_INJECTED), IS_INJECTED=true, then additions; first name wins.
+
+    Additions kept are passed through `copy_added`, so that the result need not share the app's objects.
+    """
     out: list[JsonObj] = [env for env in own if env.get("name") != names.ENV_IS_INJECTED]
     out.append({"name": names.ENV_IS_INJECTED, "value": "true"})
     seen = {env.get("name") for env in out}
     for group in additional:
         for env in group:
             if env.get("name") not in seen:
-                out.append(env)
+                out.append(copy_added(env))
                 seen.add(env.get("name"))
     return out

@@ -47,18 +47,52 @@ def with_entries(
     hash_map: Mapping[str, Any], sidecarsets: Sequence[SidecarSet], *, now: str, without_image: bool
 ) -> str:
     """The hash annotation after recording `sidecarsets`; other SidecarSets' entries are kept."""
-    out = dict(hash_map)
-    for ss in sidecarsets:
-        entry: JsonObj = {
-            "updateTimestamp": now,
-            "hash": ss.hash_without_image if without_image else ss.hash,
-            "sidecarSetName": ss.name,
-            "sidecarList": sorted(ss.container_names),
-        }
-        if not without_image and ss.latest_revision:
-            entry["controllerRevision"] = ss.latest_revision
-        out[ss.name] = entry
-    return _dumps({k: out[k] for k in sorted(out)})
+    ours = {ss.name: ss for ss in sidecarsets}
+    stamp = _dumps(now)
+    parts: list[str] = []
+    for name in sorted({*hash_map, *ours}):
+        ss = ours.get(name)
+        if ss is None:
+            parts.append(f"{_dumps(name)}:{_dumps(hash_map[name])}")
+        else:
+            head, tail = _entry_text(ss, without_image=without_image)
+            parts.append(head + stamp + tail)
+    # json.dumps of the whole map writes exactly these parts, joined.
+    return "{" + ",".join(parts) + "}"
+
+
+# (without_image, name, hash, container names, revision) → the entry's JSON text around the timestamp
+_ENTRY_TEXTS: dict[tuple[object, ...], tuple[str, str]] = {}
+_MAX_ENTRY_TEXTS = 4096
+_STAMP_PLACEHOLDER = ""
+
+
+def _entry_text(ss: SidecarSet, *, without_image: bool) -> tuple[str, str]:
+    """`"name":{"updateTimestamp":` and the rest of the entry, as `_dumps` writes them.
+
+    Only the timestamp differs from pod to pod, so the rest is written once per SidecarSet version.
+    """
+    revision = None if without_image else ss.latest_revision
+    key = (without_image, ss.name, ss.hash_without_image if without_image else ss.hash, ss.container_names, revision)
+    found = _ENTRY_TEXTS.get(key)
+    if found is not None:
+        return found
+    entry: JsonObj = {
+        "updateTimestamp": _STAMP_PLACEHOLDER,
+        "hash": ss.hash_without_image if without_image else ss.hash,
+        "sidecarSetName": ss.name,
+        "sidecarList": sorted(ss.container_names),
+    }
+    if revision:
+        entry["controllerRevision"] = revision
+    opening = '{"updateTimestamp":'
+    # Keys are written in insertion order, so the text opens with the placeholder timestamp.
+    tail = _dumps(entry)[len(opening) + len(_dumps(_STAMP_PLACEHOLDER)) :]
+    found = (f"{_dumps(ss.name)}:{opening}", tail)
+    if len(_ENTRY_TEXTS) >= _MAX_ENTRY_TEXTS:
+        _ENTRY_TEXTS.clear()
+    _ENTRY_TEXTS[key] = found
+    return found
 
 
 def with_injected_list(raw: str | None, sidecarsets: Sequence[str]) -> str:

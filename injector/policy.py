@@ -20,7 +20,8 @@ SKIP_INACTIVE = "pod is terminal or being deleted"
 
 def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
+    # Parsed JSON gives plain dicts; the ABC check (much slower) is for other callers' mappings.
+    return value if type(value) is dict or isinstance(value, Mapping) else {}
 
 
 def skip_reason(

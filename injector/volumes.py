@@ -8,36 +8,53 @@ under that name is kept: the pod is the user's, the SidecarSet only fills gaps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from injector import envs
 from sidecarsets.jsontypes import JsonObj
+
+
+def _same(item: JsonObj) -> JsonObj:
+    return item
 
 
 def shared_from_apps(
     pod_containers: Sequence[JsonObj], *, key: str = "volumeMounts"
 ) -> tuple[list[JsonObj], list[JsonObj]]:
     """Mounts (or devices) of the app containers, plus the env vars their subPathExprs refer to."""
+    return shared_from([c for c in pod_containers if not envs.is_injected(c)], key=key)
+
+
+def shared_from(app_containers: Sequence[JsonObj], *, key: str = "volumeMounts") -> tuple[list[JsonObj], list[JsonObj]]:
+    """`shared_from_apps` for containers already known to be app containers (the engine sorts them once)."""
     mounts: list[JsonObj] = []
     env_vars: list[JsonObj] = []
-    for container in pod_containers:
-        if envs.is_injected(container):
-            continue
+    for container in app_containers:
         for mount in container.get(key) or []:
             mounts.append(mount)
-            refs = envs.referenced_vars(str(mount.get("subPathExpr") or ""))
+            expr = mount.get("subPathExpr")
+            refs = envs.referenced_vars(str(expr)) if expr else None
             if refs:
                 env_vars.extend(env for env in container.get("env") or [] if env.get("name") in refs)
     return mounts, env_vars
 
 
-def merged_mounts(own: Iterable[JsonObj], additional: Iterable[JsonObj], *, path_key: str) -> list[JsonObj]:
-    """Own mounts first; an additional mount is dropped when its path is already mounted."""
+def merged_mounts(
+    own: Iterable[JsonObj],
+    additional: Iterable[JsonObj],
+    *,
+    path_key: str,
+    copy_added: Callable[[JsonObj], JsonObj] = _same,
+) -> list[JsonObj]:
+    """Own mounts first; an additional mount is dropped when its path is already mounted.
+
+    Additional mounts kept are passed through `copy_added`, so that the result need not share the app's objects.
+    """
     out = list(own)
     paths = {m.get(path_key) for m in out}
     for mount in additional:
         if mount.get(path_key) not in paths:
-            out.append(mount)
+            out.append(copy_added(mount))
             paths.add(mount.get(path_key))
     return out
 

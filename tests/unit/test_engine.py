@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import json
+import math
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from injector import engine, metadata, patchops
+from injector import engine, envs, metadata, patchops
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
 
@@ -645,3 +650,216 @@ def test_not_an_object_is_denied() -> None:
 def test_escape() -> None:
     assert patchops.escape("a/b~c") == "a~1b~0c"
     assert patchops.escape("~1") == "~01"
+
+
+# --- the patch is the caller's own -------------------------------------------------------------
+
+
+def _scribble(value: Any) -> None:
+    """Change every object and list inside `value`, in place."""
+    if isinstance(value, dict):
+        for item in list(value.values()):
+            _scribble(item)
+        value["scribbled"] = True
+    elif isinstance(value, list):
+        for item in list(value):
+            _scribble(item)
+        value.append("scribbled")
+
+
+def _object_ids(value: Any, out: set[int]) -> set[int]:
+    if isinstance(value, dict | list):
+        out.add(id(value))
+        for item in value.values() if isinstance(value, dict) else value:
+            _object_ids(item, out)
+    return out
+
+
+def _sharing_everything() -> tuple[dict[str, Any], list[SidecarSet]]:
+    """A pod and SidecarSets that exercise every path by which an input object reaches the patch."""
+    app = {
+        "name": "app",
+        "image": "app:1",
+        "env": [{"name": "A", "value": "1"}, {"name": "SRC", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "subPathExpr": "$(A)"}],
+        "volumeDevices": [{"name": "blk", "devicePath": "/dev/blk"}],
+    }
+    pod = make_pod(app, volumes=[{"name": "data", "emptyDir": {}}])
+    sets = [
+        make_ss(
+            "log",
+            containers=[
+                {
+                    "name": "agent",
+                    "image": "agent:1",
+                    "env": [{"name": "OWN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                    "resources": {"limits": {"memory": "1Gi"}},
+                    "volumeMounts": [{"name": "conf", "mountPath": "/conf"}],
+                    "shareVolumePolicy": {"type": "enabled"},
+                    "shareVolumeDevicePolicy": {"type": "enabled"},
+                    "transferEnv": [{"sourceContainerName": "app", "envNames": ["SRC"]}],
+                }
+            ],
+            initContainers=[{"name": "setup", "image": "setup:1", "args": ["a", "b"]}],
+            volumes=[{"name": "conf", "configMap": {"name": "agent", "items": [{"key": "k", "path": "p"}]}}],
+            imagePullSecrets=[{"name": "registry"}],
+        )
+    ]
+    return pod, sets
+
+
+def test_the_patch_shares_no_object_with_the_pod_or_the_sidecarsets() -> None:
+    pod, sets = _sharing_everything()
+    result, _ = run(pod, *sets)
+    inputs = _object_ids(pod, set())
+    for ss in sets:
+        _object_ids(ss.obj, inputs)
+        for sc in ss.containers + ss.init_containers:
+            _object_ids(sc.container, inputs)
+        for item in ss.volumes + ss.image_pull_secrets:
+            _object_ids(item, inputs)
+    assert _object_ids(result.patch, set()).isdisjoint(inputs)
+
+
+def test_changing_the_pod_afterwards_does_not_change_the_patch() -> None:
+    pod, sets = _sharing_everything()
+    result, _ = run(pod, *sets)
+    patch_before = copy.deepcopy(result.patch)
+    _scribble(pod)
+    assert result.patch == patch_before
+
+
+def test_changing_the_patch_changes_neither_the_pod_nor_later_patches() -> None:
+    pod, sets = _sharing_everything()
+    pod_before = copy.deepcopy(pod)
+    objects_before = [copy.deepcopy(ss.obj) for ss in sets]
+    first, _ = run(pod, *sets)
+    expected = copy.deepcopy(first.patch)
+    _scribble(first.patch)
+    assert pod == pod_before
+    assert [ss.obj for ss in sets] == objects_before
+    again, _ = run(pod, *sets)
+    assert again.patch == expected
+
+
+def test_yaml_values_and_shared_subtrees_reach_the_patch_as_a_deep_copy_would_leave_them() -> None:
+    """A manifest read from YAML may hold dates, NaN and anchors (shared subtrees), which JSON cannot."""
+    pod = yaml.safe_load(
+        """
+        metadata: {name: p, labels: {app: web}}
+        spec:
+          containers:
+          - name: app
+            image: app:1
+            env:
+            - {name: A, valueFrom: &from {fieldRef: {fieldPath: metadata.name}}}
+            - {name: B, valueFrom: *from}
+            volumeMounts: &mounts [{name: data, mountPath: /data}]
+          - {name: worker, image: worker:1, volumeMounts: *mounts}
+        """
+    )
+    ss = SidecarSet.from_object(
+        yaml.safe_load(
+            """
+            metadata: {name: mesh}
+            spec:
+              selector: {matchLabels: {app: web}}
+              containers:
+              - name: proxy
+                image: proxy:1
+                env: [{name: SINCE, value: 2024-01-01}, {name: RATIO, value: .nan}]
+                resources: {requests: &res {cpu: 10m}, limits: *res}
+                shareVolumePolicy: {type: enabled}
+                transferEnv: [{sourceContainerName: app, envNames: [A, B]}]
+            """
+        )
+    )
+    # Not `run`: the patch is not JSON (the CLI writes it back as YAML).
+    result = engine.inject(pod, namespace="shop", namespace_labels=ENABLED, sidecarsets=[ss], now=NOW)
+    (op,) = [op for op in result.patch if op["path"].startswith("/spec/containers")]
+    proxy = op["value"]
+    env = {e["name"]: e for e in proxy["env"]}
+    assert env["SINCE"]["value"] == datetime.date(2024, 1, 1)
+    assert math.isnan(env["RATIO"]["value"])
+    assert proxy["resources"]["requests"] is proxy["resources"]["limits"]
+    assert proxy["resources"]["requests"] is not ss.containers[0].container["resources"]["requests"]
+    assert env["A"]["valueFrom"] is env["B"]["valueFrom"]
+    assert env["A"]["valueFrom"] is not pod["spec"]["containers"][0]["env"][0]["valueFrom"]
+
+
+# --- quick checks agree with the exact ones ------------------------------------------------------
+
+
+def _reference_list_problem(items: Any, field: str) -> str | None:
+    """The plain rule for a list of named entries, one entry at a time."""
+    if items is None:
+        return None
+    if not isinstance(items, list):
+        return f"{field} must be a list"
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            return f"{field}[{i}] must be an object with a non-empty string name"
+    return None
+
+
+_entries = st.lists(
+    st.one_of(
+        st.builds(lambda n: {"name": n, "value": "v"}, st.sampled_from(["A", "B", names.ENV_IS_INJECTED])),
+        st.builds(lambda n: {"name": n}, st.sampled_from(["", 7, None, ["A"]])),
+        st.just({"value": "no name"}),
+        st.sampled_from(["A=1", 3, None, ["A"]]),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(env=st.one_of(_entries, st.none(), st.just("A=1"), st.just({"name": "A"})))
+def test_the_quick_env_check_gives_the_plain_rules_answer(env: Any) -> None:
+    pod = make_pod({"name": "app", "image": "app:1", "env": env})
+    assert engine.pod_problem(pod) == _reference_list_problem(env, "spec.containers[0].env")
+
+
+@settings(max_examples=300, deadline=None)
+@given(env=_entries, value=st.sampled_from(["true", "false", 1]))
+def test_the_quick_is_injected_gives_the_plain_rules_answer(env: list[Any], value: Any) -> None:
+    env = [{**e, "value": value} if isinstance(e, dict) and e.get("name") == names.ENV_IS_INJECTED else e for e in env]
+    expected = any(
+        isinstance(e, dict) and e.get("name") == names.ENV_IS_INJECTED and e.get("value") == "true" for e in env
+    )
+    assert envs.is_injected({"name": "c", "env": env}) is expected
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    existing=st.dictionaries(st.sampled_from(["mesh", "a", "zz", "naïve", 'q"uote']), _json, max_size=4),
+    revision=st.sampled_from([None, "mesh-7c9f"]),
+    without_image=st.booleans(),
+)
+def test_hash_annotation_text_is_what_json_dumps_writes(
+    existing: dict[str, Any], revision: str | None, without_image: bool
+) -> None:
+    ss = make_ss(
+        "mesh",
+        containers=[{"name": "p", "image": "p"}],
+        initContainers=[{"name": "n", "image": "n", "restartPolicy": "Always"}],
+        status={"latestRevision": revision} if revision else None,
+    )
+    entry: dict[str, Any] = {
+        "updateTimestamp": NOW,
+        "hash": ss.hash_without_image if without_image else ss.hash,
+        "sidecarSetName": "mesh",
+        "sidecarList": ["n", "p"],
+    }
+    if revision and not without_image:
+        entry["controllerRevision"] = revision
+    merged = {**existing, "mesh": entry}
+    expected = json.dumps({k: merged[k] for k in sorted(merged)}, separators=(",", ":"), ensure_ascii=False)
+    assert metadata.with_entries(existing, [ss], now=NOW, without_image=without_image) == expected

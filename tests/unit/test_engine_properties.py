@@ -1,8 +1,8 @@
 """Properties of the engine over random pods and SidecarSets.
 
-Whatever the inputs: the input is untouched, everything returned is JSON, the patch applies and
-gives a pod without duplicate names, app containers keep their order, and injecting the result
-again changes nothing.
+Whatever the inputs: the input is untouched, everything returned is JSON and shares no object
+with the inputs, the patch applies and gives a pod without duplicate names, app containers keep
+their order, and injecting the result again changes nothing.
 """
 
 from __future__ import annotations
@@ -123,6 +123,14 @@ def sidecarsets(draw: st.DrawFn) -> list[SidecarSet]:
     return out
 
 
+def _object_ids(value: Any, out: set[int]) -> set[int]:
+    if isinstance(value, dict | list):
+        out.add(id(value))
+        for item in value.values() if isinstance(value, dict) else value:
+            _object_ids(item, out)
+    return out
+
+
 def _names(pod: dict[str, Any]) -> list[str]:
     spec = pod["spec"]
     return [c["name"] for c in spec["containers"] + (spec.get("initContainers") or [])]
@@ -135,6 +143,9 @@ def test_engine_properties(pod: dict[str, Any], sets: list[SidecarSet]) -> None:
     result = engine.inject(pod, namespace="shop", namespace_labels=ENABLED, sidecarsets=sets, now=NOW)
     assert pod == before
     json.dumps(result.patch)
+    inputs = _object_ids([pod, [ss.obj for ss in sets]], set())
+    inputs.update(*(_object_ids(sc.container, set()) for ss in sets for sc in ss.containers + ss.init_containers))
+    assert _object_ids(result.patch, set()).isdisjoint(inputs), "the patch shares objects with its inputs"
     assert result.denied is None
     patched: dict[str, Any] = jsonpatch.apply_patch(pod, result.patch)
 
