@@ -15,6 +15,7 @@ Kruise's own; only equality is meaningful.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,13 +50,20 @@ def _hash_input(spec: Mapping[str, Any], *, blank_images: bool) -> dict[str, Any
     return data
 
 
+def _canonical(data: Any) -> bytes:
+    try:
+        return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        # orjson refuses integers beyond 64 bits (and non-JSON types from YAML); the API server
+        # rejects such specs, but hashing one must not crash the caller that is about to say so.
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
 def spec_hash(spec: Mapping[str, Any]) -> str:
     """Hash of the sidecar containers, images included."""
-    raw = orjson.dumps(_hash_input(spec, blank_images=False), option=orjson.OPT_SORT_KEYS)
-    return _safe_encode(hashlib.sha256(raw).hexdigest())
+    return _safe_encode(hashlib.sha256(_canonical(_hash_input(spec, blank_images=False))).hexdigest())
 
 
 def spec_hash_without_image(spec: Mapping[str, Any]) -> str:
     """Hash of the sidecar containers with every image blanked."""
-    raw = orjson.dumps(_hash_input(spec, blank_images=True), option=orjson.OPT_SORT_KEYS)
-    return _safe_encode(hashlib.sha256(raw).hexdigest())
+    return _safe_encode(hashlib.sha256(_canonical(_hash_input(spec, blank_images=True))).hexdigest())
