@@ -64,26 +64,7 @@ def matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bo
 
     An ill-formed selector matches nothing: it must never widen injection.
     """
-    if selector is None:
-        return False
-    try:
-        reqs = _requirements(selector)
-    except SelectorError:
-        return False
-    for key, op, values in reqs:
-        present = key in labels
-        if op == "In":
-            if not present or labels[key] not in values:
-                return False
-        elif op == "NotIn":
-            if present and labels[key] in values:
-                return False
-        elif op == "Exists":
-            if not present:
-                return False
-        elif present:  # DoesNotExist
-            return False
-    return True
+    return matcher(selector)(labels)
 
 
 def _never(labels: Mapping[str, str]) -> bool:
