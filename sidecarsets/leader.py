@@ -129,7 +129,7 @@ class LeaderElector:
         self.client = client
         self.namespace = namespace
         self.name = name
-        IS_LEADER.labels(name).set(0)  # a standby exports 0, not nothing
+        IS_LEADER.labels(name)  # a standby exports 0 (a new series starts at 0), not nothing
         self.identity = identity
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
