@@ -254,7 +254,7 @@ class Manager:
         """Runs while this replica holds the Lease."""
         self.leading = True
         if not self.opts.leader_elect:
-            IS_LEADER.labels(self.opts.lease_name).set(1)
+            IS_LEADER.labels(f"{self.opts.namespace}/{self.opts.lease_name}").set(1)
         log.info("became leader; starting the SidecarSet controller")
         stop = asyncio.Event()
         pods = asyncio.create_task(self.pod_informer.run(stop))

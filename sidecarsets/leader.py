@@ -129,7 +129,7 @@ class LeaderElector:
         self.client = client
         self.namespace = namespace
         self.name = name
-        IS_LEADER.labels(name)  # a standby exports 0 (a new series starts at 0), not nothing
+        IS_LEADER.labels(f"{namespace}/{name}")  # a standby exports 0 (a new series starts at 0), not nothing
         self.identity = identity
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
@@ -156,7 +156,7 @@ class LeaderElector:
 
     def _set_leading(self, leading: bool) -> None:
         self._leading = leading
-        IS_LEADER.labels(self.name).set(1 if leading else 0)
+        IS_LEADER.labels(f"{self.namespace}/{self.name}").set(1 if leading else 0)
 
     def _observe(self, lease: JsonObj) -> LeaseRecord:
         record = LeaseRecord.from_spec(lease.get("spec"))

@@ -29,4 +29,4 @@ PODS_NOT_UPGRADABLE = Gauge(
     ["sidecarset"],
 )
 TRACKED_PODS = Gauge("sidecarctl_tracked_pods", "Injected pods held as projections by the controller.")
-IS_LEADER = Gauge("sidecarctl_leader", "1 while this replica holds the named Lease.", ["lease"])
+IS_LEADER = Gauge("sidecarctl_leader", "1 while this replica holds the Lease (namespace/name).", ["lease"])

@@ -209,7 +209,7 @@ def _create_ok(kube: Kube, ss: dict[str, Any]) -> bool:
 def _leading(m: ManagerProcess) -> float:
     with urllib.request.urlopen(m.probe_url + "/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith('sidecarctl_leader{lease="sidecarctl-controller"} '):
+            if line.startswith(f'sidecarctl_leader{{lease="{MANAGER_NS}/sidecarctl-controller"}} '):
                 return float(line.split()[1])
     return -1.0
 

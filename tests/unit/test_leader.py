@@ -203,7 +203,7 @@ FAST: dict[str, Any] = {"lease_duration": 1, "renew_deadline": 0.5, "retry_perio
 
 
 def leader_gauge(lease: str = DEFAULT_LEASE_NAME) -> float | None:
-    return REGISTRY.get_sample_value("sidecarctl_leader", {"lease": lease})
+    return REGISTRY.get_sample_value("sidecarctl_leader", {"lease": f"{NS}/{lease}"})
 
 
 def test_run_leads_then_stop_cancels_the_task_and_releases() -> None:
