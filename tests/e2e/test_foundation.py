@@ -16,7 +16,7 @@ from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.fakekubelet import FakeKubelet, image_id
 from tests.kube.loop import BackgroundLoop
-from tests.kube.webhook import TLSServer, labeling_app, mutating_config, wait_until_called
+from tests.kube.webhook import labeling_webhook
 
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 
@@ -60,29 +60,19 @@ def test_sidecarset_crd_accepts_valid_and_schema_rejects_invalid(kube: Kube, crd
 
 
 def test_throwaway_webhook_mutates_through_real_admission(aloop: BackgroundLoop, kube: Kube, namespace: str) -> None:
-    server = TLSServer(labeling_app("mutated-by", "foundation-test"))
-    aloop.run(server.start())
-    mwc_path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-    cfg = mutating_config(
-        f"foundation-{namespace}",
-        url=f"{server.url}/mutate",
-        ca_bundle=server.ca_bundle,
-        webhook_name="foundation.sidecarctl.io",
-        namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-    )
-    kube.create(mwc_path, cfg)
-    try:
-        pods = f"/api/v1/namespaces/{namespace}/pods"
-        wait_until_called(
-            lambda: kube.create(pods, pod("probe"), dryRun="All"),
-            lambda p: p["metadata"]["labels"].get("mutated-by") == "foundation-test",
-        )
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    with labeling_webhook(
+        aloop,
+        kube,
+        config_name=f"foundation-{namespace}",
+        namespace=namespace,
+        label="mutated-by",
+        value="foundation-test",
+        probe=lambda: kube.create(pods, pod("probe"), dryRun="All"),
+    ):
         stored = kube.create(pods, pod("real"))
         assert stored["metadata"]["labels"]["mutated-by"] == "foundation-test"
         assert kube.get(f"{pods}/real")["metadata"]["labels"]["mutated-by"] == "foundation-test"
-    finally:
-        kube.delete(f"{mwc_path}/foundation-{namespace}")
-        aloop.run(server.stop())
 
 
 def _container(p: dict[str, Any] | None, name: str) -> dict[str, Any]:

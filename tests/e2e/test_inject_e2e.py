@@ -15,8 +15,8 @@ from sidecarsets import names
 from tests.e2e.helpers import SS_PATH, make_pod, wait_injecting
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
-from tests.kube.managerharness import MWC_PATH, RunningManager
-from tests.kube.webhook import TLSServer, labeling_app, mutating_config, wait_until_called
+from tests.kube.managerharness import RunningManager
+from tests.kube.webhook import labeling_webhook
 
 
 def _names(items: list[dict[str, Any]] | None) -> list[str]:
@@ -102,30 +102,21 @@ def test_reinvocation_does_not_inject_twice(
 ) -> None:
     sidecarsets("reinv")
     wait_injecting(kube, injected_ns, "reinv", lambda p: "proxy" in _names(p["spec"]["containers"]))
-    server = TLSServer(labeling_app("relabelled", "yes"))  # runs after ours: forces our re-invocation
-    aloop.run(server.start())
-    cfg_name = f"zz-relabel-{injected_ns}"  # sorts after ours, so it runs after ours
-    cfg = mutating_config(
-        cfg_name,
-        url=f"{server.url}/mutate",
-        ca_bundle=server.ca_bundle,
-        webhook_name="relabel.test.sidecarctl.io",
-        namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": injected_ns}},
-    )
-    kube.create(MWC_PATH, cfg)
-    try:
-        pods = f"/api/v1/namespaces/{injected_ns}/pods"
-        wait_until_called(
-            lambda: kube.create(pods, make_pod("probe", "reinv"), dryRun="All"),
-            lambda p: p["metadata"]["labels"].get("relabelled") == "yes",
-        )
+    pods = f"/api/v1/namespaces/{injected_ns}/pods"
+    # The relabelling webhook sorts after ours, so it runs after ours and forces our re-invocation.
+    with labeling_webhook(
+        aloop,
+        kube,
+        config_name=f"zz-relabel-{injected_ns}",
+        namespace=injected_ns,
+        label="relabelled",
+        value="yes",
+        probe=lambda: kube.create(pods, make_pod("probe", "reinv"), dryRun="All"),
+    ):
         stored = kube.create(pods, make_pod("web", "reinv"))
         assert stored["metadata"]["labels"]["relabelled"] == "yes"
         assert _names(stored["spec"]["containers"]) == ["proxy", "app"]
         assert _names(stored["spec"]["initContainers"]) == ["proxy-init"]
-    finally:
-        kube.delete(f"{MWC_PATH}/{cfg_name}")
-        aloop.run(server.stop())
 
 
 def test_manager_namespace_is_never_injected(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tests.certutil import KeyPair, make_ca, make_leaf
+from tests.kube.client import Kube
 from tests.kube.controlplane import free_port
+from tests.kube.loop import BackgroundLoop
 
 
 class TLSServer:
@@ -145,3 +148,35 @@ def wait_until_called(
             return last
         time.sleep(0.1)
     raise AssertionError(f"API server did not call the webhook within {timeout}s; last object: {last}")
+
+
+@contextlib.contextmanager
+def labeling_webhook(
+    loop: BackgroundLoop,
+    kube: Kube,
+    *,
+    config_name: str,
+    namespace: str,
+    label: str,
+    value: str,
+    probe: Callable[[], dict[str, Any]],
+) -> Iterator[None]:
+    """A `labeling_app` served over TLS and registered for pods of `namespace`, live when entered:
+    `probe` (a dry-run create) already shows the label. Removed again on exit."""
+    server = TLSServer(labeling_app(label, value))
+    loop.run(server.start())
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    cfg = mutating_config(
+        config_name,
+        url=f"{server.url}/mutate",
+        ca_bundle=server.ca_bundle,
+        webhook_name=f"{config_name}.test.sidecarctl.io",
+        namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+    )
+    kube.create(path, cfg)
+    try:
+        wait_until_called(probe, lambda p: (p["metadata"].get("labels") or {}).get(label) == value)
+        yield
+    finally:
+        kube.delete(f"{path}/{config_name}")
+        loop.run(server.stop())
