@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from certwatcher.atomicdir import write_atomic
 from certwatcher.issuing import Issued, generate_ca, issue_leaf
 from injector.manager import Manager, ManagerOptions
@@ -46,65 +48,19 @@ def write_cert_dir(path: Path, ca: Issued | None = None) -> Issued:
 
 
 def webhook_configs(url: str, *, mutating: str, validating: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The two configurations of config/webhook, pointed at `url` by clientConfig.url."""
-    excluded = sorted(names.SYSTEM_NAMESPACES | {MANAGER_NS})
-    mwc = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": mutating, "labels": {"app.kubernetes.io/name": "sidecarctl"}},
-        "webhooks": [
-            {
-                "name": names.MUTATING_WEBHOOK_NAME,
-                "clientConfig": {"url": f"{url}{names.INJECT_PATH}"},
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "namespaceSelector": {
-                    "matchLabels": {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED},
-                    "matchExpressions": [{"key": names.NS_NAME_LABEL, "operator": "NotIn", "values": excluded}],
-                },
-                "objectSelector": {
-                    "matchExpressions": [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
-                },
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1", "v1beta1"],
-                "reinvocationPolicy": "IfNeeded",
-                "timeoutSeconds": 10,
-            }
-        ],
-    }
-    vwc = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": validating, "labels": {"app.kubernetes.io/name": "sidecarctl"}},
-        "webhooks": [
-            {
-                "name": "validate.sidecarctl.io",
-                "clientConfig": {"url": f"{url}{names.VALIDATE_PATH}"},
-                "rules": [
-                    {
-                        "apiGroups": [names.GROUP],
-                        "apiVersions": [names.VERSION],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [names.PLURAL],
-                        "scope": "Cluster",
-                    }
-                ],
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 10,
-            }
-        ],
-    }
-    return mwc, vwc
+    """The two shipped configurations of config/webhook, renamed, with every webhook's Service
+    reference replaced by `url` + its path (there is no cluster network here to reach a Service)."""
+    out: list[dict[str, Any]] = []
+    for file, name in (
+        ("mutatingwebhookconfiguration.yaml", mutating),
+        ("validatingwebhookconfiguration.yaml", validating),
+    ):
+        obj: dict[str, Any] = yaml.safe_load((REPO / "config" / "webhook" / file).read_text())
+        obj["metadata"]["name"] = name
+        for hook in obj["webhooks"]:
+            hook["clientConfig"] = {"url": url + hook["clientConfig"]["service"]["path"]}
+        out.append(obj)
+    return out[0], out[1]
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
