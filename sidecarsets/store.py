@@ -63,7 +63,6 @@ class TemplateStore:
         self._objects: dict[str, JsonObj] = {}
         self._namespaces: dict[str, Mapping[str, str]] = {}
         self._revisions: dict[str, JsonObj] = {}
-        self.errors: dict[str, str] = {}
 
     @property
     def snapshot(self) -> Snapshot:
@@ -91,15 +90,12 @@ class TemplateStore:
         if kind == "DELETED" or new is None:
             self._models.pop(name, None)
             self._objects.pop(name, None)
-            self.errors.pop(name, None)
         else:
             self._objects[name] = new
             try:
                 self._models[name] = SidecarSet.from_object(new)
-                self.errors.pop(name, None)
             except ModelError as e:
                 # Keep injecting with the last good version rather than dropping the sidecar.
-                self.errors[name] = str(e)
                 log.error("SidecarSet %s is unusable, keeping its previous version: %s", name, e)
         self._publish()
 
