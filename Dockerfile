@@ -13,7 +13,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# .dockerignore lets in only pyproject.toml, constraints.txt, README.md and the three packages.
+# .dockerignore lets in only pyproject.toml, constraints.txt, README.md and the Python packages.
 COPY . .
 RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 

@@ -216,7 +216,7 @@ async def empty_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]
 def serve(kind: str, bind: str, cert_dir: str) -> None:
     """Child process: serve one app the way the manager serves its webhook port, until SIGTERM."""
     from certwatcher.reloader import CertReloader
-    from injector.manager import _serve  # the manager's own hypercorn setup, so the comparison is exact
+    from sidecarctl.manager import _serve  # the manager's own hypercorn setup, so the comparison is exact
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -39,11 +39,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from kuberuntime.events import EventRecorder
+from kuberuntime.informer import Informer
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets import names
 from sidecarsets.controller import Controller
-from sidecarsets.events import EventRecorder
-from sidecarsets.informer import Informer
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection, project
 
@@ -55,7 +56,7 @@ KIB = 1024
 
 
 def _parts(client: kubeapi.KubeClient, page_size: int) -> tuple[Controller, Informer[PodProjection]]:
-    """The manager's pod informer and controller, wired as `injector.manager.Manager` wires them."""
+    """The manager's pod informer and controller, wired as `sidecarctl.manager.Manager` wires them."""
     labels = {NAMESPACE: {names.NS_NAME_LABEL: NAMESPACE}}
     controller = Controller(client, namespace=MANAGER_NS, namespaces=lambda: labels, recorder=EventRecorder(client))
     informer: Informer[PodProjection] = Informer(

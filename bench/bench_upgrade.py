@@ -43,8 +43,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from sidecarsets import kubeapi, names, planner, status
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets import names, planner, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection, project
 

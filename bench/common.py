@@ -32,8 +32,9 @@ import jsonpatch
 import yaml
 
 from injector import engine
-from sidecarsets import kubeapi, names
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets import names
 from sidecarsets.model import SidecarSet
 from tests.kube.fakekubelet import image_id
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_BODY = 6 * 1024 * 1024  # the API server's own request limit is 3 MiB; leave room, refuse abuse

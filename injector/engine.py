@@ -24,8 +24,8 @@ from itertools import repeat
 from typing import Any, TypeGuard
 
 from injector import envs, metadata, patchops, policy, volumes
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.model import BEFORE_APP, SidecarContainer, SidecarSet
 
 SKIP_NO_MATCH = "no SidecarSet matches the pod"

@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.model import TransferEnv
 
 _VAR_REF = re.compile(r"\$\(([^()]+)\)")

@@ -17,8 +17,8 @@ from typing import Any
 import jsonpatch
 
 from injector import engine
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.model import SidecarSet
 
 # Where each workload kind keeps its pod template.

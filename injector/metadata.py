@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets.model import MetadataPatch, SidecarSet
 
 

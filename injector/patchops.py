@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 
 
 def escape(key: str) -> str:

@@ -19,10 +19,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sidecarsets import events, kubeapi, metrics, names, planner, revisions, status
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime import events, kubeapi
+from kuberuntime.jsontypes import JsonObj
+from kuberuntime.workqueue import WorkQueue, run_workers
+from sidecarsets import metrics, names, planner, revisions, status
 from sidecarsets.projection import PodProjection
-from sidecarsets.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 
 BEFORE_APP_CONTAINER = "BeforeAppContainer"
 AFTER_APP_CONTAINER = "AfterAppContainer"

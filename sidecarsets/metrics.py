@@ -1,4 +1,4 @@
-"""Prometheus collectors of the SidecarSet side: watches, reconciles, in-place upgrades.
+"""Prometheus collectors of the SidecarSet side: reconciles, in-place upgrades, tracked pods.
 
 Module-level collectors in the default registry, so `/metrics` exposes them wherever they are
 incremented; names follow Prometheus conventions with the `sidecarctl_` prefix.
@@ -8,11 +8,6 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-WATCH_RESTARTS = Counter(
-    "sidecarctl_watch_restarts_total",
-    "Watch streams restarted, by informer and cause (gone = re-list after 410, error = network or API error).",
-    ["informer", "cause"],
-)
 RECONCILES = Counter(
     "sidecarctl_reconciles_total",
     "SidecarSet reconciles by result (success, error, requeue).",
@@ -29,4 +24,3 @@ PODS_NOT_UPGRADABLE = Gauge(
     ["sidecarset"],
 )
 TRACKED_PODS = Gauge("sidecarctl_tracked_pods", "Injected pods held as projections by the controller.")
-IS_LEADER = Gauge("sidecarctl_leader", "1 while this replica holds the Lease (namespace/name).", ["lease"])

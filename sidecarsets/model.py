@@ -21,8 +21,8 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import hashing, names, selectors
-from sidecarsets.jsontypes import JsonObj
 
 InjectPolicy = Literal["BeforeAppContainer", "AfterAppContainer"]
 UpgradeType = Literal["ColdUpgrade", "HotUpgrade"]

@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import intorpercent, podstate, rawspec, selectors
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
 from sidecarsets.ordering import upgrade_order
 from sidecarsets.projection import PodProjection

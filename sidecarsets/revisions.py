@@ -32,9 +32,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from sidecarsets import intorpercent, kubeapi, selectors
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets import intorpercent, selectors
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import (
     API_VERSION,
     KIND,

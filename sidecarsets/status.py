@@ -11,9 +11,9 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import podstate, rawspec, selectors
 from sidecarsets.hashing import spec_hash
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import NS_NAME_LABEL
 from sidecarsets.projection import PodProjection
 

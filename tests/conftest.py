@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.fakekubelet import FakeKubelet

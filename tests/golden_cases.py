@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 GOLDEN_NOW = "2024-01-01T00:00:00Z"

@@ -26,7 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sidecarsets import kubeapi, names  # noqa: E402
+from kuberuntime import kubeapi  # noqa: E402
+from sidecarsets import names  # noqa: E402
 from tests.kube.client import Kube, eventually  # noqa: E402
 from tests.kube.controlplane import ControlPlane  # noqa: E402
 from tests.kube.fakekubelet import FakeKubelet  # noqa: E402

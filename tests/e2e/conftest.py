@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from sidecarsets import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.e2e.test_certs_support import Rig, open_rig
 from tests.kube.client import Kube, eventually

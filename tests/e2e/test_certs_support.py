@@ -34,8 +34,8 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from certwatcher import pem
-from injector.manager import Manager, ManagerOptions
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
+from sidecarctl.manager import Manager, ManagerOptions
 from tests.certutil import (
     Hammer,
     KeyPair,

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from sidecarsets import names
 from tests.e2e.helpers import (
     SS_PATH,
     create_ready_pods,

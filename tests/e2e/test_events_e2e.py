@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecarsets import kubeapi
-from sidecarsets.events import MAX_MESSAGE, EventRecorder, truncate_message
+from kuberuntime import kubeapi
+from kuberuntime.events import MAX_MESSAGE, EventRecorder, truncate_message
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 
@@ -148,7 +148,7 @@ def test_a_failed_post_logs_and_does_not_raise(
     aloop: BackgroundLoop, kube_client: kubeapi.KubeClient, sidecarset: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = EventRecorder(kube_client, namespace=f"missing-{secrets.token_hex(3)}")
-    with caplog.at_level(logging.WARNING, logger="sidecarsets.events"):
+    with caplog.at_level(logging.WARNING, logger="kuberuntime.events"):
         assert aloop.run(rec.event(sidecarset, type="Normal", reason="Synced", message="ok")) is None
     assert any("not recorded" in r.getMessage() for r in caplog.records)
     # Events about Events are skipped, and bad arguments are named.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.fakekubelet import FakeKubelet, image_id

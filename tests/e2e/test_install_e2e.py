@@ -27,7 +27,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from sidecarsets import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane

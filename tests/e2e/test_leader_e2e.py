@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sidecarsets import kubeapi
-from sidecarsets.leader import JITTER_FACTOR, LeaderElector
+from kuberuntime import kubeapi
+from kuberuntime.leader import JITTER_FACTOR, LeaderElector
 from tests.kube.client import Kube, eventually
 from tests.kube.loop import BackgroundLoop
 

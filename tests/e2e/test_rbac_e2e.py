@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from sidecarsets import names
 from sidecarsets.revisions import revision_data, revision_hash, revision_name
 from tests.e2e.helpers import (
     SS_PATH,

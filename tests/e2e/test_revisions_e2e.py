@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
 from sidecarsets.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VERSION
 from sidecarsets.revisions import resolve_pinned, revision_data, sync_history
 from tests.kube.client import Kube

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sidecarsets import kubeapi
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
 from tests.kube.loop import BackgroundLoop
 
 T = TypeVar("T")

@@ -18,9 +18,9 @@ import hashlib
 import logging
 from typing import Any
 
-from sidecarsets import kubeapi
-from sidecarsets.informer import Informer
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime import kubeapi
+from kuberuntime.informer import Informer
+from kuberuntime.jsontypes import JsonObj
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,9 @@ import yaml
 
 from certwatcher.atomicdir import write_atomic
 from certwatcher.issuing import Issued, generate_ca, issue_leaf
-from injector.manager import Manager, ManagerOptions
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from sidecarctl.manager import Manager, ManagerOptions
+from sidecarsets import names
 from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop
@@ -178,7 +179,7 @@ def start_process(
     args = [
         sys.executable,
         "-m",
-        "injector.cli",
+        "sidecarctl.cli",
         "run",
         f"--kubeconfig={cp.kubeconfig}",
         f"--namespace={MANAGER_NS}",

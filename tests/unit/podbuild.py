@@ -14,8 +14,8 @@ from typing import Any
 import jsonpatch
 import orjson
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import (
     ANN_HASH,
     ANN_HASH_WITHOUT_IMAGE,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from injector import cli
+from sidecarctl import cli
 from sidecarsets import names
 
 NOW = "2024-01-01T00:00:00Z"

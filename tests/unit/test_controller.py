@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kuberuntime.events import EventRecorder
 from sidecarsets import names
 from sidecarsets.controller import Controller
-from sidecarsets.events import EventRecorder
 from sidecarsets.planner import PodUpgrade
 from sidecarsets.projection import project
 

@@ -11,7 +11,8 @@ import os
 import jsonpatch
 import pytest
 
-from injector import cli, engine, manifests
+from injector import engine, manifests
+from sidecarctl import cli
 from sidecarsets.model import SidecarSet
 from tests.golden_cases import GOLDEN_NOW, GoldenCase, cases
 

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sidecarsets import kubeapi
-from sidecarsets.informer import Informer
+from kuberuntime import kubeapi
+from kuberuntime.informer import Informer
 
 
 def obj(name: str, rv: str, value: str = "") -> dict[str, Any]:

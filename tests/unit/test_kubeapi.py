@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
 
 
 def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
@@ -60,7 +60,7 @@ def test_missing_or_broken_kubeconfig_is_a_clear_config_error(tmp_path: Path) ->
 
 
 def test_sidecarctl_run_reports_bad_credentials_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from injector import cli
+    from sidecarctl import cli
 
     assert cli.main(["run", "--kubeconfig", "/nonexistent", "--self-signed", "--log-format", "text"]) == 2
     err = capsys.readouterr().err

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client import REGISTRY
 
-from sidecarsets import kubeapi
-from sidecarsets.jsontypes import JsonObj
-from sidecarsets.leader import DEFAULT_LEASE_NAME, LeaderElector
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
+from kuberuntime.leader import DEFAULT_LEASE_NAME, LeaderElector
 
 T = TypeVar("T")
 NS = "sidecarctl-system"

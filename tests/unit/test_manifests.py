@@ -22,7 +22,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injector import cli, policy, runcmd
+from injector import policy
+from sidecarctl import cli, runcmd
 from sidecarsets import names, selectors
 from sidecarsets.validation import validate_sidecarset
 

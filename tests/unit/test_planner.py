@@ -10,8 +10,8 @@ import jsonpatch
 import orjson
 import pytest
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets.hashing import spec_hash
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, condition_current, plan_upgrade, upgradable_condition
 from sidecarsets.projection import project

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets.ordering import active_pods_key, priority_key, scatter_groups, spread, upgrade_order
 from sidecarsets.planner import plan_upgrade
 from sidecarsets.projection import PodProjection, project

@@ -16,9 +16,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import podstate
 from sidecarsets.hashing import spec_hash
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, plan_upgrade
 from sidecarsets.projection import project

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import (
     REVISION_LABEL_SIDECARSET,
     SS_ANN_HASH,

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets import podstate, selectors
 from sidecarsets.hashing import spec_hash
-from sidecarsets.jsontypes import JsonObj
 from sidecarsets.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, NS_NAME_LABEL
 from sidecarsets.projection import PodProjection, project
 from sidecarsets.status import compute_status, evaluate, matched_pods, status_changed

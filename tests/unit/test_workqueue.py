@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecarsets.workqueue import ShutDown, WorkQueue, run_workers
+from kuberuntime.workqueue import ShutDown, WorkQueue, run_workers
 
 T = TypeVar("T")
 

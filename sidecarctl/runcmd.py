@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from injector import logs
+from sidecarctl import logs
 from sidecarsets import names
 
 ENV_PREFIX = "SIDECARCTL_"
@@ -87,7 +87,7 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from injector.manager import ManagerOptions, run_forever  # heavy imports only for this command
+    from sidecarctl.manager import ManagerOptions, run_forever  # heavy imports only for this command
 
     logs.setup(args.log_level, args.log_format)
     if not args.cert_dir and not args.self_signed:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.validation_base import (
+from sidecarsets.validation.base import (
     Errors,
     FieldError,
     dns1123_label_problem,

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from injector import manifests
-from injector.runcmd import add_run
+from sidecarctl.runcmd import add_run
 from sidecarsets import names
 from sidecarsets.model import ModelError, SidecarSet
 

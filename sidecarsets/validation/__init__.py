@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import JsonObj
 from sidecarsets.defaults import apply_defaults
-from sidecarsets.jsontypes import JsonObj
-from sidecarsets.validation_base import (
+from sidecarsets.validation.base import (
     Errors,
     FieldError,
     dns1123_label_problem,
@@ -29,12 +29,12 @@ from sidecarsets.validation_base import (
     type_name,
     validate_selector,
 )
-from sidecarsets.validation_conflicts import validate_conflicts
-from sidecarsets.validation_containers import validate_containers
-from sidecarsets.validation_metadata import validate_name, validate_patch_pod_metadata
-from sidecarsets.validation_strategy import validate_injection_strategy, validate_update_strategy
-from sidecarsets.validation_update import validate_update
-from sidecarsets.validation_volumes import validate_pull_secrets, validate_revision_history_limit, validate_volumes
+from sidecarsets.validation.conflicts import validate_conflicts
+from sidecarsets.validation.containers import validate_containers
+from sidecarsets.validation.metadata import validate_name, validate_patch_pod_metadata
+from sidecarsets.validation.strategy import validate_injection_strategy, validate_update_strategy
+from sidecarsets.validation.update import validate_update
+from sidecarsets.validation.volumes import validate_pull_secrets, validate_revision_history_limit, validate_volumes
 
 __all__ = ["FieldError", "validate_sidecarset"]
 

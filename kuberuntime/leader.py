@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sidecarsets import kubeapi
-from sidecarsets.jsontypes import JsonObj
-from sidecarsets.metrics import IS_LEADER
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
+from kuberuntime.metrics import IS_LEADER
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 import yaml
 
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj
 
 PATCH_TYPES = {
     "json": "application/json-patch+json",

@@ -14,7 +14,7 @@ from typing import Any
 
 from sidecarsets import names, selectors
 from sidecarsets.defaults import apply_defaults
-from sidecarsets.validation_base import Errors, FieldError
+from sidecarsets.validation.base import Errors, FieldError
 
 
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.validation_base import Errors, FieldError, obj_field, str_field
+from sidecarsets.validation.base import Errors, FieldError, obj_field, str_field
 
 TARGET_MODES = ("sum", "max")
 _TOKEN = re.compile(

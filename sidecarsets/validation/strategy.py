@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecarsets import intorpercent
-from sidecarsets.validation_base import (
+from sidecarsets.validation.base import (
     Errors,
     FieldError,
     bool_field,

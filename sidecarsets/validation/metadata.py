@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.validation_base import (
+from sidecarsets.validation.base import (
     Errors,
     FieldError,
     list_field,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.validation_base import Errors, FieldError
+from sidecarsets.validation.base import Errors, FieldError
 
 
 def _by_name(spec: Mapping[str, Any], key: str) -> dict[str, Mapping[str, Any]]:

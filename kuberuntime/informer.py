@@ -19,9 +19,9 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from sidecarsets import kubeapi
-from sidecarsets.jsontypes import JsonObj
-from sidecarsets.metrics import WATCH_RESTARTS
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
+from kuberuntime.metrics import WATCH_RESTARTS
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

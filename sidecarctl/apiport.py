@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecarsets import kubeapi
+from kuberuntime import kubeapi
 
 
 class KubeApiPort:

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sidecarsets import kubeapi
-from sidecarsets.jsontypes import JsonObj
+from kuberuntime import kubeapi
+from kuberuntime.jsontypes import JsonObj
 
 log = logging.getLogger(__name__)
 

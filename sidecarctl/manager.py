@@ -30,15 +30,16 @@ from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
 from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
 from certwatcher.tls import ServingPair
-from injector.apiport import KubeApiPort
 from injector.app import WebhookSettings, create_probe_app, create_webhook_app
-from sidecarsets import kubeapi, names
+from kuberuntime import kubeapi
+from kuberuntime.events import EventRecorder
+from kuberuntime.informer import Informer
+from kuberuntime.jsontypes import JsonObj
+from kuberuntime.leader import LeaderElector
+from kuberuntime.metrics import IS_LEADER
+from sidecarctl.apiport import KubeApiPort
+from sidecarsets import names
 from sidecarsets.controller import SS_PATH, Controller
-from sidecarsets.events import EventRecorder
-from sidecarsets.informer import Informer
-from sidecarsets.jsontypes import JsonObj
-from sidecarsets.leader import LeaderElector
-from sidecarsets.metrics import IS_LEADER
 from sidecarsets.projection import PodProjection, project
 from sidecarsets.store import TemplateStore, namespace_labels
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.validation_base import (
+from sidecarsets.validation.base import (
     Errors,
     FieldError,
     dns1123_label_problem,
@@ -28,7 +28,7 @@ from sidecarsets.validation_base import (
     str_field,
     type_name,
 )
-from sidecarsets.validation_resources import validate_resources_policy
+from sidecarsets.validation.resources import validate_resources_policy
 
 INJECT_POLICIES = ("BeforeAppContainer", "AfterAppContainer")
 SHARE_POLICIES = ("enabled", "disabled")
