@@ -32,7 +32,7 @@ import jsonpatch
 import yaml
 
 from injector import engine
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
@@ -530,11 +530,11 @@ class Cluster:
 
     async def ensure_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
         body: JsonObj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
-        with contextlib.suppress(kubeapi.Conflict):
+        with contextlib.suppress(api.Conflict):
             await self.client.create("/api/v1/namespaces", body)
         # There is no controller-manager here to create the ServiceAccount pods default to.
         sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-        with contextlib.suppress(kubeapi.Conflict):
+        with contextlib.suppress(api.Conflict):
             await self.client.create(f"/api/v1/namespaces/{name}/serviceaccounts", sa)
 
     async def install_crd(self) -> None:
@@ -558,7 +558,7 @@ class Cluster:
                 try:
                     await self.client.get(SS_PATH)
                     return
-                except kubeapi.ApiError as e:  # 404, or 429 "storage is (re)initializing"
+                except api.ApiError as e:  # 404, or 429 "storage is (re)initializing"
                     if e.status not in (404, 429, 503):
                         raise
             await asyncio.sleep(0.1)
@@ -570,7 +570,7 @@ class Cluster:
             "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
         }
-        with contextlib.suppress(kubeapi.Conflict):
+        with contextlib.suppress(api.Conflict):
             await self.client.create("/api/v1/nodes", node)
 
 
@@ -614,7 +614,7 @@ def run_main(main: Callable[[list[str]], int], argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ControlPlaneError, kubeapi.ApiError, RuntimeError, OSError, TimeoutError) as e:
+    except (ControlPlaneError, api.ApiError, RuntimeError, OSError, TimeoutError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
 

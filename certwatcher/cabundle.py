@@ -45,8 +45,8 @@ from typing import Any, Literal
 from cryptography import x509
 
 from certwatcher import metrics, pem
-from certwatcher.ports import ApiPort
 from certwatcher.timing import utcnow
+from kuberuntime import api as kube
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _marked(obj: dict[str, Any], marker: tuple[str, str]) -> bool:
 class CABundleSyncer:
     def __init__(
         self,
-        api: ApiPort,
+        api: kube.Client,
         *,
         configs: Sequence[WebhookConfigRef] = DEFAULT_CONFIGS,
         local_ca_pem: bytes = b"",
@@ -309,8 +309,9 @@ class CABundleSyncer:
         if not _local_anchors(self._local, now):
             self._once(ref, "no-ca", "caBundle sync: no valid CA in the local ca.crt yet; not touching %s", ref.path)
             return SyncResult.NO_LOCAL_CA
-        obj = await self._api.get(ref.path)
-        if obj is None:
+        try:
+            obj = await self._api.get(ref.path)
+        except kube.NotFound:
             self._once(ref, "missing", "caBundle sync: %s does not exist; will look again", ref.path)
             return SyncResult.MISSING
         meta = obj.get("metadata")
@@ -341,8 +342,9 @@ class CABundleSyncer:
             return SyncResult.THROTTLED
         rv = meta.get("resourceVersion")
         guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
-        result = await self._api.patch_json(ref.path, guard + ops)
-        if result is None:
+        try:
+            await self._api.patch(ref.path, guard + ops, patch_type="json")
+        except (kube.Conflict, kube.Invalid):  # a failed `test` of resourceVersion comes back as 422 Invalid
             self.conflicts[ref.name] += 1
             metrics.CABUNDLE_CONFLICTS.labels(configuration=ref.name).inc()
             log.info("caBundle sync: %s changed underneath (resourceVersion %s); will retry", ref.path, rv)

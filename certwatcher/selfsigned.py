@@ -53,9 +53,9 @@ from certwatcher.issuing import (
     renewal_time,
     service_dns_names,
 )
-from certwatcher.ports import ApiPort
 from certwatcher.timing import sleep_or_stop, utcnow
 from certwatcher.tls import CertValidationError, validate_pair
+from kuberuntime import api as kube
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class SelfSignedIssuer:
 
     def __init__(
         self,
-        api: ApiPort,
+        api: kube.Client,
         config: SelfSignedConfig,
         *,
         cert_dir: str | Path | None,
@@ -321,7 +321,10 @@ class SelfSignedIssuer:
         for attempt in range(self.max_attempts):
             if attempt:
                 await asyncio.sleep(self._rng.uniform(0.0, 0.05 * attempt))
-            secret = await self._api.get(path)
+            try:
+                secret: dict[str, Any] | None = await self._api.get(path)
+            except kube.NotFound:
+                secret = None
             current = None if secret is None else material_from_secret(secret)
             now = self._clock()
             plan = await asyncio.to_thread(plan_material, current, self.config, now=now)
@@ -329,11 +332,12 @@ class SelfSignedIssuer:
             if not plan.changed:
                 return self._adopt(plan.material)
             body = _secret_body(self.config, plan.material, secret)
-            if secret is None:
-                written = await self._api.create(self.config.secrets_path, body)
-            else:
-                written = await self._api.update(path, body)
-            if written is None:
+            try:
+                if secret is None:
+                    await self._api.create(self.config.secrets_path, body)
+                else:
+                    await self._api.update(path, body)
+            except kube.Conflict:
                 log.info("self-signed: Secret %s changed underneath; re-reading", path)
                 continue
             self.secret_writes += 1

@@ -31,9 +31,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 
 log = logging.getLogger(__name__)
@@ -44,14 +43,6 @@ EVENT_TYPES = ("Normal", "Warning")
 CLUSTER_EVENTS_NAMESPACE = "default"
 # metadata.name is a DNS subdomain (253); leave room for "." + 16 hex digits.
 _MAX_NAME_PREFIX = 253 - 17
-
-
-class EventClient(Protocol):
-    """The two API calls the recorder makes (KubeClient provides them)."""
-
-    async def create(self, path: str, body: JsonObj) -> JsonObj: ...
-
-    async def patch(self, path: str, body: Any, *, patch_type: str = ...) -> JsonObj: ...
 
 
 def truncate_message(message: str, limit: int = MAX_MESSAGE) -> str:
@@ -80,7 +71,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        client: EventClient,
+        client: api.Writer,
         *,
         component: str = "sidecarctl",
         namespace: str = CLUSTER_EVENTS_NAMESPACE,
@@ -159,7 +150,7 @@ class EventRecorder:
                 patched = await self.client.patch(
                     path, {"count": seen.count + 1, "lastTimestamp": now}, patch_type="merge"
                 )
-            except kubeapi.NotFound:
+            except api.NotFound:
                 pass  # expired on the server: record it anew
             else:
                 seen.count = int(patched.get("count") or seen.count + 1)

@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import WATCH_RESTARTS
 
@@ -159,7 +159,7 @@ class Informer(Generic[T]):
                     if stop.is_set():
                         return
                 # A normal end of the stream: resume from the newest resourceVersion we saw.
-            except kubeapi.Gone:
+            except api.Gone:
                 log.info("informer %s: resourceVersion %s expired, listing again", self.name, self.resource_version)
                 WATCH_RESTARTS.labels(self.name, "gone").inc()
                 need_list = True

@@ -19,54 +19,8 @@ import aiohttp
 import orjson
 import yaml
 
+from kuberuntime.api import PATCH_TYPES, PatchType, error_from_status
 from kuberuntime.jsontypes import JsonObj
-
-PATCH_TYPES = {
-    "json": "application/json-patch+json",
-    "merge": "application/merge-patch+json",
-    "strategic": "application/strategic-merge-patch+json",
-    "apply": "application/apply-patch+yaml",
-}
-
-
-class ApiError(Exception):
-    """An error status from the API server, with the Status object's reason and message."""
-
-    def __init__(self, status: int, reason: str, message: str, body: JsonObj | None = None) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.body = body or {}
-
-
-class NotFound(ApiError):
-    """404: the object (or its namespace) does not exist."""
-
-
-class Conflict(ApiError):
-    """409: resourceVersion mismatch, or AlreadyExists on create (see `.reason`)."""
-
-
-class Gone(ApiError):
-    """410: the resourceVersion is too old; the caller must list again."""
-
-
-class Invalid(ApiError):
-    """422: the object or patch was rejected (includes a failed JSON Patch `test`)."""
-
-
-_ERRORS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
-
-
-def error_from_status(status: int, body: Any) -> ApiError:
-    reason, message = "", ""
-    if isinstance(body, dict):
-        reason = str(body.get("reason") or "")
-        message = str(body.get("message") or "")
-    else:
-        message = str(body)[:500]
-    return _ERRORS.get(status, ApiError)(status, reason, message, body if isinstance(body, dict) else None)
 
 
 @dataclass
@@ -199,7 +153,7 @@ class KubeClient:
         path: str,
         body: Any,
         *,
-        patch_type: str = "merge",
+        patch_type: PatchType = "merge",
         params: Mapping[str, str | int] | None = None,
     ) -> JsonObj:
         result: JsonObj = await self.request(

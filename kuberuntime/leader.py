@@ -29,9 +29,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import IS_LEADER
 
@@ -43,16 +43,6 @@ DEFAULT_LEASE_NAME = "sidecarctl-controller"
 JITTER_FACTOR = 1.2
 
 OnStarted = Callable[[asyncio.Event], Awaitable[None]]
-
-
-class LeaseClient(Protocol):
-    """The three API calls the elector makes (KubeClient provides them)."""
-
-    async def get(self, path: str) -> JsonObj: ...
-
-    async def create(self, path: str, body: JsonObj) -> JsonObj: ...
-
-    async def update(self, path: str, body: JsonObj) -> JsonObj: ...
 
 
 @dataclass(frozen=True)
@@ -99,7 +89,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        client: LeaseClient,
+        client: api.Client,
         *,
         namespace: str,
         identity: str,
@@ -175,7 +165,7 @@ class LeaderElector:
             now = micro_time(self._wall_clock())
             try:
                 lease = await self.client.get(self.path)
-            except kubeapi.NotFound:
+            except api.NotFound:
                 mine = LeaseRecord(self.identity, self.lease_duration, now, now, 0)
                 body: JsonObj = {
                     "apiVersion": "coordination.k8s.io/v1",
@@ -185,7 +175,7 @@ class LeaderElector:
                 }
                 try:
                     created = await self.client.create(f"{LEASE_API}/namespaces/{self.namespace}/leases", body)
-                except kubeapi.Conflict:
+                except api.Conflict:
                     continue  # another candidate created it first
                 except Exception as e:
                     log.warning("lease %s/%s: create failed: %s", self.namespace, self.name, e)
@@ -206,7 +196,7 @@ class LeaderElector:
             body = {**lease, "spec": {**(lease.get("spec") or {}), **mine.to_spec()}}
             try:
                 updated = await self.client.update(self.path, body)
-            except kubeapi.Conflict:
+            except api.Conflict:
                 continue
             except Exception as e:
                 log.warning("lease %s/%s: update failed: %s", self.namespace, self.name, e)
@@ -219,7 +209,7 @@ class LeaderElector:
         """Give the Lease up if we hold it, so a standby need not wait for it to expire."""
         try:
             lease = await self.client.get(self.path)
-        except kubeapi.NotFound:
+        except api.NotFound:
             return True
         except Exception as e:
             log.warning("lease %s/%s: read for release failed: %s", self.namespace, self.name, e)

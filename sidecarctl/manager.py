@@ -37,7 +37,6 @@ from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER
-from sidecarctl.apiport import KubeApiPort
 from sidecarsets import names
 from sidecarsets.controller import SS_PATH, Controller
 from sidecarsets.projection import PodProjection, project
@@ -130,7 +129,6 @@ class Manager:
     def __init__(self, opts: ManagerOptions, *, client: kubeapi.KubeClient | None = None) -> None:
         self.opts = opts
         self.client = client or kubeapi.KubeClient(kubeapi.load_config(opts.kubeconfig))
-        self.port = KubeApiPort(self.client)
         self.store = TemplateStore()
         # Events about cluster-scoped SidecarSets live in `default`, where `kubectl describe` looks.
         self.recorder = EventRecorder(self.client)
@@ -188,7 +186,7 @@ class Manager:
             if self.cert_dir is None:
                 self.cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-certs-"))
             self.issuer = SelfSignedIssuer(
-                self.port,
+                self.client,
                 SelfSignedConfig(
                     namespace=opts.namespace,
                     service=opts.service_name,
@@ -202,7 +200,7 @@ class Manager:
             raise ValueError("either --cert-dir or --self-signed is required")
         if opts.sync_ca_bundle:
             self.syncer = CABundleSyncer(
-                self.port,
+                self.client,
                 configs=(
                     WebhookConfigRef("mutating", opts.mutating_config),
                     WebhookConfigRef("validating", opts.validating_config),

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kuberuntime import events, kubeapi
+from kuberuntime import api, events, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets import metrics, names, planner, revisions, status
@@ -205,9 +205,9 @@ class Controller:
             # Keep the cache current so the next pass does not write the same status again.
             if name in self.sidecarsets:
                 self.sidecarsets[name] = updated
-        except kubeapi.Conflict:
+        except api.Conflict:
             raise  # the watch brings the newer object; the queue retries with backoff
-        except kubeapi.NotFound:
+        except api.NotFound:
             self.sidecarsets.pop(name, None)
 
     async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
@@ -215,15 +215,15 @@ class Controller:
         path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
         try:
             result = await self.client.patch(path, upgrade.patch, patch_type="json")
-        except kubeapi.NotFound:
+        except api.NotFound:
             metrics.INPLACE_UPGRADES.labels("gone").inc()
             return False
-        except (kubeapi.Conflict, kubeapi.Invalid) as e:
+        except (api.Conflict, api.Invalid) as e:
             # A failed resourceVersion test: the cache was behind. The watch catches up, we retry.
             metrics.INPLACE_UPGRADES.labels("conflict").inc()
             log.info("pod %s changed under us (%s); retrying after the cache catches up", key, e.reason)
             return False
-        except kubeapi.ApiError as e:
+        except api.ApiError as e:
             metrics.INPLACE_UPGRADES.labels("error").inc()
             log.warning("upgrading pod %s failed: %s", key, e)
             return False
@@ -257,7 +257,7 @@ class Controller:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
             try:
                 await self.client.patch(path, {"status": {"conditions": [cond]}}, patch_type="strategic")
-            except kubeapi.ApiError as e:
+            except api.ApiError as e:
                 log.info("could not set %s on %s/%s: %s", names.POD_CONDITION_UPGRADABLE, *pod.key, e)
                 continue
             if blocked:

@@ -28,11 +28,11 @@ import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import intorpercent, selectors
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
@@ -62,18 +62,6 @@ class RevisionError(ValueError):
 
 class PinnedRevisionNotFound(RevisionError):
     """`injectionStrategy.revision` names a revision that does not exist (pod creation must fail)."""
-
-
-class RevisionClient(Protocol):
-    """The API calls `sync_history` makes (KubeClient provides them)."""
-
-    async def get(self, path: str, *, params: Mapping[str, str | int] | None = ...) -> JsonObj: ...
-
-    async def create(self, path: str, body: JsonObj) -> JsonObj: ...
-
-    async def patch(self, path: str, body: Any, *, patch_type: str = ...) -> JsonObj: ...
-
-    async def delete(self, path: str) -> Any: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,7 +439,7 @@ def _owned_by(revision: Mapping[str, Any], uid: str) -> bool:
     return controller is None or not uid or controller.get("uid") == uid
 
 
-async def list_revisions(client: RevisionClient, ss: Mapping[str, Any], *, namespace: str) -> list[JsonObj]:
+async def list_revisions(client: api.Client, ss: Mapping[str, Any], *, namespace: str) -> list[JsonObj]:
     """The SidecarSet's revisions in `namespace`, oldest first."""
     listed = await client.get(
         revisions_path(namespace), params={"labelSelector": f"{REVISION_LABEL_SIDECARSET}={_ss_name(ss)}"}
@@ -469,7 +457,7 @@ def _owned_revisions(ss: Mapping[str, Any], items: Iterable[Mapping[str, Any]]) 
 
 
 async def _create(
-    client: RevisionClient, ss: Mapping[str, Any], body: JsonObj, *, namespace: str, collisions: int
+    client: api.Client, ss: Mapping[str, Any], body: JsonObj, *, namespace: str, collisions: int
 ) -> tuple[str, int]:
     uid = str(_meta(ss).get("uid") or "")
     body = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
@@ -477,7 +465,7 @@ async def _create(
         try:
             created = await client.create(revisions_path(namespace), body)
             return str(created["metadata"]["name"]), collisions
-        except kubeapi.Conflict as e:
+        except api.Conflict as e:
             if e.reason != "AlreadyExists":
                 raise
             name = body["metadata"]["name"]
@@ -491,7 +479,7 @@ async def _create(
 
 
 async def sync_history(
-    client: RevisionClient,
+    client: api.Client,
     ss: Mapping[str, Any],
     *,
     namespace: str,
@@ -523,7 +511,7 @@ async def sync_history(
     for name in plan.delete:
         try:
             await client.delete(revisions_path(namespace, name))
-        except kubeapi.NotFound:
+        except api.NotFound:
             pass
         except Exception as e:
             log.warning("SidecarSet %s: deleting old revision %s failed: %s", _ss_name(ss), name, e)

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certwatcher.atomicdir import write_atomic
+from kuberuntime import api as kube
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
@@ -284,8 +285,9 @@ class Hammer:
 
 
 class FakeApi:
-    """In-memory ApiPort: 404 -> None, create on an existing name -> None, stale resourceVersion on
-    update -> None, failed JSON Patch `test` -> None. Every write bumps a global resourceVersion and
+    """An in-memory API with the runtime's contract (kuberuntime.api): a missing object raises
+    NotFound, create on an existing name Conflict (AlreadyExists), a stale resourceVersion on update
+    Conflict, a failed JSON Patch `test` Invalid. Every write bumps a global resourceVersion and
     notifies listeners, like a watch would."""
 
     def __init__(self, *, latency: float = 0.0) -> None:
@@ -317,44 +319,52 @@ class FakeApi:
     async def _pause(self) -> None:
         await asyncio.sleep(self.latency)
 
-    async def get(self, path: str) -> dict[str, Any] | None:
+    def _stored(self, path: str) -> dict[str, Any]:
+        obj = self.objects.get(path)
+        if obj is None:
+            raise kube.NotFound(404, "NotFound", f"{path} not found")
+        return obj
+
+    async def get(self, path: str, *, params: kube.Params | None = None) -> dict[str, Any]:
         await self._pause()
         self.calls.append(("get", path))
-        obj = self.objects.get(path)
-        return None if obj is None else copy.deepcopy(obj)
+        return copy.deepcopy(self._stored(path))
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def create(self, path: str, body: dict[str, Any], *, params: kube.Params | None = None) -> dict[str, Any]:
         await self._pause()
         name = body["metadata"]["name"]
         target = f"{path}/{name}"
         self.calls.append(("create", target))
         if target in self.objects:
-            return None
+            raise kube.Conflict(409, "AlreadyExists", f"{target} already exists")
         obj = copy.deepcopy(body)
         obj["metadata"].pop("resourceVersion", None)
         return self._bump(target, obj)
 
-    async def update(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def update(self, path: str, body: dict[str, Any], *, params: kube.Params | None = None) -> dict[str, Any]:
         await self._pause()
         self.calls.append(("update", path))
-        stored = self.objects.get(path)
-        if stored is None:
-            raise LookupError(f"{path}: not found")
+        stored = self._stored(path)
         if body.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
-            return None
+            raise kube.Conflict(409, "Conflict", "the object has been modified")
         return self._bump(path, copy.deepcopy(body))
 
-    async def patch_json(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def patch(
+        self, path: str, body: Any, *, patch_type: kube.PatchType = "merge", params: kube.Params | None = None
+    ) -> dict[str, Any]:
+        assert patch_type == "json", "the cert code only sends JSON patches"
         await self._pause()
         self.calls.append(("patch", path))
-        stored = self.objects.get(path)
-        if stored is None:
-            raise LookupError(f"{path}: not found")
+        stored = self._stored(path)
         try:
-            patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(stored), ops)
-        except jsonpatch.JsonPatchTestFailed:
-            return None
+            patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(stored), body)
+        except jsonpatch.JsonPatchTestFailed as e:
+            raise kube.Invalid(422, "Invalid", str(e)) from None
         return self._bump(path, patched)
+
+    async def delete(self, path: str, *, params: kube.Params | None = None) -> Any:
+        self.calls.append(("delete", path))
+        return self.objects.pop(path, None) or {}
 
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"

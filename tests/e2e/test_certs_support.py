@@ -34,7 +34,7 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from certwatcher import pem
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from sidecarctl.manager import Manager, ManagerOptions
 from tests.certutil import (
     Hammer,
@@ -205,7 +205,7 @@ class BundleWatch:
 
     async def _run(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(kubeapi.ApiError, OSError):
+            with contextlib.suppress(api.ApiError, OSError):
                 await self.poll()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.interval)
@@ -242,7 +242,7 @@ class AdmissionProber:
             at = time.monotonic()
             try:
                 await self.client.create(SS_PATH, self.body(), params={"dryRun": "All"})
-            except (kubeapi.ApiError, OSError, TimeoutError) as exc:
+            except (api.ApiError, OSError, TimeoutError) as exc:
                 self.calls.append(Call(at, f"{type(exc).__name__}: {exc}"))
             else:
                 self.calls.append(Call(at, None))
@@ -339,7 +339,7 @@ class Rig:
     def admits(self) -> bool:
         try:
             self.admit()
-        except kubeapi.ApiError:
+        except api.ApiError:
             return False
         return True
 

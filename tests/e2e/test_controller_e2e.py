@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from sidecarsets import names
 from tests.e2e.helpers import (
     SS_PATH,
@@ -27,7 +27,7 @@ CR_PATH = f"/apis/apps/v1/namespaces/{MANAGER_NS}/controllerrevisions"
 
 
 def _rejected(kube: Kube, body: dict[str, Any]) -> str:
-    with pytest.raises(kubeapi.ApiError) as err:
+    with pytest.raises(api.ApiError) as err:
         kube.create(SS_PATH, body)
     assert err.value.status in (400, 403, 422), err.value
     return err.value.message
@@ -98,7 +98,7 @@ def test_containers_cannot_be_added_on_update(
     kube: Kube, manager: RunningManager, sidecarsets: Callable[..., dict[str, Any]]
 ) -> None:
     ss = sidecarsets("noadd")
-    with pytest.raises(kubeapi.ApiError) as err:
+    with pytest.raises(api.ApiError) as err:
         kube.patch(
             f"{SS_PATH}/{ss['metadata']['name']}",
             [{"op": "add", "path": "/spec/containers/-", "value": {"name": "extra", "image": "e:1"}}],
@@ -184,7 +184,7 @@ def test_pinned_revision_is_injected_into_new_pods(
     create_ready_pods(kube, injected_ns, "pin", 2)
     assert [p["spec"]["containers"][0]["image"] for p in pods(kube, injected_ns, "pin")] == ["proxy:1", "proxy:1"]
     # A pin to a revision that does not exist is refused at the SidecarSet, not at pod creation.
-    with pytest.raises(kubeapi.ApiError) as err:
+    with pytest.raises(api.ApiError) as err:
         kube.patch(
             f"{SS_PATH}/{name}",
             {"spec": {"injectionStrategy": {"revision": {"revisionName": "no-such-revision"}}}},

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.fakekubelet import FakeKubelet, image_id
@@ -52,7 +52,7 @@ def test_sidecarset_crd_accepts_valid_and_schema_rejects_invalid(kube: Kube, crd
         # Schema defaults are applied by the API server.
         assert spec["updateStrategy"]["type"] == "RollingUpdate"
         assert spec["revisionHistoryLimit"] == 10
-        with pytest.raises(kubeapi.Invalid) as err:
+        with pytest.raises(api.Invalid) as err:
             kube.create(SS_PATH, sidecarset("foundation-invalid", containers="not-a-list"))
         assert "spec.containers" in err.value.message
     finally:

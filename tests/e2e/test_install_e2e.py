@@ -27,7 +27,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from sidecarsets import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually
@@ -270,7 +270,7 @@ def test_manager_pod_passes_the_restricted_pod_security_profile(kube: Kube, name
     # The profile is really enforced here: one relaxed field and the same pod is refused.
     relaxed = copy.deepcopy(pod)
     relaxed["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
-    with pytest.raises(kubeapi.ApiError) as refused:
+    with pytest.raises(api.ApiError) as refused:
         kube.create(f"/api/v1/namespaces/{namespace}/pods", relaxed, dryRun="All")
     assert refused.value.status == 403 and "allowPrivilegeEscalation" in refused.value.message
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from sidecarsets import names
 from tests.e2e.helpers import (
     SS_PATH,
@@ -200,9 +200,9 @@ def test_rollout_of_50_pods_never_exceeds_max_unavailable_across_a_leader_kill(c
 def _create_ok(kube: Kube, ss: dict[str, Any]) -> bool:
     try:
         kube.create(SS_PATH, ss)
-    except kubeapi.Conflict:
+    except api.Conflict:
         return True
-    except kubeapi.ApiError:
+    except api.ApiError:
         return False
     return True
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from tests.kube.loop import BackgroundLoop
 
@@ -26,7 +26,7 @@ class Kube:
     def get_or_none(self, path: str) -> JsonObj | None:
         try:
             return self.get(path)
-        except kubeapi.NotFound:
+        except api.NotFound:
             return None
 
     def create(self, path: str, body: JsonObj, **params: str | int) -> JsonObj:
@@ -35,13 +35,13 @@ class Kube:
     def update(self, path: str, body: JsonObj) -> JsonObj:
         return self.loop.run(self.client.update(path, body))
 
-    def patch(self, path: str, body: Any, patch_type: str = "merge", **params: str | int) -> JsonObj:
+    def patch(self, path: str, body: Any, patch_type: api.PatchType = "merge", **params: str | int) -> JsonObj:
         return self.loop.run(self.client.patch(path, body, patch_type=patch_type, params=params or None))
 
     def delete(self, path: str, **params: str | int) -> Any:
         try:
             return self.loop.run(self.client.delete(path, params=params or None))
-        except kubeapi.NotFound:
+        except api.NotFound:
             return None
 
     def apply(self, path: str, body: JsonObj) -> JsonObj:
@@ -49,7 +49,7 @@ class Kube:
         name = body["metadata"]["name"]
         try:
             return self.create(path, body)
-        except kubeapi.Conflict:
+        except api.Conflict:
             current = self.get(f"{path}/{name}")
             body = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
             return self.update(f"{path}/{name}", body)

@@ -18,7 +18,7 @@ import hashlib
 import logging
 from typing import Any
 
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 
@@ -61,7 +61,7 @@ class FakeKubelet:
             "kind": "Node",
             "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node, "type": "fake"}},
         }
-        with contextlib.suppress(kubeapi.Conflict):
+        with contextlib.suppress(api.Conflict):
             await self.client.create("/api/v1/nodes", node)
         status = {
             "status": {
@@ -113,9 +113,9 @@ class FakeKubelet:
             pod = self.informer.store.get(key)
             if pod is not None:
                 retry = await self._reconcile(pod)
-        except kubeapi.NotFound:
+        except api.NotFound:
             pass
-        except kubeapi.ApiError as e:
+        except api.ApiError as e:
             if e.status not in (409, 422):
                 log.warning("fake kubelet: %s: %s", key, e)
             retry = 0.1

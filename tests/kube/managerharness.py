@@ -27,7 +27,7 @@ import yaml
 
 from certwatcher.atomicdir import write_atomic
 from certwatcher.issuing import Issued, generate_ca, issue_leaf
-from kuberuntime import kubeapi
+from kuberuntime import api
 from sidecarctl.manager import Manager, ManagerOptions
 from sidecarsets import names
 from tests.kube.client import Kube
@@ -65,7 +65,7 @@ def webhook_configs(url: str, *, mutating: str, validating: str) -> tuple[dict[s
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
-    with contextlib.suppress(kubeapi.Conflict):
+    with contextlib.suppress(api.Conflict):
         kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
 

@@ -23,6 +23,7 @@ from certwatcher.cabundle import (
     bundle_differs,
     desired_bundle,
 )
+from kuberuntime import api as kube
 from tests.certutil import (
     MWC_PATH,
     VWC_PATH,
@@ -172,9 +173,12 @@ def test_patch_is_guarded_and_minimal() -> None:
     class Recording(FakeApi):
         ops: list[list[dict[str, Any]]] = []
 
-        async def patch_json(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any] | None:
+        async def patch(
+            self, path: str, body: Any, *, patch_type: kube.PatchType = "merge", params: kube.Params | None = None
+        ) -> dict[str, Any]:
+            ops = body
             self.ops.append(ops)
-            return await super().patch_json(path, ops)
+            return await super().patch(path, ops, patch_type=patch_type)
 
     async def main() -> None:
         api = Recording()
@@ -320,11 +324,14 @@ def test_conflict_is_counted_and_retried() -> None:
     class Racy(FakeApi):
         raced = False
 
-        async def patch_json(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any] | None:
+        async def patch(
+            self, path: str, body: Any, *, patch_type: kube.PatchType = "merge", params: kube.Params | None = None
+        ) -> dict[str, Any]:
+            ops = body
             if not self.raced:  # someone writes between our GET and PATCH, once
                 self.raced = True
                 self.foreign_write(path, lambda o: o["metadata"].setdefault("labels", {}).update(x="y"))
-            return await super().patch_json(path, ops)
+            return await super().patch(path, ops, patch_type=patch_type)
 
     async def main() -> None:
         api = Racy()

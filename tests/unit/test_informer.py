@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kuberuntime import kubeapi
+from kuberuntime import api as kube
 from kuberuntime.informer import Informer
 
 
@@ -87,7 +87,7 @@ def test_list_then_watch_applies_events_and_resumes_from_the_last_version() -> N
 
 
 def test_gone_relists_and_emits_the_difference() -> None:
-    api = FakeApi([obj("a", "1"), obj("b", "2")], [kubeapi.Gone(410, "Expired", "too old")])
+    api = FakeApi([obj("a", "1"), obj("b", "2")], [kube.Gone(410, "Expired", "too old")])
     original_get = api.get
 
     async def get(path: str, *, params: Any = None) -> dict[str, Any]:
@@ -111,6 +111,6 @@ def test_errors_back_off_and_recover() -> None:
 def test_error_event_410_in_the_stream_relists() -> None:
     status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
     # KubeClient.watch turns an ERROR event with code 410 into Gone.
-    api = FakeApi([obj("a", "1")], [kubeapi.error_from_status(410, status)])
+    api = FakeApi([obj("a", "1")], [kube.error_from_status(410, status)])
     run(api, lambda inf, seen: api.lists >= 2)
     assert api.lists >= 2

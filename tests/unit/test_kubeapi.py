@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kuberuntime import kubeapi
+from kuberuntime import api, kubeapi
 
 
 def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
@@ -37,15 +37,15 @@ def test_no_credentials_means_no_authorization_header(tmp_path: Path) -> None:
 
 def test_status_codes_map_to_error_types() -> None:
     body = {"kind": "Status", "reason": "AlreadyExists", "message": 'pods "x" already exists'}
-    err = kubeapi.error_from_status(409, body)
-    assert isinstance(err, kubeapi.Conflict)
+    err = api.error_from_status(409, body)
+    assert isinstance(err, api.Conflict)
     assert err.reason == "AlreadyExists"
     assert "already exists" in str(err)
-    assert isinstance(kubeapi.error_from_status(404, {}), kubeapi.NotFound)
-    assert isinstance(kubeapi.error_from_status(410, {}), kubeapi.Gone)
-    assert isinstance(kubeapi.error_from_status(422, {}), kubeapi.Invalid)
-    plain = kubeapi.error_from_status(500, "<html>oops</html>")
-    assert type(plain) is kubeapi.ApiError
+    assert isinstance(api.error_from_status(404, {}), api.NotFound)
+    assert isinstance(api.error_from_status(410, {}), api.Gone)
+    assert isinstance(api.error_from_status(422, {}), api.Invalid)
+    plain = api.error_from_status(500, "<html>oops</html>")
+    assert type(plain) is api.ApiError
     assert plain.message == "<html>oops</html>"
 
 

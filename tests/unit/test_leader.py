@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client import REGISTRY
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import DEFAULT_LEASE_NAME, LeaderElector
 
@@ -36,7 +36,7 @@ class FakeLeases:
 
     def _check(self) -> None:
         if self.fail:
-            raise kubeapi.ApiError(503, "ServiceUnavailable", "etcd is down")
+            raise api.ApiError(503, "ServiceUnavailable", "etcd is down")
 
     def store(self, spec: JsonObj) -> JsonObj:
         """Write the Lease as another party would."""
@@ -50,21 +50,21 @@ class FakeLeases:
         self.lease = lease
         return lease
 
-    async def get(self, path: str) -> JsonObj:
+    async def get(self, path: str, *, params: api.Params | None = None) -> JsonObj:
         self._check()
         assert path == PATH
         if self.lease is None:
-            raise kubeapi.NotFound(404, "NotFound", "leases not found")
+            raise api.NotFound(404, "NotFound", "leases not found")
         return copy.deepcopy(self.lease)
 
-    async def create(self, path: str, body: JsonObj) -> JsonObj:
+    async def create(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
         self._check()
         assert path == PATH.rsplit("/", 1)[0]
         if self.lease is not None:
-            raise kubeapi.Conflict(409, "AlreadyExists", "already exists")
+            raise api.Conflict(409, "AlreadyExists", "already exists")
         return copy.deepcopy(self.store(body["spec"]))
 
-    async def update(self, path: str, body: JsonObj) -> JsonObj:
+    async def update(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
         self._check()
         assert path == PATH
         self.updates += 1
@@ -73,8 +73,16 @@ class FakeLeases:
             hook()
         assert self.lease is not None
         if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
-            raise kubeapi.Conflict(409, "Conflict", "the object has been modified")
+            raise api.Conflict(409, "Conflict", "the object has been modified")
         return copy.deepcopy(self.store(body["spec"]))
+
+    async def patch(
+        self, path: str, body: Any, *, patch_type: api.PatchType = "merge", params: api.Params | None = None
+    ) -> JsonObj:
+        raise AssertionError("leader election never patches")
+
+    async def delete(self, path: str, *, params: api.Params | None = None) -> Any:
+        raise AssertionError("leader election never deletes")
 
 
 class Clock:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kuberuntime import kubeapi
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
 from sidecarsets.names import (
@@ -437,7 +437,7 @@ class FakeRevisions:
         self.objects = {name_of(o): copy.deepcopy(o) for o in objects}
         self.calls: list[str] = []
 
-    async def get(self, path: str, *, params: Mapping[str, str | int] | None = None) -> JsonObj:
+    async def get(self, path: str, *, params: api.Params | None = None) -> JsonObj:
         self.calls.append(f"GET {path.rsplit('/', 1)[-1]}")
         if params:
             key, _, value = str(params["labelSelector"]).partition("=")
@@ -445,18 +445,20 @@ class FakeRevisions:
             return {"items": copy.deepcopy(items)}
         name = path.rsplit("/", 1)[-1]
         if name not in self.objects:
-            raise kubeapi.NotFound(404, "NotFound", name)
+            raise api.NotFound(404, "NotFound", name)
         return copy.deepcopy(self.objects[name])
 
-    async def create(self, path: str, body: JsonObj) -> JsonObj:
+    async def create(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
         name = name_of(body)
         self.calls.append(f"POST {name}")
         if name in self.objects:
-            raise kubeapi.Conflict(409, "AlreadyExists", f"{name} already exists")
+            raise api.Conflict(409, "AlreadyExists", f"{name} already exists")
         self.objects[name] = copy.deepcopy(body)
         return copy.deepcopy(body)
 
-    async def patch(self, path: str, body: Any, *, patch_type: str = "merge") -> JsonObj:
+    async def patch(
+        self, path: str, body: Any, *, patch_type: api.PatchType = "merge", params: api.Params | None = None
+    ) -> JsonObj:
         name = path.rsplit("/", 1)[-1]
         self.calls.append(f"PATCH {name}")
         obj = self.objects[name]
@@ -465,11 +467,14 @@ class FakeRevisions:
         obj["metadata"].setdefault("labels", {}).update(body.get("metadata", {}).get("labels", {}))
         return copy.deepcopy(obj)
 
-    async def delete(self, path: str) -> Any:
+    async def update(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
+        raise AssertionError("revisions are never replaced whole")
+
+    async def delete(self, path: str, *, params: api.Params | None = None) -> Any:
         name = path.rsplit("/", 1)[-1]
         self.calls.append(f"DELETE {name}")
         if self.objects.pop(name, None) is None:
-            raise kubeapi.NotFound(404, "NotFound", name)
+            raise api.NotFound(404, "NotFound", name)
         return {}
 
 
