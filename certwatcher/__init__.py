@@ -3,5 +3,5 @@
 Modules: `reloader` (watch a cert dir, swap the served pair), `tls` (check a pair, build contexts,
 the front context hypercorn keeps), `cabundle` (publish the CA into our webhook configurations),
 `selfsigned` / `issuing` (a CA and leaf kept in a Secret, renewal), `ports` (the API the manager
-provides), `files` / `atomicdir` (the kubelet's `..data` layout), `pem`, `metrics`, `timing`.
+provides), `files` / `atomicdir` (the kubelet's `..data` layout), `pem`, `metrics`.
 """

@@ -45,8 +45,9 @@ from typing import Any, Literal
 from cryptography import x509
 
 from certwatcher import metrics, pem
-from certwatcher.timing import utcnow
 from kuberuntime import api as kube
+from kuberuntime import backoff
+from kuberuntime.clock import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class CABundleSyncer:
         keep_existing: bool = True,
         fast_retries: int = 3,
         fast_retry_delay: float = 0.3,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -277,8 +278,8 @@ class CABundleSyncer:
         if result is SyncResult.ERROR:
             streak = self._error_streak.get(ref, 0) + 1
             self._error_streak[ref] = streak
-            base: float = max(self.fast_retry_delay, 0.1) * 2.0 ** min(streak, 10)
-            return min(self.resync_interval, base) * self._rng.uniform(0.8, 1.2)
+            base = max(self.fast_retry_delay, 0.1)
+            return backoff.delay(streak, base=base, cap=self.resync_interval, jitter=(0.8, 1.2), rand=self._rng.random)
         self._error_streak.pop(ref, None)
         if result is SyncResult.CONFLICT:
             if budget.available(now):

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from certwatcher import metrics, pem
 from certwatcher.files import CertFiles, CertFilesError, dir_stamp, read_cert_dir
-from certwatcher.timing import sleep_or_stop, utcnow
 from certwatcher.tls import CertSwitch, CertValidationError, ServingPair, build_context, validate_pair
+from kuberuntime.clock import sleep_or_stop, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class CertReloader:
         *,
         poll_interval: float = 10.0,
         event_interval: float | None = 0.2,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] = utc_now,
         on_reload: Callable[[ServingPair], None] | None = None,
     ) -> None:
         if poll_interval <= 0:

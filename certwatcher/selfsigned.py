@@ -53,9 +53,10 @@ from certwatcher.issuing import (
     renewal_time,
     service_dns_names,
 )
-from certwatcher.timing import sleep_or_stop, utcnow
 from certwatcher.tls import CertValidationError, validate_pair
 from kuberuntime import api as kube
+from kuberuntime.backoff import Backoff
+from kuberuntime.clock import sleep_or_stop, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ class SelfSignedIssuer:
         cert_dir: str | Path | None,
         check_interval: float = 60.0,
         max_attempts: int = 6,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] = utc_now,
         rng: random.Random | None = None,
     ) -> None:
         if check_interval <= 0:
@@ -352,16 +353,15 @@ class SelfSignedIssuer:
         return material
 
     async def run(self, stop: asyncio.Event) -> None:
-        failures = 0
+        backoff = Backoff(base=0.5, cap=self.check_interval, jitter=(0.8, 1.2), rand=self._rng.random)
         while not stop.is_set():
             try:
                 await self.reconcile()
-                failures = 0
+                backoff.reset()
                 delay = self.check_interval
                 if self._wake_at is not None:
                     delay = min(delay, max(0.05, (self._wake_at - self._clock()).total_seconds()))
             except Exception as exc:
-                failures += 1
-                delay = min(self.check_interval, 0.5 * 2.0 ** min(failures, 10)) * self._rng.uniform(0.8, 1.2)
+                delay = backoff.next()
                 log.warning("self-signed: reconcile failed (%s); retrying in %.1fs", exc, delay)
             await sleep_or_stop(stop, delay)

@@ -8,7 +8,6 @@ an AdmissionReview or a 4xx with a message; never a 500 and never a traceback on
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import random
 import time
@@ -26,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from injector import admission, engine
 from injector.metrics import ADMISSION_LATENCY, ADMISSIONS
 from injector.replay import ReplayCache, request_key
+from kuberuntime.clock import now_rfc3339
 from sidecarsets import names, revisions, validation
 from sidecarsets.model import ModelError, SidecarSet
 from sidecarsets.store import Snapshot, TemplateStore
@@ -36,16 +36,12 @@ JSON_TYPE = b"application/json"
 TEXT_TYPE = b"text/plain; charset=utf-8"
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 @dataclass
 class WebhookSettings:
     manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
     # How long an admission may wait for a namespace the watch has not delivered yet.
     namespace_wait: float = 1.0
-    clock: Callable[[], str] = field(default=utc_now)
+    clock: Callable[[], str] = field(default=now_rfc3339)
     # Identical pods admitted within a second are answered from a cache (None turns it off).
     replay: ReplayCache | None = field(default_factory=ReplayCache)
 

@@ -98,6 +98,10 @@ class Watcher(Protocol):
         ...
 
 
+class ListWatcher(Reader, Watcher, Protocol):
+    """Lists and watches: what an informer calls."""
+
+
 class Client(Reader, Writer, Protocol):
     """Reads and writes: what leader election, revisions, events and the cert sync call."""
 

@@ -30,9 +30,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from kuberuntime import api
+from kuberuntime.clock import rfc3339, utc_now
 from kuberuntime.jsontypes import JsonObj
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,6 @@ def truncate_message(message: str, limit: int = MAX_MESSAGE) -> str:
     keep = limit - len(INFIX)
     head = (keep + 1) // 2
     return message[:head] + INFIX + message[len(message) - (keep - head) :]
-
-
-def _timestamp(dt: datetime) -> str:
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -79,7 +76,7 @@ class EventRecorder:
         window: float = 600.0,
         cache_size: int = 4096,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         if not component:
             raise ValueError("event component must not be empty")
@@ -142,7 +139,7 @@ class EventRecorder:
         self, key: tuple[str, ...], ref: JsonObj, namespace: str, *, type: str, reason: str, message: str
     ) -> JsonObj:
         now_mono = self._clock()
-        now = _timestamp(self._wall_clock())
+        now = rfc3339(self._wall_clock())
         seen = self._seen.get(key)
         if seen is not None and now_mono - seen.last < self.window:
             path = f"/api/v1/namespaces/{seen.namespace}/events/{seen.name}"

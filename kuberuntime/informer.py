@@ -13,13 +13,14 @@ projections instead of whole pods.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from kuberuntime import api, kubeapi
+from kuberuntime import api
+from kuberuntime.backoff import Backoff
+from kuberuntime.clock import sleep_or_stop
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import WATCH_RESTARTS
 
@@ -41,7 +42,7 @@ class Informer(Generic[T]):
 
     def __init__(
         self,
-        client: kubeapi.KubeClient,
+        client: api.ListWatcher,
         path: str,
         *,
         name: str,
@@ -143,7 +144,7 @@ class Informer(Generic[T]):
             await asyncio.gather(loop, stopped, return_exceptions=True)
 
     async def _loop(self, stop: asyncio.Event) -> None:
-        backoff = 0.2
+        backoff = Backoff(base=min(0.2, self.max_backoff), cap=self.max_backoff, jitter=(0.5, 1.5))
         need_list = True
         while not stop.is_set():
             try:
@@ -155,7 +156,7 @@ class Informer(Generic[T]):
                     self.path, resource_version=self.resource_version, timeout_seconds=timeout, params=self.params
                 ):
                     self._apply(event)
-                    backoff = 0.2
+                    backoff.reset()
                     if stop.is_set():
                         return
                 # A normal end of the stream: resume from the newest resourceVersion we saw.
@@ -167,9 +168,8 @@ class Informer(Generic[T]):
                 raise
             except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
                 WATCH_RESTARTS.labels(self.name, "error").inc()
-                log.warning("informer %s: watch failed (%s), retrying in %.1fs", self.name, e, backoff)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, self.max_backoff)
+                wait = backoff.next()
+                log.warning("informer %s: watch failed (%s), retrying in %.1fs", self.name, e, wait)
+                await sleep_or_stop(stop, wait)
                 if not self.resource_version:
                     need_list = True

@@ -28,10 +28,11 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kuberuntime import api
+from kuberuntime.clock import micro_time, utc_now
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import IS_LEADER
 
@@ -79,11 +80,6 @@ class LeaseRecord:
         return spec
 
 
-def micro_time(dt: datetime) -> str:
-    """A metav1.MicroTime: RFC 3339 in UTC with microseconds."""
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class LeaderElector:
     """One candidate for the Lease `namespace/name`; `run` campaigns until `stop` is set."""
 
@@ -98,7 +94,7 @@ class LeaderElector:
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        wall_clock: Callable[[], datetime] = utc_now,
         rand: Callable[[], float] = random.random,
     ) -> None:
         if not identity:

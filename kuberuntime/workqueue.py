@@ -24,6 +24,8 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from kuberuntime import backoff
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str], Awaitable[float | None]]
@@ -99,10 +101,13 @@ class WorkQueue:
 
     def backoff(self, key: str) -> float:
         """The delay `add_rate_limited` would use for `key` now (without counting a failure)."""
-        exp = self._failures.get(key, 0)
-        delay = self.base_delay * 2.0 ** min(exp, 64)
-        delay *= 1.0 + self.jitter * self._rand()
-        return min(delay, self.max_delay)
+        return backoff.delay(
+            self._failures.get(key, 0),
+            base=self.base_delay,
+            cap=self.max_delay,
+            jitter=(1.0, 1.0 + self.jitter),
+            rand=self._rand,
+        )
 
     def add_rate_limited(self, key: str) -> None:
         delay = self.backoff(key)

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from injector import manifests
+from kuberuntime.clock import now_rfc3339
 from sidecarctl.runcmd import add_run
 from sidecarsets import names
 from sidecarsets.model import ModelError, SidecarSet
@@ -140,7 +141,7 @@ def _run_inject(args: argparse.Namespace) -> int:
 
 def _timestamp(value: str | None) -> str:
     if not value:
-        return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return now_rfc3339()
     try:
         datetime.fromisoformat(value)
     except ValueError:

@@ -32,6 +32,8 @@ from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
 from certwatcher.tls import ServingPair
 from injector.app import WebhookSettings, create_probe_app, create_webhook_app
 from kuberuntime import kubeapi
+from kuberuntime.backoff import Backoff
+from kuberuntime.clock import sleep_or_stop
 from kuberuntime.events import EventRecorder
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
@@ -322,16 +324,15 @@ class Manager:
         log.info("manager stopped")
 
     async def _retry(self, what: str, fn: Callable[[], Awaitable[Any]], stop: asyncio.Event) -> None:
-        delay = 0.5
+        backoff = Backoff(base=0.5, cap=30.0)
         while not stop.is_set():
             try:
                 await fn()
                 return
             except Exception as e:
-                log.warning("%s failed (%s); retrying in %.1fs", what, e, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-                delay = min(delay * 2, 30.0)
+                wait = backoff.next()
+                log.warning("%s failed (%s); retrying in %.1fs", what, e, wait)
+                await sleep_or_stop(stop, wait)
 
 
 def run_forever(opts: ManagerOptions) -> int:

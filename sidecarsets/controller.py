@@ -14,12 +14,12 @@ patched pods as still ready and untouched, and the next plan could exceed maxUna
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kuberuntime import api, events, kubeapi
+from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets import metrics, names, planner, revisions, status
@@ -29,10 +29,6 @@ log = logging.getLogger(__name__)
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 RESYNC_SECONDS = 30.0
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _rv(value: str) -> int:
@@ -54,7 +50,7 @@ class Controller:
         revisions: Callable[[], Iterable[JsonObj]] | None = None,
         recorder: events.EventRecorder,
         workers: int = 3,
-        clock: Callable[[], str] = utc_now,
+        clock: Callable[[], str] = now_rfc3339,
     ) -> None:
         self.client = client
         self.namespace = namespace

@@ -1,0 +1,37 @@
+"""The clock, in the forms the API server speaks, and a sleep that ends on stop.
+
+Wall-clock reads are injected (`clock: Callable[[], datetime]`) wherever a test needs fixed
+dates; `utc_now` is their default. Kubernetes writes two time formats: `metav1.Time` (RFC 3339,
+seconds, `Z`) and `metav1.MicroTime` (microseconds) for Leases and Events' series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(when: datetime) -> str:
+    """A metav1.Time: RFC 3339 in UTC, whole seconds."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(when: datetime) -> str:
+    """A metav1.MicroTime: RFC 3339 in UTC with microseconds."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def now_rfc3339() -> str:
+    return rfc3339(utc_now())
+
+
+async def sleep_or_stop(stop: asyncio.Event, timeout: float) -> bool:
+    """Sleep up to `timeout` seconds; True when `stop` was set meanwhile, so loops end at once on shutdown."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, timeout))
+    return stop.is_set()
