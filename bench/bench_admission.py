@@ -45,8 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from injector import admission, engine
-from injector.app import WebhookSettings, create_webhook_app, pinned_sidecarsets
+from injector.app import WebhookSettings, create_webhook_app
 from sidecarsets import names
+from sidecarsets.pins import pinned_sidecarsets
 from sidecarsets.store import TemplateStore
 
 NAMESPACE = "shop"

@@ -120,12 +120,13 @@ async def phase_sync(kubeconfig: str, pods: int, reconciles: int, page_size: int
     cpu0 = time.process_time()
     await controller.reconcile(SS_NAME)
     first_cpu = time.process_time() - cpu0
-    status = dict(controller.sidecarsets[SS_NAME].get("status") or {})
+    status = dict(controller.sidecarsets[SS_NAME].status)
 
     async def timed(*, stale: bool) -> tuple[float, float]:
         if stale:  # the cached status disagrees with the pods: the reconcile writes it
-            cur = controller.sidecarsets[SS_NAME]
-            controller.sidecarsets[SS_NAME] = {**cur, "status": {**cur.get("status", {}), "matchedPods": 0}}
+            cur = controller.sidecarsets[SS_NAME].obj
+            stale_obj = {**cur, "status": {**(cur.get("status") or {}), "matchedPods": 0}}
+            controller.sidecarsets[SS_NAME] = SidecarSet.from_object(stale_obj, tolerant=True)
         gc.collect()
         w, c = time.perf_counter(), time.process_time()
         await controller.reconcile(SS_NAME)

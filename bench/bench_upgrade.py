@@ -95,8 +95,9 @@ async def plain_loop(kubeconfig: str, ss: JsonObj, *, pods: int, image: str, ser
     client = kubeapi.KubeClient(kubeapi.load_config(kubeconfig))
     try:
         projections = [project(p) for p in await list_pods(client, PLAIN_NS)]
-        matched = status.matched_pods(ss, projections, {PLAIN_NS: {names.NS_NAME_LABEL: PLAIN_NS}})
-        plan = planner.plan_upgrade(ss, matched, revision=f"{PLAIN_SS}-{image[-1]}", now=common.NOW)
+        model = SidecarSet.from_object(ss, tolerant=True)
+        matched = status.matched_pods(model, projections, {PLAIN_NS: {names.NS_NAME_LABEL: PLAIN_NS}})
+        plan = planner.plan_upgrade(model, matched, revision=f"{PLAIN_SS}-{image[-1]}", now=common.NOW)
         if len(plan.upgrades) != pods:
             raise RuntimeError(f"the planner chose {len(plan.upgrades)} of {pods} pods ({plan.reason})")
         # Fill the pool first (64 TLS connections), as the manager's busy client has it by now.

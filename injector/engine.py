@@ -26,7 +26,9 @@ from typing import Any, TypeGuard
 from injector import envs, metadata, patchops, policy, volumes
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.model import BEFORE_APP, SidecarContainer, SidecarSet
+from sidecarsets.enums import InjectPolicy
+from sidecarsets.model import SidecarSet
+from sidecarsets.sidecar import SidecarContainer
 
 SKIP_NO_MATCH = "no SidecarSet matches the pod"
 SKIP_ALREADY_INJECTED = "already injected"
@@ -308,7 +310,7 @@ def _sidecar(
     The result shares no object with the SidecarSet or the pod: the SidecarSet's part is a fresh
     copy and what comes from the pod is copied as it is added.
     """
-    if sc.upgrade_type == "HotUpgrade":
+    if sc.hot:
         warnings.append(_where(ss, sc) + ": HotUpgrade is not supported; injected as one container (ColdUpgrade)")
     if sc.has_resources_policy:
         warnings.append(_where(ss, sc) + ": resourcesPolicy is not supported; ignored")
@@ -373,7 +375,7 @@ def _placement(
         i = index.get(container["name"])
         if i is not None:
             replace[i] = container
-        elif inject_policy == BEFORE_APP:
+        elif inject_policy == InjectPolicy.BEFORE_APP:
             before.append(container)
         else:
             after.append(container)

@@ -14,7 +14,7 @@ from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.model import TransferEnv
+from sidecarsets.sidecar import TransferEnv
 
 _VAR_REF = re.compile(r"\$\(([^()]+)\)")
 _NAME_OF = operator.itemgetter("name")

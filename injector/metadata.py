@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.model import MetadataPatch, SidecarSet
+from sidecarsets.enums import PatchPolicy
+from sidecarsets.model import SidecarSet
+from sidecarsets.sidecar import MetadataPatch
 
 
 def _dumps(value: Any, *, sort_keys: bool = False) -> str:
@@ -125,10 +127,10 @@ def apply_patch_pod_metadata(
     warnings: list[str] = []
     for patch in patches:
         for key, value in patch.annotations:
-            if key not in annotations or patch.policy == "Overwrite":
+            if key not in annotations or patch.policy is PatchPolicy.OVERWRITE:
                 annotations[key] = value
                 continue
-            if patch.policy == "Retain":
+            if patch.policy is PatchPolicy.RETAIN:
                 continue
             try:
                 current = json.loads(annotations[key])

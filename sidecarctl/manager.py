@@ -30,7 +30,7 @@ from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
 from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
 from certwatcher.tls import ServingPair
-from injector.app import WebhookSettings, create_probe_app, create_webhook_app
+from injector.app import WebhookSettings, create_webhook_app
 from kuberuntime import kubeapi
 from kuberuntime.backoff import Backoff
 from kuberuntime.clock import sleep_or_stop
@@ -39,6 +39,7 @@ from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER
+from sidecarctl.probes import create_probe_app
 from sidecarsets import names
 from sidecarsets.controller import SS_PATH, Controller
 from sidecarsets.projection import PodProjection, project

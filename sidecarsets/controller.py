@@ -18,11 +18,12 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kuberuntime import api, events, kubeapi
+from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets import metrics, names, planner, revisions, status
+from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Controller:
 
     def __init__(
         self,
-        client: kubeapi.KubeClient,
+        client: api.Client,
         *,
         namespace: str,
         namespaces: Callable[[], Mapping[str, Mapping[str, str]]],
@@ -60,7 +61,8 @@ class Controller:
         self.workers = workers
         self.clock = clock
         self.queue = WorkQueue()
-        self.sidecarsets: dict[str, JsonObj] = {}
+        # Read tolerantly: a SidecarSet written before validation existed is still counted and reported.
+        self.sidecarsets: dict[str, SidecarSet] = {}
         self.pods: dict[str, PodProjection] = {}
         self.pods_by_ss: dict[str, set[str]] = {}
         # pod key → resourceVersion our last patch produced; planning waits until the cache has it.
@@ -74,7 +76,7 @@ class Controller:
         if kind == "DELETED" or new is None:
             self.sidecarsets.pop(name, None)
             return
-        self.sidecarsets[name] = new
+        self.sidecarsets[name] = SidecarSet.from_object(new, tolerant=True)
         old_gen = ((old or {}).get("metadata") or {}).get("generation")
         if old is None or old_gen != new.get("metadata", {}).get("generation"):
             self.queue.add(name)
@@ -82,8 +84,7 @@ class Controller:
     def on_namespace(self, kind: str, old: Any, new: Any) -> None:
         if old != new:
             for name, ss in self.sidecarsets.items():
-                spec = ss.get("spec") or {}
-                if spec.get("namespaceSelector") or spec.get("namespace"):
+                if ss.namespace_selector is not None:
                     self.queue.add(name)
 
     def on_pod(self, kind: str, old: PodProjection | None, new: PodProjection | None) -> None:
@@ -144,8 +145,8 @@ class Controller:
         metrics.RECONCILES.labels("requeue" if result is not None else "success").inc()
         return result
 
-    async def _reconcile(self, ss: JsonObj) -> float | None:
-        name = ss["metadata"]["name"]
+    async def _reconcile(self, ss: SidecarSet) -> float | None:
+        name = ss.name
         pods = self._pods_of(name)
         matched = status.matched_pods(ss, pods, self.namespaces())
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
@@ -157,7 +158,7 @@ class Controller:
         new_status = status.compute_status(
             ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
         )
-        if status.status_changed(ss.get("status"), new_status):
+        if status.status_changed(ss.status, new_status):
             await self._write_status(ss, new_status)
 
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
@@ -169,7 +170,7 @@ class Controller:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
         else:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(0)
-        if plan.upgrades or plan.reason.startswith("waiting"):
+        if plan.upgrades or plan.stage is planner.Stage.WAITING:
             log.info(
                 "rollout: %s (unavailable %d/%d, matched %d): %s",
                 plan.reason,
@@ -185,7 +186,7 @@ class Controller:
         patched = sum(1 for r in results if r)
         if patched:
             await self.recorder.event(
-                ss,
+                ss.obj,
                 type="Normal",
                 reason="SidecarUpgrade",
                 # One message per revision, so repeats aggregate into one Event's count.
@@ -193,14 +194,14 @@ class Controller:
             )
         return 0.2 if patched < len(plan.upgrades) else None
 
-    async def _write_status(self, ss: JsonObj, new_status: JsonObj) -> None:
-        name = ss["metadata"]["name"]
-        body = {"metadata": {"resourceVersion": ss["metadata"]["resourceVersion"]}, "status": new_status}
+    async def _write_status(self, ss: SidecarSet, new_status: JsonObj) -> None:
+        name = ss.name
+        body = {"metadata": {"resourceVersion": ss.resource_version}, "status": new_status}
         try:
             updated = await self.client.patch(f"{SS_PATH}/{name}/status", body, patch_type="merge")
             # Keep the cache current so the next pass does not write the same status again.
             if name in self.sidecarsets:
-                self.sidecarsets[name] = updated
+                self.sidecarsets[name] = SidecarSet.from_object(updated, tolerant=True)
         except api.Conflict:
             raise  # the watch brings the newer object; the queue retries with backoff
         except api.NotFound:
@@ -231,9 +232,11 @@ class Controller:
         metrics.INPLACE_UPGRADES.labels("patched").inc()
         return True
 
-    async def _mark_upgradable(self, ss: JsonObj, matched: list[PodProjection], stuck: set[tuple[str, str]]) -> None:
+    async def _mark_upgradable(
+        self, ss: SidecarSet, matched: list[PodProjection], stuck: set[tuple[str, str]]
+    ) -> None:
         """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers."""
-        name = ss["metadata"]["name"]
+        name = ss.name
         now = self.clock()
         newly_stuck: list[str] = []
         # Pods of one workload share their condition tuple, so each distinct (condition, verdict)
@@ -261,7 +264,7 @@ class Controller:
         if newly_stuck:
             shown = ", ".join(newly_stuck[:10]) + (" ..." if len(newly_stuck) > 10 else "")
             await self.recorder.event(
-                ss,
+                ss.obj,
                 type="Warning",
                 reason="NotUpgradablePods",
                 message=(

@@ -25,6 +25,7 @@ from typing import Any
 
 from sidecarsets import selectors
 from sidecarsets.projection import PodProjection
+from sidecarsets.strategies import UpdateStrategy
 
 _PHASE_ORDINAL = {"Pending": 0, "Unknown": 1, "Running": 2}
 
@@ -154,7 +155,7 @@ def spread(order: Sequence[PodProjection], key: str, values: Sequence[str]) -> l
 
 
 def upgrade_order(
-    candidates: Sequence[PodProjection], matched: Sequence[PodProjection], strategy: Mapping[str, Any]
+    candidates: Sequence[PodProjection], matched: Sequence[PodProjection], strategy: UpdateStrategy
 ) -> list[PodProjection]:
     """Candidates in upgrade order under `updateStrategy` (priority and scatter).
 
@@ -162,9 +163,9 @@ def upgrade_order(
     key listed has the final say.
     """
     order = sorted(candidates, key=active_pods_key)
-    key = priority_key(strategy.get("priorityStrategy"))
+    key = priority_key(strategy.priority)
     if key is not None:
         order.sort(key=key)
-    for k, values in reversed(scatter_groups(strategy.get("scatterStrategy"), matched)):
+    for k, values in reversed(scatter_groups(list(strategy.scatter), matched)):
         order = spread(order, k, values)
     return order

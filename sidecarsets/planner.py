@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import orjson
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import intorpercent, podstate, rawspec, selectors
-from sidecarsets.hashing import spec_hash, spec_hash_without_image
+from sidecarsets import intorpercent, podstate, selectors
+from sidecarsets.enums import UpdateType
+from sidecarsets.model import SidecarSet
 from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
 from sidecarsets.ordering import upgrade_order
 from sidecarsets.projection import PodProjection
@@ -39,6 +41,20 @@ class PodUpgrade:
     patch: list[JsonObj]
 
 
+class Stage(Enum):
+    """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`."""
+
+    UPGRADING = "upgrading"  # `upgrades` holds the pods to patch now
+    WAITING = "waiting"  # maxUnavailable is spent, or patched pods are still upgrading
+    PARTITION = "partition"  # the remaining pods are held back by the partition
+    NOTHING_UPGRADABLE = "nothing upgradable"
+    DONE = "done"
+    PAUSED = "paused"
+    NOT_UPDATE = "NotUpdate"
+    INVALID = "invalid"  # a field the rollout depends on cannot be read
+    UNSUPPORTED = "unsupported"  # sidecars the planner cannot roll in place
+
+
 @dataclass(frozen=True)
 class Plan:
     upgrades: tuple[PodUpgrade, ...]
@@ -46,7 +62,8 @@ class Plan:
     unavailable: int  # pods unavailable because of this SidecarSet's rollout, before this plan
     max_unavailable: int
     done: bool  # every matched pod carries the SidecarSet's current hash
-    reason: str
+    stage: Stage
+    reason: str  # for people: the stage with its numbers, e.g. "waiting: 2/2 unavailable"
 
 
 def _pointer(*parts: str) -> str:
@@ -131,25 +148,6 @@ def pod_patch(
     return ops
 
 
-def _problem(strategy: Mapping[str, Any], ss: Mapping[str, Any]) -> str | None:
-    """The first invalid field that planning depends on, as `field: reason`."""
-    for key in ("partition", "maxUnavailable"):
-        if strategy.get(key) is not None:
-            try:
-                intorpercent.parse(strategy[key])
-            except intorpercent.IntOrPercentError as err:
-                return f"spec.updateStrategy.{key}: {err}"
-    if strategy.get("selector") is not None:
-        try:
-            selectors.validate(strategy["selector"])
-        except selectors.SelectorError as err:
-            return f"spec.updateStrategy.selector: {err}"
-    for i, c in enumerate(rawspec.containers(ss)):
-        if not isinstance(c.get("image"), str) or not c["image"]:
-            return f"spec.containers[{i}].image: must be a non-empty string"
-    return None
-
-
 def _partition(value: Any, total: int) -> int:
     """Pods to leave on the old revision. A percentage that rounds up to every pod (say 99% of
     10) still lets one pod upgrade; only "100%" (or an integer) holds back all of them."""
@@ -177,7 +175,7 @@ def _by_identity(item: tuple[PodProjection, bool]) -> tuple[str, str, str]:
 
 
 def plan_upgrade(
-    ss: JsonObj,
+    ss: SidecarSet,
     matched: Sequence[PodProjection],
     *,
     revision: str,
@@ -189,18 +187,11 @@ def plan_upgrade(
     `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
     status was just computed from the same pods.
     """
-    name = rawspec.name(ss)
-    spec = rawspec.spec(ss)
-    strategy = rawspec.update_strategy(ss)
-    total = len(matched)
-    new_hash = spec_hash(spec)
-    new_hash_wo = spec_hash_without_image(spec)
-    sidecars = rawspec.sidecar_list(ss)
-    m = _max_unavailable(strategy.get("maxUnavailable"), total)
-
+    name, strategy, total = ss.name, ss.update_strategy, len(matched)
+    m = _max_unavailable(strategy.max_unavailable, total)
     if verdicts is None:
-        verdicts = podstate.evaluate(matched, sidecarset=name, spec_hash=new_hash, containers=set(sidecars))
-    elif not verdicts.is_for(matched, sidecarset=name, spec_hash=new_hash):
+        verdicts = podstate.evaluate(matched, sidecarset=name, spec_hash=ss.hash, containers=set(ss.sidecar_list))
+    elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
     unavailable = sum(
         1
@@ -209,67 +200,23 @@ def plan_upgrade(
     )
     done = sum(verdicts.updated) >= total
 
-    def stop(reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
-        return Plan((), not_upgradable, unavailable, m, done, reason)
+    def stop(stage: Stage, reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
+        return Plan((), not_upgradable, unavailable, m, done, stage, reason)
 
-    if not name:
-        return stop("invalid: metadata.name: missing")
-    kind = strategy.get("type")
-    if kind == "NotUpdate":
-        return stop("NotUpdate")
-    if kind not in (None, "RollingUpdate"):
-        return stop(f"invalid: spec.updateStrategy.type: {kind!r} is not RollingUpdate or NotUpdate")
-    if strategy.get("paused") is True:
-        return stop("paused")
-    problem = _problem(strategy, ss)
-    if problem:
-        return stop(f"invalid: {problem}")
-
-    # Only pods not yet updated can be planned; in namespace/name order, so ties and the
-    # not-upgradable list never depend on the order the pods came in.
-    outdated = [(p, f) for p, u, f in zip(matched, verdicts.updated, verdicts.in_flight, strict=True) if not u]
-    outdated.sort(key=_by_identity)
-    update_selector = strategy.get("selector")
-    selected = None if update_selector is None else selectors.matcher(update_selector)
-    candidates: list[PodProjection] = []
-    not_upgradable: list[tuple[str, str]] = []
-    waiting = 0
-    for pod, moving in outdated:
-        if selected is not None and not selected(pod.labels):
-            continue
-        entry = pod.hash_without_image_for(name)
-        if entry is None or entry.hash != new_hash_wo:
-            not_upgradable.append(pod.key)
-        elif moving:
-            waiting += 1
-        else:
-            candidates.append(pod)
-    stuck = tuple(not_upgradable)
-
+    stopped = _stopped(ss)
+    if stopped is not None:
+        return stop(*stopped)
+    candidates, stuck, waiting = _candidates(ss, matched, verdicts)
     if done:
-        return stop("done", stuck)
-    hot = rawspec.hot_names(ss)
-    if hot:
-        return stop(f"hot upgrade not handled: {', '.join(hot)}", stuck)
-    native = rawspec.native_init_names(ss)
-    if native:
-        return stop(f"native sidecar initContainers cannot be upgraded in place: {', '.join(native)}", stuck)
+        return stop(Stage.DONE, "done", stuck)
+    unsupported = _unsupported(ss)
+    if unsupported is not None:
+        return stop(Stage.UNSUPPORTED, unsupported, stuck)
 
     order = upgrade_order(candidates, matched, strategy)
-    kept = _partition(strategy.get("partition"), total)
+    kept = _partition(strategy.partition, total)
     order = order[: max(0, len(order) - kept)]
-    count = unavailable
-    chosen: list[PodProjection] = []
-    for pod in order:
-        if not podstate.is_running_ready(pod):
-            chosen.append(pod)  # already unavailable: upgrading it costs nothing
-            continue
-        if count >= m:
-            break
-        count += 1
-        chosen.append(pod)
-
-    images = {c["name"]: c["image"] for c in rawspec.cold_containers(ss)}
+    chosen = _within_budget(order, unavailable, m)
     upgrades = tuple(
         PodUpgrade(
             pod.namespace,
@@ -277,22 +224,98 @@ def plan_upgrade(
             pod.uid,
             pod.resource_version,
             pod_patch(
-                pod, ss_name=name, images=images, new_hash=new_hash, sidecars=sidecars, revision=revision, now=now
+                pod,
+                ss_name=name,
+                images=ss.cold_images,
+                new_hash=ss.hash,
+                sidecars=ss.sidecar_list,
+                revision=revision,
+                now=now,
             ),
         )
         for pod in chosen
     )
     if upgrades:
-        reason = f"upgrading {len(upgrades)}"
+        stage, reason = Stage.UPGRADING, f"upgrading {len(upgrades)}"
     elif candidates and not order:
-        reason = f"partition: {kept} pods kept on the old revision"
+        stage, reason = Stage.PARTITION, f"partition: {kept} pods kept on the old revision"
     elif order:
-        reason = f"waiting: {unavailable}/{m} unavailable"
+        stage, reason = Stage.WAITING, f"waiting: {unavailable}/{m} unavailable"
     elif waiting:
-        reason = f"waiting: {waiting} pods still upgrading"
+        stage, reason = Stage.WAITING, f"waiting: {waiting} pods still upgrading"
     else:
-        reason = "no upgradable pods"
-    return Plan(upgrades, stuck, unavailable, m, done, reason)
+        stage, reason = Stage.NOTHING_UPGRADABLE, "no upgradable pods"
+    return Plan(upgrades, stuck, unavailable, m, done, stage, reason)
+
+
+def _stopped(ss: SidecarSet) -> tuple[Stage, str] | None:
+    """Why no pod may be planned at all, before any pod is looked at."""
+    if not ss.name:
+        return Stage.INVALID, "invalid: metadata.name: missing"
+    if ss.update_strategy.type is UpdateType.NOT_UPDATE:
+        return Stage.NOT_UPDATE, "NotUpdate"
+    type_problem = ss.problem("spec.updateStrategy.type")
+    if type_problem is not None:
+        return Stage.INVALID, f"invalid: {type_problem}"
+    if ss.update_strategy.paused:
+        return Stage.PAUSED, "paused"
+    problem = ss.rollout_problem()
+    if problem is not None:
+        return Stage.INVALID, f"invalid: {problem}"
+    return None
+
+
+def _candidates(
+    ss: SidecarSet, matched: Sequence[PodProjection], verdicts: podstate.Verdicts
+) -> tuple[list[PodProjection], tuple[tuple[str, str], ...], int]:
+    """(pods that may be upgraded now, pods that cannot be upgraded in place, pods still upgrading).
+
+    Only pods not yet updated are considered, in namespace/name order, so ties and the
+    not-upgradable list never depend on the order the pods came in.
+    """
+    outdated = [(p, f) for p, u, f in zip(matched, verdicts.updated, verdicts.in_flight, strict=True) if not u]
+    outdated.sort(key=_by_identity)
+    update_selector = ss.update_strategy.selector
+    selected = None if update_selector is None else selectors.matcher(update_selector)
+    candidates: list[PodProjection] = []
+    not_upgradable: list[tuple[str, str]] = []
+    waiting = 0
+    for pod, moving in outdated:
+        if selected is not None and not selected(pod.labels):
+            continue
+        entry = pod.hash_without_image_for(ss.name)
+        if entry is None or entry.hash != ss.hash_without_image:
+            not_upgradable.append(pod.key)
+        elif moving:
+            waiting += 1
+        else:
+            candidates.append(pod)
+    return candidates, tuple(not_upgradable), waiting
+
+
+def _unsupported(ss: SidecarSet) -> str | None:
+    hot = ss.hot_names
+    if hot:
+        return f"hot upgrade not handled: {', '.join(hot)}"
+    native = ss.native_init_names
+    if native:
+        return f"native sidecar initContainers cannot be upgraded in place: {', '.join(native)}"
+    return None
+
+
+def _within_budget(order: Sequence[PodProjection], unavailable: int, max_unavailable: int) -> list[PodProjection]:
+    """Pods from the front of `order` while maxUnavailable allows; pods already unavailable cost nothing."""
+    count = unavailable
+    chosen: list[PodProjection] = []
+    for pod in order:
+        if not podstate.is_running_ready(pod):
+            chosen.append(pod)  # already unavailable: upgrading it costs nothing
+            continue
+        if count >= max_unavailable:
+            break
+        count += 1
+        chosen.append(pod)
+    return chosen
 
 
 def _message_kv(message: str) -> dict[str, bool] | None:

@@ -35,7 +35,9 @@ import orjson
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import intorpercent, selectors
+from sidecarsets.enums import RevisionPolicy
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
+from sidecarsets.model import SidecarSet
 from sidecarsets.names import (
     API_VERSION,
     KIND,
@@ -44,6 +46,7 @@ from sidecarsets.names import (
     SS_ANN_HASH_WITHOUT_IMAGE,
     SS_LABEL_CUSTOM_VERSION,
 )
+from sidecarsets.strategies import RevisionPin
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +76,17 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def _spec(ss: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = ss.get("spec")
-    if spec is None:
-        return {}
-    if not isinstance(spec, Mapping):
-        raise RevisionError(f"spec must be an object, got {type(spec).__name__}")
-    return spec
-
-
-def _ss_name(ss: Mapping[str, Any]) -> str:
-    name = _meta(ss).get("name")
-    if not isinstance(name, str) or not name:
+def _ss_name(ss: SidecarSet) -> str:
+    if not ss.name:
         raise RevisionError("metadata.name is required")
-    return name
+    return ss.name
+
+
+def _require(ss: SidecarSet, *fields: str, exact: bool = False) -> None:
+    """Raise RevisionError naming the field when the SidecarSet has a problem on one of `fields`."""
+    problem = ss.problem(*fields, exact=exact)
+    if problem is not None:
+        raise RevisionError(problem.message)
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -94,9 +94,9 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return labels if isinstance(labels, Mapping) else {}
 
 
-def revision_data(ss: Mapping[str, Any]) -> JsonObj:
+def revision_data(ss: SidecarSet) -> JsonObj:
     """What a ControllerRevision stores for this SidecarSet: the injected fields that are present."""
-    spec = _spec(ss)
+    spec = ss.spec
     stored: JsonObj = {"$patch": "replace"}
     for key in REVISION_FIELDS:
         if spec.get(key) is not None:
@@ -131,55 +131,35 @@ def sort_revisions(revisions: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
     )
 
 
-def history_limit(ss: Mapping[str, Any]) -> int:
-    value = _spec(ss).get("revisionHistoryLimit")
-    if value is None:
-        return DEFAULT_HISTORY_LIMIT
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RevisionError(f"spec.revisionHistoryLimit must be an integer, got {value!r}")
-    return max(1, value)
+def history_limit(ss: SidecarSet) -> int:
+    _require(ss, "spec.revisionHistoryLimit")
+    return ss.revision_history_limit
 
 
-def collision_count(ss: Mapping[str, Any]) -> int:
-    status = ss.get("status")
-    value = status.get("collisionCount") if isinstance(status, Mapping) else None
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RevisionError(f"status.collisionCount must be a non-negative integer, got {value!r}")
-    return value
+def collision_count(ss: SidecarSet) -> int:
+    _require(ss, "status.collisionCount")
+    return ss.collision_count
 
 
-def custom_version(ss: Mapping[str, Any]) -> str:
-    """The SidecarSet's custom version (the v1alpha1 label), or ""."""
-    return str(_labels(ss).get(SS_LABEL_CUSTOM_VERSION) or "")
-
-
-def owner_reference(ss: Mapping[str, Any]) -> JsonObj:
+def owner_reference(ss: SidecarSet) -> JsonObj:
     """The SidecarSet as controller owner; no blockOwnerDeletion, so no finalizer RBAC is needed."""
-    uid = _meta(ss).get("uid")
+    uid = ss.uid
     if not uid:
         raise RevisionError("metadata.uid is required to own ControllerRevisions (is the SidecarSet stored?)")
     return {"apiVersion": API_VERSION, "kind": KIND, "name": _ss_name(ss), "uid": str(uid), "controller": True}
 
 
-def new_revision(ss: Mapping[str, Any], *, name: str, number: int) -> JsonObj:
+def new_revision(ss: SidecarSet, *, name: str, number: int) -> JsonObj:
     """The ControllerRevision object for the SidecarSet's current spec (namespace left to the caller)."""
     ss_name = _ss_name(ss)
-    spec = _spec(ss)
-    labels = {**_labels(ss), REVISION_LABEL_SIDECARSET: ss_name}
-    if custom_version(ss):
-        labels[SS_LABEL_CUSTOM_VERSION] = custom_version(ss)
-    ss_annotations = _meta(ss).get("annotations")
-    annotations = {
-        k: v
-        for k, v in (ss_annotations.items() if isinstance(ss_annotations, Mapping) else ())
-        if k not in _NOT_COPIED_ANNOTATIONS
-    }
-    annotations[SS_ANN_HASH] = spec_hash(spec)
-    annotations[SS_ANN_HASH_WITHOUT_IMAGE] = spec_hash_without_image(spec)
+    labels = {**ss.labels, REVISION_LABEL_SIDECARSET: ss_name}
+    if ss.custom_version:
+        labels[SS_LABEL_CUSTOM_VERSION] = ss.custom_version
+    annotations = {k: v for k, v in ss.annotations.items() if k not in _NOT_COPIED_ANNOTATIONS}
+    annotations[SS_ANN_HASH] = ss.hash
+    annotations[SS_ANN_HASH_WITHOUT_IMAGE] = ss.hash_without_image
     metadata: JsonObj = {"name": name, "labels": labels, "annotations": annotations}
-    if _meta(ss).get("uid"):
+    if ss.uid:
         metadata["ownerReferences"] = [owner_reference(ss)]
     return {
         "apiVersion": "apps/v1",
@@ -190,39 +170,18 @@ def new_revision(ss: Mapping[str, Any], *, name: str, number: int) -> JsonObj:
     }
 
 
-def _injection_revision(ss: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(revisionName, customVersion, policy) of `injectionStrategy.revision`, or None when not pinned."""
-    strategy = _spec(ss).get("injectionStrategy")
-    if strategy is None:
-        return None
-    if not isinstance(strategy, Mapping):
-        raise RevisionError("spec.injectionStrategy must be an object")
-    rev = strategy.get("revision")
-    if rev is None:
-        return None
-    if not isinstance(rev, Mapping):
-        raise RevisionError("spec.injectionStrategy.revision must be an object")
-    values = []
-    for key in ("revisionName", "customVersion", "policy"):
-        value = rev.get(key)
-        if value is not None and not isinstance(value, str):
-            raise RevisionError(f"spec.injectionStrategy.revision.{key} must be a string, got {value!r}")
-        values.append(value or "")
-    name, version, policy = values
-    if not name and not version:
-        return None
-    if policy not in ("", "Always", "Partial"):
-        raise RevisionError(
-            f"spec.injectionStrategy.revision.policy {policy!r} is not supported (use Always or Partial)"
-        )
-    return name, version, policy or "Always"
+def _injection_revision(ss: SidecarSet) -> RevisionPin | None:
+    """`injectionStrategy.revision`, or None when not pinned; RevisionError when it cannot be read."""
+    _require(ss, "spec.injectionStrategy", exact=True)
+    _require(ss, "spec.injectionStrategy.revision")
+    return ss.injection_revision
 
 
-def _pinned(ss: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]) -> tuple[str, JsonObj | None] | None:
+def _pinned(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> tuple[str, JsonObj | None] | None:
     pin = _injection_revision(ss)
     if pin is None:
         return None
-    name, version, _ = pin
+    name, version = pin.revision_name, pin.custom_version
     revs = list(revisions)
     if name:
         found = next((r for r in revs if _meta(r).get("name") == name), None)
@@ -237,7 +196,7 @@ def _pinned(ss: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]) -> tu
     return f"customVersion {version!r}", (sort_revisions(matching)[-1] if matching else None)
 
 
-def resolve_pinned(ss: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]) -> JsonObj | None:
+def resolve_pinned(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> JsonObj | None:
     """The revision `injectionStrategy.revision` pins, or None when nothing is pinned.
 
     `revisionName` picks that revision; `customVersion` the highest `.revision` labelled with it.
@@ -255,18 +214,18 @@ def resolve_pinned(ss: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]
     return found
 
 
-def _pinned_name(ss: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]) -> str | None:
+def _pinned_name(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> str | None:
     pin = _injection_revision(ss)
     if pin is None:
         return None
-    if pin[0]:
-        return pin[0]  # kept even if not listed: it may be created later under that name
+    if pin.revision_name:
+        return pin.revision_name  # kept even if not listed: it may be created later under that name
     pinned = _pinned(ss, revisions)
     found = pinned[1] if pinned else None
     return str(_meta(found).get("name")) if found is not None else None
 
 
-def apply_revision(ss: Mapping[str, Any], revision: Mapping[str, Any]) -> JsonObj:
+def apply_revision(ss: SidecarSet, revision: Mapping[str, Any]) -> JsonObj:
     """A copy of the SidecarSet whose injected fields are the revision's (the webhook injects it).
 
     Only the revision's fields are replaced (absent ones removed); selector and strategies stay the
@@ -278,7 +237,7 @@ def apply_revision(ss: Mapping[str, Any], revision: Mapping[str, Any]) -> JsonOb
     rev_name = str(_meta(revision).get("name") or "")
     if not isinstance(stored, Mapping):
         raise RevisionError(f"ControllerRevision {rev_name}: data.spec must be an object")
-    out: JsonObj = copy.deepcopy(dict(ss))
+    out: JsonObj = copy.deepcopy(dict(ss.obj))
     spec = out.get("spec")
     spec = dict(spec) if isinstance(spec, Mapping) else {}
     for key in REVISION_FIELDS:
@@ -303,36 +262,28 @@ def apply_revision(ss: Mapping[str, Any], revision: Mapping[str, Any]) -> JsonOb
     return out
 
 
-def should_use_pinned(ss: Mapping[str, Any], *, pod_labels: Mapping[str, str], rand: float) -> bool:
+def should_use_pinned(ss: SidecarSet, *, pod_labels: Mapping[str, str], rand: float) -> bool:
     """Whether a new pod gets the pinned revision rather than the latest spec.
 
     No pin → False. `updateStrategy.paused` or policy `Always` → True. `Partial`: a pod outside
     `updateStrategy.selector` keeps the pinned revision; otherwise a percentage `partition` p%
     keeps a random p% of new pods on it (`rand` in [0, 1) is the caller's draw), and no partition
-    or a plain number gives the latest.
+    or a plain number gives the latest. A field it needs that cannot be read raises RevisionError.
     """
     pin = _injection_revision(ss)
     if pin is None:
         return False
-    strategy = _spec(ss).get("updateStrategy") or {}
-    if not isinstance(strategy, Mapping):
-        raise RevisionError("spec.updateStrategy must be an object")
-    if strategy.get("paused") is True or pin[2] == "Always":
+    _require(ss, "spec.updateStrategy", exact=True)
+    strategy = ss.update_strategy
+    if strategy.paused or pin.policy is RevisionPolicy.ALWAYS:
         return True
-    selector = strategy.get("selector")
-    if selector:
-        try:
-            if not selectors.matches(selector, pod_labels):
-                return True
-        except selectors.SelectorError as e:
-            raise RevisionError(f"spec.updateStrategy.selector: {e}") from e
-    partition = strategy.get("partition")
-    if partition is None:
+    _require(ss, "spec.updateStrategy.selector")
+    if strategy.selector and not selectors.matches(strategy.selector, pod_labels):
+        return True
+    _require(ss, "spec.updateStrategy.partition")
+    if strategy.partition is None:
         return False
-    try:
-        value, is_percent = intorpercent.parse(partition)
-    except intorpercent.IntOrPercentError as e:
-        raise RevisionError(f"spec.updateStrategy.partition: {e}") from e
+    value, is_percent = intorpercent.parse(strategy.partition)
     return is_percent and rand < value / 100
 
 
@@ -354,7 +305,7 @@ class HistoryPlan:
         return "create" if self.create is not None else "rollback" if self.renumber else "reuse"
 
 
-def plan_history(ss: Mapping[str, Any], existing: Iterable[Mapping[str, Any]], *, in_use: set[str]) -> HistoryPlan:
+def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_use: set[str]) -> HistoryPlan:
     """Decide the latest revision and the truncation, from the SidecarSet and its revisions.
 
     `in_use` names revisions that must survive truncation (those pods record); the revision pinned
@@ -387,7 +338,7 @@ def plan_history(ss: Mapping[str, Any], existing: Iterable[Mapping[str, Any]], *
         revs.append(latest)
 
     latest_name = str(_meta(latest).get("name"))
-    version = custom_version(ss)
+    version = ss.custom_version
     relabel = None
     if version and _labels(latest).get(SS_LABEL_CUSTOM_VERSION) != version:
         relabel = version
@@ -439,7 +390,7 @@ def _owned_by(revision: Mapping[str, Any], uid: str) -> bool:
     return controller is None or not uid or controller.get("uid") == uid
 
 
-async def list_revisions(client: api.Client, ss: Mapping[str, Any], *, namespace: str) -> list[JsonObj]:
+async def list_revisions(client: api.Client, ss: SidecarSet, *, namespace: str) -> list[JsonObj]:
     """The SidecarSet's revisions in `namespace`, oldest first."""
     listed = await client.get(
         revisions_path(namespace), params={"labelSelector": f"{REVISION_LABEL_SIDECARSET}={_ss_name(ss)}"}
@@ -447,8 +398,8 @@ async def list_revisions(client: api.Client, ss: Mapping[str, Any], *, namespace
     return _owned_revisions(ss, listed.get("items") or [])
 
 
-def _owned_revisions(ss: Mapping[str, Any], items: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
-    name, uid = _ss_name(ss), str(_meta(ss).get("uid") or "")
+def _owned_revisions(ss: SidecarSet, items: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
+    name, uid = _ss_name(ss), ss.uid
     return sort_revisions(
         dict(r)
         for r in items
@@ -457,9 +408,9 @@ def _owned_revisions(ss: Mapping[str, Any], items: Iterable[Mapping[str, Any]]) 
 
 
 async def _create(
-    client: api.Client, ss: Mapping[str, Any], body: JsonObj, *, namespace: str, collisions: int
+    client: api.Client, ss: SidecarSet, body: JsonObj, *, namespace: str, collisions: int
 ) -> tuple[str, int]:
-    uid = str(_meta(ss).get("uid") or "")
+    uid = ss.uid
     body = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
     for _ in range(_MAX_COLLISIONS):
         try:
@@ -480,7 +431,7 @@ async def _create(
 
 async def sync_history(
     client: api.Client,
-    ss: Mapping[str, Any],
+    ss: SidecarSet,
     *,
     namespace: str,
     in_use: set[str],

@@ -12,57 +12,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import podstate, rawspec, selectors
-from sidecarsets.hashing import spec_hash
-from sidecarsets.names import NS_NAME_LABEL
+from sidecarsets import podstate, selectors
+from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection
 
 _COUNTERS = ("matchedPods", "updatedPods", "readyPods", "updatedReadyPods")
 
 
-def _selector_keys(selector: Mapping[str, Any]) -> set[str]:
-    keys = set(selector.get("matchLabels") or {})
-    for expr in selector.get("matchExpressions") or []:
-        if isinstance(expr, Mapping):
-            keys.add(str(expr.get("key")))
-    return keys
-
-
-def namespace_matches(
-    selector: Mapping[str, Any] | None, namespace: str, namespace_labels: Mapping[str, Mapping[str, str]]
-) -> bool:
-    """None selects every namespace. For a namespace whose labels are not known, only a selector on
-    its name alone can be decided; anything else is treated as not matching rather than guessed."""
-    if selector is None:
-        return True
-    labels = namespace_labels.get(namespace)
-    if labels is None:
-        if not _selector_keys(selector) <= {NS_NAME_LABEL}:
-            return False
-        labels = {}
-    if NS_NAME_LABEL not in labels:
-        labels = {**labels, NS_NAME_LABEL: namespace}
-    return selectors.matches(selector, labels)
-
-
 def matched_pods(
-    ss: JsonObj, pods: Iterable[PodProjection], namespace_labels: Mapping[str, Mapping[str, str]]
+    ss: SidecarSet, pods: Iterable[PodProjection], namespace_labels: Mapping[str, Mapping[str, str]]
 ) -> list[PodProjection]:
     """The pods this SidecarSet owns, in the order given.
+
+    For a namespace whose labels are not known, only a selector on its name alone can be decided;
+    anything else is treated as not matching rather than guessed (`SidecarSet.matches_namespace`).
 
     Replicas of one workload share their label set and container lists (projection hands out one
     instance per distinct value), so the selector and the sidecar check run once per distinct
     object. The memos are keyed by identity; every keyed object is held by a pod in `pods`.
     """
-    name = rawspec.name(ss)
-    pod_selector = rawspec.pod_selector(ss)
-    if not name or pod_selector is None or selectors.is_empty(pod_selector):
+    name = ss.name
+    if not name or selectors.is_empty(ss.selector):
         return []  # an empty selector would claim every pod; admission refuses it
-    ns_selector = rawspec.namespace_selector(ss)
-    cold = [c["name"] for c in rawspec.cold_containers(ss)]
-    hot = rawspec.hot_names(ss)
-    native = rawspec.native_init_names(ss)
-    selected = selectors.matcher(pod_selector)
+    cold, hot, native = ss.cold_names, ss.hot_names, ss.native_init_names
     ns_cache: dict[str, bool] = {}
     labels_cache: dict[int, bool] = {}
     sidecars_cache: dict[tuple[int, int], bool] = {}
@@ -72,13 +44,13 @@ def matched_pods(
             continue
         in_ns = ns_cache.get(pod.namespace)
         if in_ns is None:
-            in_ns = ns_cache[pod.namespace] = namespace_matches(ns_selector, pod.namespace, namespace_labels)
+            in_ns = ns_cache[pod.namespace] = ss.matches_namespace(pod.namespace, namespace_labels.get(pod.namespace))
         if not in_ns:
             continue
         labels = pod.labels
         in_sel = labels_cache.get(id(labels))
         if in_sel is None:
-            in_sel = labels_cache[id(labels)] = selected(labels)
+            in_sel = labels_cache[id(labels)] = ss.matches_pod(labels)
         if not in_sel:
             continue
         key = (id(pod.containers), id(pod.init_containers))
@@ -90,19 +62,14 @@ def matched_pods(
     return out
 
 
-def evaluate(ss: JsonObj, matched: Sequence[PodProjection]) -> podstate.Verdicts:
+def evaluate(ss: SidecarSet, matched: Sequence[PodProjection]) -> podstate.Verdicts:
     """The per-pod verdicts for `matched` against the SidecarSet's current spec, computed once so
     `compute_status` and `planner.plan_upgrade` can share them."""
-    return podstate.evaluate(
-        matched,
-        sidecarset=rawspec.name(ss),
-        spec_hash=spec_hash(rawspec.spec(ss)),
-        containers=set(rawspec.sidecar_list(ss)),
-    )
+    return podstate.evaluate(matched, sidecarset=ss.name, spec_hash=ss.hash, containers=set(ss.sidecar_list))
 
 
 def compute_status(
-    ss: JsonObj,
+    ss: SidecarSet,
     matched: Sequence[PodProjection],
     *,
     latest_revision: str | None,
@@ -110,19 +77,16 @@ def compute_status(
     verdicts: podstate.Verdicts | None = None,
 ) -> JsonObj:
     """The status for `matched`; `verdicts` from `evaluate(ss, matched)` saves evaluating the pods again."""
-    name = rawspec.name(ss)
-    current = spec_hash(rawspec.spec(ss))
     if verdicts is None:
         verdicts = evaluate(ss, matched)
-    elif not verdicts.is_for(matched, sidecarset=name, spec_hash=current):
+    elif not verdicts.is_for(matched, sidecarset=ss.name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
     updated = sum(verdicts.updated)
     ready = sum(verdicts.available)
     updated_ready = sum(map(operator.and_, verdicts.updated, verdicts.available))
     status: JsonObj = {}
-    generation = (ss.get("metadata") or {}).get("generation")
-    if isinstance(generation, int) and not isinstance(generation, bool):
-        status["observedGeneration"] = generation
+    if ss.generation:
+        status["observedGeneration"] = ss.generation
     status.update(matchedPods=len(matched), updatedPods=updated, readyPods=ready, updatedReadyPods=updated_ready)
     if latest_revision is not None:
         status["latestRevision"] = latest_revision
@@ -139,7 +103,7 @@ def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def status_changed(old: JsonObj | None, new: JsonObj) -> bool:
+def status_changed(old: Mapping[str, Any] | None, new: JsonObj) -> bool:
     if not isinstance(old, Mapping):
         return True
     return _normalised(old) != _normalised(new)

@@ -14,6 +14,7 @@ from typing import Any
 
 from sidecarsets import names, selectors
 from sidecarsets.defaults import apply_defaults
+from sidecarsets.enums import PatchPolicy
 from sidecarsets.validation.base import Errors, FieldError
 
 
@@ -95,5 +96,5 @@ def validate_conflicts(obj: Mapping[str, Any], others: Iterable[Any], errs: Erro
         for _, key, policy in _annotations(other_spec):
             their_keys.setdefault(key, []).append(policy)
         for path, key, policy in _annotations(spec):
-            if any("Overwrite" in (policy, theirs) for theirs in their_keys.get(key, ())):
+            if any(PatchPolicy.OVERWRITE in (policy, theirs) for theirs in their_keys.get(key, ())):
                 errs.append(FieldError(path, f"annotation {key} is in conflict with SidecarSet {other_name}"))

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sidecarsets.enums import InjectPolicy, SharePolicy, UpgradeType, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
@@ -30,9 +31,9 @@ from sidecarsets.validation.base import (
 )
 from sidecarsets.validation.resources import validate_resources_policy
 
-INJECT_POLICIES = ("BeforeAppContainer", "AfterAppContainer")
-SHARE_POLICIES = ("enabled", "disabled")
-UPGRADE_TYPES = ("ColdUpgrade", "HotUpgrade")
+INJECT_POLICIES = tuple(values(InjectPolicy))
+SHARE_POLICIES = tuple(values(SharePolicy))
+UPGRADE_TYPES = tuple(values(UpgradeType))
 # Printable ASCII except '=' (Kubernetes relaxed env var names, GA since 1.34).
 _ENV_NAME = re.compile(r"^[\x20-\x3c\x3e-\x7e]+$")
 _SUBSCRIPTED = re.compile(r"^metadata\.(labels|annotations)\['(.*)'\]$")

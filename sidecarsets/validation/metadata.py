@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sidecarsets.enums import PatchPolicy, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
@@ -27,7 +28,7 @@ from sidecarsets.validation.base import (
 
 NAME_MAX = 63
 _NAME = re.compile(r"^[a-zA-Z0-9\-]+$")
-PATCH_POLICIES = ("Retain", "Overwrite", "MergePatchJson")
+PATCH_POLICIES = tuple(values(PatchPolicy))
 
 
 def validate_name(obj: Mapping[str, Any], errs: Errors) -> None:
@@ -75,7 +76,7 @@ def validate_patch_pod_metadata(spec: Mapping[str, Any], errs: Errors) -> None:
                 errs.append(FieldError(kpath, problem))
             if not isinstance(value, str):
                 errs.append(FieldError(kpath, f"annotation values must be strings, not {type_name(value)}"))
-            elif policy == "MergePatchJson" and not _is_json_object(value):
+            elif policy == PatchPolicy.MERGE_PATCH_JSON and not _is_json_object(value):
                 errs.append(FieldError(kpath, "must be a JSON object for patchPolicy MergePatchJson"))
             if key in owner:
                 errs.append(FieldError(kpath, f"patch annotation {key} already exists in {owner[key]}"))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecarsets import intorpercent
+from sidecarsets.enums import RevisionPolicy, UpdateType, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
@@ -24,8 +25,8 @@ from sidecarsets.validation.base import (
     validate_selector,
 )
 
-UPDATE_TYPES = ("NotUpdate", "RollingUpdate")
-REVISION_POLICIES = ("Always", "Partial")
+UPDATE_TYPES = tuple(values(UpdateType))
+REVISION_POLICIES = tuple(values(RevisionPolicy))
 WEIGHT_MIN, WEIGHT_MAX = 1, 100
 
 
@@ -104,7 +105,7 @@ def validate_update_strategy(spec: Mapping[str, Any], errs: Errors) -> None:
     bool_field(strategy, "paused", f"{path}.paused", errs)
     _int_or_percent(strategy, "partition", path, errs)
     _int_or_percent(strategy, "maxUnavailable", path, errs)
-    rolling = kind == "RollingUpdate"
+    rolling = kind == UpdateType.ROLLING_UPDATE
     selector = strategy.get("selector")
     if rolling and selector is not None and _partition_is_set(strategy.get("partition")):
         errs.append(FieldError(f"{path}.partition", "Partition and Selector cannot be used together"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sidecarsets.enums import UpdateType
 from sidecarsets.validation.base import Errors, FieldError
 
 
@@ -64,7 +65,7 @@ def validate_update(spec: Mapping[str, Any], old: Mapping[str, Any], errs: Error
             errs.append(FieldError(f"{path}.upgradeStrategy.upgradeType", f"container {name} upgradeType is immutable"))
 
     strategy = spec.get("updateStrategy")
-    if not isinstance(strategy, Mapping) or strategy.get("type") != "RollingUpdate":
+    if not isinstance(strategy, Mapping) or strategy.get("type") != UpdateType.ROLLING_UPDATE:
         return
     old_inits = _by_name(old_spec, "initContainers")
     for path, container, name in _indexed(spec, "initContainers"):

@@ -43,6 +43,7 @@ from tests.e2e.helpers import (
     wait_injecting,
     wait_status,
 )
+from tests.kube.builders import model
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
 from tests.kube.fakekubelet import FakeKubelet
@@ -67,6 +68,7 @@ INSTALLED_KINDS = (
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
 )
+
 # RBAC never sees a name on these verbs, so a resourceNames rule cannot grant them.
 NAMELESS_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
 
@@ -334,7 +336,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
     )
     ss_name = ss_body["metadata"]["name"]
     defaulted = kube.create(SS_PATH, ss_body, dryRun="All")
-    squatter = revision_name(ss_name, revision_hash(revision_data(defaulted), 0))
+    squatter = revision_name(ss_name, revision_hash(revision_data(model(defaulted)), 0))
     kube.create(
         REVISIONS_PATH,
         {

@@ -11,6 +11,7 @@ import pytest
 from kuberuntime import kubeapi
 from sidecarsets.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VERSION
 from sidecarsets.revisions import resolve_pinned, revision_data, sync_history
+from tests.kube.builders import model
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 
@@ -64,13 +65,13 @@ def test_twelve_applies_keep_five_revisions_and_rollback_reuses_one(
     latest = ""
     for i in range(1, 13):
         ss = apply(f"proxy:{i}")
-        latest, collisions = aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))
+        latest, collisions = aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))
         assert collisions == 0
     revs = stored(kube, namespace, ss_name)
     assert [image_of(r) for r in revs] == [f"proxy:{i}" for i in range(8, 13)]
     assert [r["revision"] for r in revs] == list(range(8, 13))
     assert revs[-1]["metadata"]["name"] == latest
-    assert revs[-1]["data"] == revision_data(ss)
+    assert revs[-1]["data"] == revision_data(model(ss))
     owner = revs[-1]["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("SidecarSet", ss_name, ss["metadata"]["uid"])
 
@@ -78,7 +79,7 @@ def test_twelve_applies_keep_five_revisions_and_rollback_reuses_one(
     names_before = {r["metadata"]["name"] for r in revs}
     old = next(r for r in revs if image_of(r) == "proxy:9")
     ss = apply("proxy:9")
-    latest, _ = aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))
+    latest, _ = aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))
     after = stored(kube, namespace, ss_name)
     assert {r["metadata"]["name"] for r in after} == names_before
     assert latest == old["metadata"]["name"]
@@ -88,7 +89,7 @@ def test_twelve_applies_keep_five_revisions_and_rollback_reuses_one(
 
     # An unchanged spec (only the update strategy differs) is a no-op.
     ss = apply("proxy:9", updateStrategy={"type": "RollingUpdate", "paused": True})
-    assert aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))[0] == latest
+    assert aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))[0] == latest
     assert [r["revision"] for r in stored(kube, namespace, ss_name)] == [r["revision"] for r in after]
 
 
@@ -98,31 +99,31 @@ def test_revisions_in_use_or_pinned_survive_truncation(
     names: dict[int, str] = {}
     for i in range(1, 4):
         ss = apply(f"proxy:{i}")
-        names[i] = aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))[0]
+        names[i] = aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))[0]
     pin = {"revision": {"revisionName": names[2]}}
     for i in range(4, 13):
         ss = apply(f"proxy:{i}", injectionStrategy=pin)
-        aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use={names[1]}))
+        aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use={names[1]}))
     revs = stored(kube, namespace, ss_name)
     kept = [image_of(r) for r in revs]
     assert kept == ["proxy:1", "proxy:2", "proxy:10", "proxy:11", "proxy:12"]
-    assert resolve_pinned(ss, revs) == next(r for r in revs if r["metadata"]["name"] == names[2])
+    assert resolve_pinned(model(ss), revs) == next(r for r in revs if r["metadata"]["name"] == names[2])
 
 
 def test_custom_version_label_is_kept_on_the_latest_revision(
     aloop: BackgroundLoop, kube: Kube, kube_client: kubeapi.KubeClient, namespace: str, ss_name: str, apply: Apply
 ) -> None:
     ss = apply("proxy:1", labels={SS_LABEL_CUSTOM_VERSION: "v1"})
-    v1, _ = aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))
+    v1, _ = aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))
     ss = apply("proxy:2", labels={SS_LABEL_CUSTOM_VERSION: "v2"})
-    aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))
+    aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))
     ss = apply("proxy:2", labels={SS_LABEL_CUSTOM_VERSION: "v2b"})  # relabel only: reused, label patched
-    v2b, _ = aloop.run(sync_history(kube_client, ss, namespace=namespace, in_use=set()))
+    v2b, _ = aloop.run(sync_history(kube_client, model(ss), namespace=namespace, in_use=set()))
     revs = stored(kube, namespace, ss_name)
     assert len(revs) == 2
     assert revs[-1]["metadata"]["labels"][SS_LABEL_CUSTOM_VERSION] == "v2b"
     pinned = {**ss, "spec": {**ss["spec"], "injectionStrategy": {"revision": {"customVersion": "v1"}}}}
-    resolved = resolve_pinned(pinned, revs)
+    resolved = resolve_pinned(model(pinned), revs)
     assert resolved is not None and resolved["metadata"]["name"] == v1
     assert revs[-1]["metadata"]["name"] == v2b
     # Owned by the SidecarSet, so the garbage collector deletes them with it (not waited for here:

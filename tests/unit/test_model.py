@@ -14,7 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecarsets import hashing, names
-from sidecarsets.model import AFTER_APP, BEFORE_APP, JsonTemplate, ModelError, SidecarSet
+from sidecarsets.enums import InjectPolicy
+from sidecarsets.jsontemplate import JsonTemplate
+from sidecarsets.model import ModelError, SidecarSet
+
+BEFORE_APP = InjectPolicy.BEFORE_APP
+AFTER_APP = InjectPolicy.AFTER_APP
 
 
 def sidecarset(**spec: Any) -> dict[str, Any]:
@@ -254,7 +259,7 @@ def test_structural_errors_name_the_field(mutate: Any, field: str) -> None:
 
 def test_not_an_object() -> None:
     with pytest.raises(ModelError, match="must be an object, not a list"):
-        SidecarSet.from_object([])  # type: ignore[arg-type]
+        SidecarSet.from_object([])
 
 
 _json = st.recursive(

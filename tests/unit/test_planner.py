@@ -15,6 +15,7 @@ from sidecarsets.hashing import spec_hash
 from sidecarsets.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, condition_current, plan_upgrade, upgradable_condition
 from sidecarsets.projection import project
+from tests.kube.builders import model
 from tests.unit.podbuild import apply, image_id, kubelet_sync, pod, set_ready, sidecarset, with_images
 
 NOW = "2024-06-01T12:00:00Z"
@@ -29,7 +30,7 @@ def v2(**strategy: Any) -> JsonObj:
 
 
 def plan(ss: JsonObj, raws: list[JsonObj]) -> Plan:
-    return plan_upgrade(ss, [project(r) for r in raws], revision="mesh-2", now=NOW)
+    return plan_upgrade(model(ss), [project(r) for r in raws], revision="mesh-2", now=NOW)
 
 
 def chosen(p: Plan) -> list[str]:

@@ -13,6 +13,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.ordering import active_pods_key, priority_key, scatter_groups, spread, upgrade_order
 from sidecarsets.planner import plan_upgrade
 from sidecarsets.projection import PodProjection, project
+from tests.kube.builders import model
 from tests.unit.podbuild import pod, sidecarset, with_images
 
 V1 = sidecarset()
@@ -23,7 +24,9 @@ def proj(name: str, **kw: Any) -> PodProjection:
 
 
 def order_of(pods: list[PodProjection], strategy: JsonObj | None = None) -> list[str]:
-    return [p.name for p in upgrade_order(pods, pods, strategy or {})]
+    return [
+        p.name for p in upgrade_order(pods, pods, model({"spec": {"updateStrategy": strategy or {}}}).update_strategy)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +151,7 @@ def test_scatter_in_the_planner_picks_spread_pods_first() -> None:
     ss = with_images(V1, envoy="envoy:v2")
     ss["spec"]["updateStrategy"] = {"maxUnavailable": 2, "scatterStrategy": [{"key": "zone", "value": "a"}]}
     pods = [proj(f"{z}{i}", labels={"zone": z}) for z in "ab" for i in range(3)]
-    assert [u.name for u in plan_upgrade(ss, pods, revision="r", now="t").upgrades] == ["a0", "b0"]
+    assert [u.name for u in plan_upgrade(model(ss), pods, revision="r", now="t").upgrades] == ["a0", "b0"]
 
 
 @given(st.lists(st.sampled_from(["a", "b", "c", ""]), min_size=0, max_size=40), st.sampled_from([["a"], ["a", "b"]]))

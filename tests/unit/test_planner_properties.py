@@ -23,6 +23,7 @@ from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, plan_upgrade
 from sidecarsets.projection import project
 from sidecarsets.status import compute_status, evaluate
+from tests.kube.builders import model
 from tests.unit.podbuild import apply, kubelet_sync, pod, set_ready, sidecarset, with_images
 
 V1 = sidecarset(containers=[{"name": "envoy", "image": "envoy:v1"}, {"name": "log", "image": "log:v1"}])
@@ -133,9 +134,9 @@ def check_patch(before: JsonObj, patch: list[JsonObj]) -> JsonObj:
 
 def run_round(ss: JsonObj, pods: list[JsonObj]) -> tuple[Plan, list[JsonObj]]:
     projections = [project(p) for p in pods]
-    plan = plan_upgrade(ss, projections, revision="rev", now="2024-06-01T00:00:00Z")
-    assert plan_upgrade(ss, projections, revision="rev", now="2024-06-01T00:00:00Z") == plan  # deterministic
-    assert plan_upgrade(ss, projections[::-1], revision="rev", now="2024-06-01T00:00:00Z") == plan
+    plan = plan_upgrade(model(ss), projections, revision="rev", now="2024-06-01T00:00:00Z")
+    assert plan_upgrade(model(ss), projections, revision="rev", now="2024-06-01T00:00:00Z") == plan  # deterministic
+    assert plan_upgrade(model(ss), projections[::-1], revision="rev", now="2024-06-01T00:00:00Z") == plan
 
     strategy = ss["spec"].get("updateStrategy", {})
     by_name = {p["metadata"]["name"]: p for p in pods}
@@ -242,17 +243,19 @@ def test_shared_verdicts_agree_with_the_per_pod_questions(
     for _ in range(4):
         projections = [project(p) for p in pods]
         rng.shuffle(projections)
-        verdicts = evaluate(ss, projections)
+        verdicts = evaluate(model(ss), projections)
         for i, p in enumerate(projections):
             updated = podstate.is_updated(p, sidecarset="mesh", spec_hash=current)
             moving = podstate.upgrade_in_flight(p, sidecarset="mesh", containers=sidecars)
             assert verdicts.updated[i] == updated
             assert verdicts.available[i] == podstate.is_available(p, sidecarset="mesh", containers=sidecars)
             assert verdicts.in_flight[i] == (moving and not updated)
-        alone = plan_upgrade(ss, projections, revision="rev", now="2024-06-01T00:00:00Z")
-        assert plan_upgrade(ss, projections, revision="rev", now="2024-06-01T00:00:00Z", verdicts=verdicts) == alone
+        alone = plan_upgrade(model(ss), projections, revision="rev", now="2024-06-01T00:00:00Z")
+        assert (
+            plan_upgrade(model(ss), projections, revision="rev", now="2024-06-01T00:00:00Z", verdicts=verdicts) == alone
+        )
         assert compute_status(
-            ss, projections, latest_revision="rev", collision_count=0, verdicts=verdicts
-        ) == compute_status(ss, projections, latest_revision="rev", collision_count=0)
+            model(ss), projections, latest_revision="rev", collision_count=0, verdicts=verdicts
+        ) == compute_status(model(ss), projections, latest_revision="rev", collision_count=0)
         _, pods = run_round(ss, pods)
         pods = kubelet(pods, rng)

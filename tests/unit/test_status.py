@@ -15,6 +15,7 @@ from sidecarsets.hashing import spec_hash
 from sidecarsets.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, NS_NAME_LABEL
 from sidecarsets.projection import PodProjection, project
 from sidecarsets.status import compute_status, evaluate, matched_pods, status_changed
+from tests.kube.builders import model
 from tests.unit.podbuild import T0, image_id, pod, sidecarset, with_images
 
 NS = {"shop": {NS_NAME_LABEL: "shop", "env": "prod"}, "dev": {NS_NAME_LABEL: "dev", "env": "dev"}}
@@ -51,7 +52,7 @@ class TestMatching:
         not_listed = pod("not-listed", ss)
         not_listed["metadata"]["annotations"][ANN_INJECTED_LIST] = "logging"
         pods.append(project(not_listed))
-        assert names(matched_pods(ss, pods, NS)) == ["in"]
+        assert names(matched_pods(model(ss), pods, NS)) == ["in"]
 
     def test_inactive_pods_are_not_matched(self) -> None:
         ss = sidecarset()
@@ -62,12 +63,12 @@ class TestMatching:
             project(pod("failed", ss, phase="Failed")),
             project(pod("deleting", ss, deleting=True)),
         ]
-        assert names(matched_pods(ss, pods, NS)) == ["running", "pending"]
+        assert names(matched_pods(model(ss), pods, NS)) == ["running", "pending"]
 
     def test_pod_missing_a_sidecar_is_not_consistent(self) -> None:
         two = sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
         one = sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
-        assert names(matched_pods(two, [project(pod("a", one)), project(pod("b", two))], NS)) == ["b"]
+        assert names(matched_pods(model(two), [project(pod("a", one)), project(pod("b", two))], NS)) == ["b"]
 
     def test_hot_upgrade_containers_are_present_as_a_pair(self) -> None:
         hot = sidecarset(
@@ -76,18 +77,18 @@ class TestMatching:
         pair = sidecarset(containers=[{"name": "envoy-1", "image": "e:1"}, {"name": "envoy-2", "image": "empty:1"}])
         plain = sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
         pods = [project(pod("pair", pair)), project(pod("plain", plain))]
-        assert names(matched_pods(hot, pods, NS)) == ["pair"]
+        assert names(matched_pods(model(hot), pods, NS)) == ["pair"]
 
     def test_native_sidecars_must_be_in_init_containers(self) -> None:
         ss = sidecarset(initContainers=[{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}])
         with_init = pod("with", ss)
         with_init["spec"]["initContainers"] = [{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}]
         without = pod("without", ss)
-        assert names(matched_pods(ss, [project(with_init), project(without)], NS)) == ["with"]
+        assert names(matched_pods(model(ss), [project(with_init), project(without)], NS)) == ["with"]
 
     def test_plain_init_containers_are_not_required(self) -> None:
         ss = sidecarset(initContainers=[{"name": "setup", "image": "s:1"}])
-        assert names(matched_pods(ss, [project(pod("a", ss))], NS)) == ["a"]
+        assert names(matched_pods(model(ss), [project(pod("a", ss))], NS)) == ["a"]
 
     @pytest.mark.parametrize(
         ("extra", "expected"),
@@ -122,24 +123,24 @@ class TestMatching:
             project(pod("b", ss, namespace="dev")),
             project(pod("c", ss, namespace="new")),
         ]
-        assert names(matched_pods(ss, pods, NS)) == expected
+        assert names(matched_pods(model(ss), pods, NS)) == expected
 
     def test_known_namespace_without_the_name_label(self) -> None:
         ss = sidecarset(namespace="legacy")
-        assert names(matched_pods(ss, [project(pod("a", ss, namespace="legacy"))], {"legacy": {}})) == ["a"]
+        assert names(matched_pods(model(ss), [project(pod("a", ss, namespace="legacy"))], {"legacy": {}})) == ["a"]
 
     @pytest.mark.parametrize("selector", [{}, {"matchLabels": {}}])
     def test_empty_selector_matches_nothing(self, selector: JsonObj) -> None:
         ss = sidecarset(selector=selector)
-        assert matched_pods(ss, [project(pod("a", ss))], NS) == []
+        assert matched_pods(model(ss), [project(pod("a", ss))], NS) == []
 
     def test_missing_selector_or_name(self) -> None:
         ss = sidecarset()
         del ss["spec"]["selector"]
-        assert matched_pods(ss, [project(pod("a", sidecarset()))], NS) == []
+        assert matched_pods(model(ss), [project(pod("a", sidecarset()))], NS) == []
         nameless = sidecarset()
         nameless["metadata"] = {}
-        assert matched_pods(nameless, [project(pod("a", sidecarset()))], NS) == []
+        assert matched_pods(model(nameless), [project(pod("a", sidecarset()))], NS) == []
 
 
 class TestComputeStatus:
@@ -153,7 +154,7 @@ class TestComputeStatus:
             project(pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False)),
             project(in_flight(v1, v2)),
         ]
-        status = compute_status(v2, pods, latest_revision="mesh-abc", collision_count=0)
+        status = compute_status(model(v2), pods, latest_revision="mesh-abc", collision_count=0)
         assert status == {
             "observedGeneration": 4,
             "matchedPods": 5,
@@ -167,18 +168,18 @@ class TestComputeStatus:
     def test_ready_needs_running_and_not_deleting(self) -> None:
         ss = sidecarset()
         pods = [project(pod("a", ss, phase="Pending")), project(pod("b", ss, deleting=True))]
-        assert compute_status(ss, pods, latest_revision=None, collision_count=None)["readyPods"] == 0
+        assert compute_status(model(ss), pods, latest_revision=None, collision_count=None)["readyPods"] == 0
 
     def test_ready_needs_every_container_reported(self) -> None:
         ss = sidecarset()
         raw = pod("a", ss)
         raw["status"]["containerStatuses"].pop()
-        assert compute_status(ss, [project(raw)], latest_revision=None, collision_count=None)["readyPods"] == 0
+        assert compute_status(model(ss), [project(raw)], latest_revision=None, collision_count=None)["readyPods"] == 0
 
     def test_optional_fields_are_omitted(self) -> None:
         ss = sidecarset()
         del ss["metadata"]["generation"]
-        status = compute_status(ss, [], latest_revision=None, collision_count=None)
+        status = compute_status(model(ss), [], latest_revision=None, collision_count=None)
         assert status == {"matchedPods": 0, "updatedPods": 0, "readyPods": 0, "updatedReadyPods": 0}
 
 
@@ -214,7 +215,7 @@ class TestSharedVerdicts:
         pods = self.pods()
         v3 = with_images(self.V2, envoy="envoy:v3")  # the in-flight pods are outdated again
         for ss in (self.V2, v3):
-            v = evaluate(ss, pods)
+            v = evaluate(model(ss), pods)
             current, sidecars = spec_hash(ss["spec"]), {"envoy"}
             for i, p in enumerate(pods):
                 updated = podstate.is_updated(p, sidecarset="mesh", spec_hash=current)
@@ -224,26 +225,28 @@ class TestSharedVerdicts:
                 assert v.in_flight[i] == (moving and not updated), p.name
         # replicas in one state share their tuples, and still get their own answers
         assert pods[5].container_statuses is pods[6].container_statuses is pods[9].container_statuses
-        v = evaluate(self.V2, pods)
+        v = evaluate(model(self.V2), pods)
         assert [p.name for i, p in enumerate(pods) if v.available[i]] == ["old-ready", "new-ready", "no-record"]
         assert not any(v.in_flight)  # the pods still moving are updated, so not counted in flight
-        v = evaluate(v3, pods)
+        v = evaluate(model(v3), pods)
         assert [p.name for i, p in enumerate(pods) if v.in_flight[i]] == ["moving", "moving-too"]
 
     def test_status_from_shared_verdicts_equals_status_computed_alone(self) -> None:
         pods = self.pods()
-        alone = compute_status(self.V2, pods, latest_revision="r", collision_count=0)
-        shared = compute_status(self.V2, pods, latest_revision="r", collision_count=0, verdicts=evaluate(self.V2, pods))
+        alone = compute_status(model(self.V2), pods, latest_revision="r", collision_count=0)
+        shared = compute_status(
+            model(self.V2), pods, latest_revision="r", collision_count=0, verdicts=evaluate(model(self.V2), pods)
+        )
         assert shared == alone
         counters = ("matchedPods", "updatedPods", "readyPods", "updatedReadyPods")
         assert [alone[k] for k in counters] == [10, 7, 3, 2]
 
     def test_verdicts_for_other_pods_or_another_spec_are_refused(self) -> None:
         pods = self.pods()
-        v = evaluate(self.V2, pods)
+        v = evaluate(model(self.V2), pods)
         for ss, others in ((self.V2, pods[1:]), (self.V2, [*pods[1:], pods[0]]), (self.V1, pods)):
             with pytest.raises(ValueError, match="other pods or another SidecarSet spec"):
-                compute_status(ss, others, latest_revision=None, collision_count=None, verdicts=v)
+                compute_status(model(ss), others, latest_revision=None, collision_count=None, verdicts=v)
         assert v.is_for(list(pods), sidecarset="mesh", spec_hash=spec_hash(self.V2["spec"]))
 
 

@@ -1,0 +1,106 @@
+"""What each admission webhook decides for a parsed AdmissionReview; no HTTP here.
+
+The pod webhook takes the current store snapshot, resolves revision pins (sidecarsets.pins) and
+calls the pure engine; the SidecarSet webhook runs validation against the other SidecarSets and
+the stored revisions. Each returns a `Decision`: the metrics label, the AdmissionReview response
+body, and whether the same request may be answered again from the replay cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from injector import admission, engine
+from injector.replay import ReplayCache
+from kuberuntime.clock import now_rfc3339
+from sidecarsets import names, pins, validation
+from sidecarsets.store import TemplateStore
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    result: str  # metrics label: injected, skipped, allowed, denied
+    body: bytes  # the AdmissionReview response
+    replayable: bool = False
+
+
+@dataclass
+class WebhookSettings:
+    manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
+    # How long an admission may wait for a namespace the watch has not delivered yet.
+    namespace_wait: float = 1.0
+    clock: Callable[[], str] = field(default=now_rfc3339)
+    # Identical pods admitted within a second are answered from a cache (None turns it off).
+    replay: ReplayCache | None = field(default_factory=ReplayCache)
+
+
+async def _namespace_labels(store: TemplateStore, namespace: str, wait: float) -> dict[str, str] | None:
+    """Labels from the watch; a namespace created a moment ago may still be on its way."""
+    deadline = time.monotonic() + wait
+    while True:
+        labels = store.snapshot.namespaces.get(namespace)
+        if labels is not None:
+            return dict(labels)
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(0.01)
+
+
+async def inject(review: admission.Review, store: TemplateStore, settings: WebhookSettings) -> Decision:
+    admission.require_kind(review, group="", kind="Pod", what="pods")
+    if review.operation != "CREATE" or review.sub_resource:
+        return Decision("skipped", admission.response(review))
+    if review.object is None:
+        raise admission.ReviewError(400, "request.object is required for CREATE")
+    namespace = review.namespace or "default"
+    labels = await _namespace_labels(store, namespace, settings.namespace_wait)
+    pod_labels = ((review.object.get("metadata") or {}).get("labels")) or {}
+    snapshot = store.snapshot
+    candidates, denied = pins.pinned_sidecarsets(
+        snapshot,
+        pod_labels if isinstance(pod_labels, dict) else {},
+        namespace=namespace,
+        namespace_labels=labels,
+        rand=random.random,
+    )
+    if denied is not None:
+        return Decision("denied", admission.response(review, denied=denied))
+    outcome = engine.inject(
+        review.object,
+        namespace=namespace,
+        namespace_labels=labels,
+        sidecarsets=candidates,
+        now=settings.clock(),
+        operation=review.operation,
+        manager_namespace=settings.manager_namespace,
+    )
+    if outcome.denied is not None:
+        return Decision("denied", admission.response(review, denied=outcome.denied, code=400))
+    body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
+    return Decision("injected" if outcome.patch else "skipped", body, pins.answer_is_replayable(snapshot, labels))
+
+
+async def validate(review: admission.Review, store: TemplateStore) -> Decision:
+    admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
+    if review.operation not in ("CREATE", "UPDATE"):
+        return Decision("allowed", admission.response(review))
+    if review.object is None:
+        raise admission.ReviewError(400, f"request.object is required for {review.operation}")
+    snapshot = store.snapshot
+    errors = [
+        str(e)
+        for e in validation.validate_sidecarset(
+            review.object, old=review.old_object, others=list(snapshot.objects.values())
+        )
+    ]
+    problem = pins.pin_problem(review.object, snapshot.revisions.values())
+    if problem is not None:
+        errors.append(problem)
+    if errors:
+        message = "SidecarSet rejected: " + "; ".join(errors)
+        return Decision("denied", admission.response(review, denied=message, code=422))
+    return Decision("allowed", admission.response(review))

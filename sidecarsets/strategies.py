@@ -1,0 +1,107 @@
+"""A SidecarSet's updateStrategy and injectionStrategy.revision, read into typed values.
+
+Neither is needed to inject the current spec, so their problems are advisory: recorded on the
+model in every mode, never making a SidecarSet unusable for injection. The controller refuses to
+roll out under a strategy it cannot read (`SidecarSet.rollout_problem`), and a pin it cannot read
+fails the pods it would apply to (`revisions`), each naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets import intorpercent, selectors
+from sidecarsets.enums import RevisionPolicy, UpdateType
+from sidecarsets.reading import Reader
+
+IntOrPercent = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStrategy:
+    """`spec.updateStrategy`; values that did not parse read as their defaults (see the problems)."""
+
+    type: UpdateType = UpdateType.ROLLING_UPDATE
+    paused: bool = False
+    partition: IntOrPercent | None = None
+    max_unavailable: IntOrPercent | None = None
+    selector: JsonObj | None = None
+    priority: JsonObj | None = None
+    scatter: tuple[JsonObj, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionPin:
+    """`spec.injectionStrategy.revision`: new pods get a stored revision instead of the current spec."""
+
+    revision_name: str
+    custom_version: str
+    policy: RevisionPolicy
+
+
+def read_update_strategy(reader: Reader, value: Any) -> UpdateStrategy:
+    field = "spec.updateStrategy"
+    raw = reader.object(value, field, advisory=True)
+    kind = reader.enum(raw.get("type"), f"{field}.type", UpdateType, UpdateType.ROLLING_UPDATE, advisory=True)
+    paused = reader.boolean(raw.get("paused"), f"{field}.paused", advisory=True)
+    numbers: dict[str, IntOrPercent | None] = {}
+    for key in ("partition", "maxUnavailable"):
+        number = raw.get(key)
+        if number is not None:
+            try:
+                intorpercent.parse(number)
+            except intorpercent.IntOrPercentError as err:
+                reader.fail(f"{field}.{key}", f"{field}.{key}: {err}", advisory=True)
+                number = None
+        numbers[key] = number
+    selector = raw.get("selector")
+    if selector is not None:
+        try:
+            selectors.validate(selector)
+        except selectors.SelectorError as err:
+            reader.fail(f"{field}.selector", f"{field}.selector: {err}", advisory=True)
+            selector = None
+    priority = reader.optional_object(raw.get("priorityStrategy"), f"{field}.priorityStrategy", advisory=True)
+    scatter = tuple(
+        term
+        for term in reader.list(raw.get("scatterStrategy"), f"{field}.scatterStrategy", advisory=True)
+        if isinstance(term, dict)
+    )
+    return UpdateStrategy(
+        type=kind,
+        paused=paused,
+        partition=numbers["partition"],
+        max_unavailable=numbers["maxUnavailable"],
+        selector=selector,
+        priority=priority,
+        scatter=scatter,
+    )
+
+
+def read_revision_pin(reader: Reader, injection: JsonObj) -> RevisionPin | None:
+    """The pin, or None when `revision` is absent or names neither a revision nor a custom version."""
+    field = "spec.injectionStrategy.revision"
+    revision = reader.optional_object(injection.get("revision"), field, advisory=True)
+    if revision is None:
+        return None
+    values: list[str] = []
+    for key in ("revisionName", "customVersion"):
+        value = revision.get(key)
+        if value is not None and not isinstance(value, str):
+            reader.fail(f"{field}.{key}", f"{field}.{key} must be a string, got {value!r}", advisory=True)
+            value = None
+        values.append(value or "")
+    raw_policy = revision.get("policy")
+    policy = next((p for p in RevisionPolicy if p.value == raw_policy), None)
+    if policy is None and raw_policy not in (None, ""):
+        reader.fail(
+            f"{field}.policy",
+            f"{field}.policy {raw_policy!r} is not supported (use Always or Partial)",
+            advisory=True,
+        )
+    name, version = values
+    if not name and not version:
+        return None
+    return RevisionPin(name, version, policy or RevisionPolicy.ALWAYS)
