@@ -17,16 +17,13 @@ The clock is read by the caller and passed in `now`, which keeps the function pu
 from __future__ import annotations
 
 import copy
-import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any, TypeGuard
 
-from injector import envs, metadata, patchops, policy, volumes
+from injector import envs, metadata, patchops, placement, podcheck, policy, volumes
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.enums import InjectPolicy
 from sidecarsets.model import SidecarSet
 from sidecarsets.sidecar import SidecarContainer
 
@@ -89,7 +86,7 @@ def inject(
     )
     if reason is not None:
         return InjectionResult(patch=[], skipped=reason)
-    problem = pod_problem(pod)
+    problem = podcheck.pod_problem(pod)
     if problem is not None:
         return InjectionResult(patch=[], denied=problem)
 
@@ -97,9 +94,46 @@ def inject(
     labels: Mapping[str, str] = meta.get("labels") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     spec: Mapping[str, Any] = pod["spec"]
-    containers: list[JsonObj] = spec["containers"]
-    init_containers: list[JsonObj] = spec.get("initContainers") or []
+    warnings: list[str] = []
+    selected = _select(sidecarsets, namespace=namespace, namespace_labels=namespace_labels, pod=pod, warnings=warnings)
+    if isinstance(selected, InjectionResult):
+        return selected
+    todo, hash_maps = selected
 
+    apps = _Apps(spec["containers"])
+    built = _build(
+        todo, pod_metadata=meta, containers=spec["containers"], apps=apps, volumes_in_pod=spec.get("volumes") or []
+    )
+    warnings.extend(built.warnings)
+    # Kruise sorts the injected init containers of all SidecarSets together, by name.
+    built.init_containers.sort(key=lambda item: str(item[1]["name"]))
+    new_labels = {**labels, names.POD_INJECTED_LABEL: "true"}
+    new_annotations = _annotations(annotations, todo, hash_maps, built, apps, now=now, warnings=warnings)
+    ops = _metadata_ops(pod, new_labels, new_annotations)
+    spec_ops = _spec_ops(spec, built)
+    if isinstance(spec_ops, str):
+        # Unreachable by construction; kept so that a bug can never emit a pod the API server rejects.
+        return InjectionResult(patch=[], denied=f"injection would duplicate container name {spec_ops}")
+    # Every object in `ops` is already the patch's own (see `_sidecar` and the model's `fresh_*`).
+    return InjectionResult(patch=ops + spec_ops, injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
+
+
+_HashMaps = tuple[dict[str, Any], dict[str, Any]]
+
+
+def _select(
+    sidecarsets: Sequence[SidecarSet],
+    *,
+    namespace: str,
+    namespace_labels: Mapping[str, str] | None,
+    pod: Mapping[str, Any],
+    warnings: list[str],
+) -> tuple[list[SidecarSet], _HashMaps] | InjectionResult:
+    """The SidecarSets to inject now (in name order) with the pod's hash maps, or why there are none."""
+    meta: Mapping[str, Any] = pod.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    spec: Mapping[str, Any] = pod["spec"]
     matched = [
         ss
         for ss in sidecarsets
@@ -107,11 +141,11 @@ def inject(
     ]
     if not matched:
         return InjectionResult(patch=[], skipped=SKIP_NO_MATCH)
-    warnings: list[str] = []
-    chosen = _without_conflicts(matched, containers=containers, init_containers=init_containers, warnings=warnings)
+    chosen = _without_conflicts(
+        matched, containers=spec["containers"], init_containers=spec.get("initContainers") or [], warnings=warnings
+    )
     if not chosen:
         return InjectionResult(patch=[], skipped=SKIP_ALL_CONFLICT, warnings=tuple(warnings))
-
     hash_map, bad = metadata.read_hash_map(annotations.get(names.ANN_HASH))
     if bad:
         warnings.append(f"{names.ANN_HASH}: {bad}")
@@ -121,43 +155,55 @@ def inject(
     todo = sorted((ss for ss in chosen if metadata.recorded_hash(hash_map, ss.name) != ss.hash), key=lambda s: s.name)
     if not todo:
         return InjectionResult(patch=[], skipped=SKIP_ALREADY_INJECTED, warnings=tuple(warnings))
+    return todo, (hash_map, hash_map_wi)
 
-    apps = _Apps(containers)
-    built = _build(todo, pod_metadata=meta, containers=containers, apps=apps, volumes_in_pod=spec.get("volumes") or [])
-    warnings.extend(built.warnings)
-    # Kruise sorts the injected init containers of all SidecarSets together, by name.
-    built.init_containers.sort(key=lambda item: str(item[1]["name"]))
 
-    new_annotations = dict(annotations)
+def _annotations(
+    annotations: Mapping[str, str],
+    todo: Sequence[SidecarSet],
+    hash_maps: _HashMaps,
+    built: _Built,
+    apps: _Apps,
+    *,
+    now: str,
+    warnings: list[str],
+) -> dict[str, str]:
+    """The pod's annotations after injection: patchPodMetadata, hash maps, injected list, default container."""
+    hash_map, hash_map_wi = hash_maps
+    out = dict(annotations)
     for ss in todo:
-        warnings.extend(metadata.apply_patch_pod_metadata(new_annotations, ss.patch_pod_metadata, sidecarset=ss.name))
-    new_annotations[names.ANN_HASH] = metadata.with_entries(hash_map, todo, now=now, without_image=False)
-    new_annotations[names.ANN_HASH_WITHOUT_IMAGE] = metadata.with_entries(
-        hash_map_wi, todo, now=now, without_image=True
-    )
-    new_annotations[names.ANN_INJECTED_LIST] = metadata.with_injected_list(
+        warnings.extend(metadata.apply_patch_pod_metadata(out, ss.patch_pod_metadata, sidecarset=ss.name))
+    out[names.ANN_HASH] = metadata.with_entries(hash_map, todo, now=now, without_image=False)
+    out[names.ANN_HASH_WITHOUT_IMAGE] = metadata.with_entries(hash_map_wi, todo, now=now, without_image=True)
+    out[names.ANN_INJECTED_LIST] = metadata.with_injected_list(
         annotations.get(names.ANN_INJECTED_LIST), [ss.name for ss in todo]
     )
     sidecar_names = {str(c["name"]) for _, c in built.containers}
     first_app = next((str(c["name"]) for c in apps.containers if c["name"] not in sidecar_names), None)
-    if names.ANN_DEFAULT_CONTAINER not in new_annotations and first_app is not None:
-        new_annotations[names.ANN_DEFAULT_CONTAINER] = first_app
-    new_labels = {**labels, names.POD_INJECTED_LABEL: "true"}
+    if names.ANN_DEFAULT_CONTAINER not in out and first_app is not None:
+        out[names.ANN_DEFAULT_CONTAINER] = first_app
+    return out
 
-    ops: list[JsonObj] = []
-    if _is_object(pod.get("metadata")):
-        ops += patchops.map_ops("/metadata/labels", meta.get("labels"), new_labels)
-        ops += patchops.map_ops("/metadata/annotations", meta.get("annotations"), new_annotations)
-    else:
-        ops.append({"op": "add", "path": "/metadata", "value": {"labels": new_labels, "annotations": new_annotations}})
+
+def _metadata_ops(pod: Mapping[str, Any], labels: dict[str, str], annotations: dict[str, str]) -> list[JsonObj]:
+    meta = pod.get("metadata")
+    if not _is_object(meta):
+        return [{"op": "add", "path": "/metadata", "value": {"labels": labels, "annotations": annotations}}]
+    return patchops.map_ops("/metadata/labels", meta.get("labels"), labels) + patchops.map_ops(
+        "/metadata/annotations", meta.get("annotations"), annotations
+    )
+
+
+def _spec_ops(spec: Mapping[str, Any], built: _Built) -> list[JsonObj] | str:
+    """The ops that place containers, volumes and pull secrets; or the name a bug would duplicate."""
     placements = {
-        key: (spec.get(key) or [], *_placement(spec.get(key) or [], items))
+        key: (spec.get(key) or [], *placement.placement(spec.get(key) or [], items))
         for key, items in (("initContainers", built.init_containers), ("containers", built.containers))
     }
-    duplicate = _duplicate_name(placements.values())
+    duplicate = placement.duplicate_name(placements.values())
     if duplicate is not None:
-        # Unreachable by construction; kept so that a bug can never emit a pod the API server rejects.
-        return InjectionResult(patch=[], denied=f"injection would duplicate container name {duplicate}")
+        return duplicate
+    ops: list[JsonObj] = []
     for key, (original, replace, before, after) in placements.items():
         ops += patchops.list_ops(f"/spec/{key}", original, replace=replace, before=before, after=after)
     ops += patchops.append_ops(
@@ -168,8 +214,7 @@ def inject(
         spec.get("imagePullSecrets"),
         volumes.new_by_name(spec.get("imagePullSecrets") or [], built.pull_secrets),
     )
-    # Every object in `ops` is already the patch's own (see `_sidecar` and the model's `fresh_*`).
-    return InjectionResult(patch=ops, injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
+    return ops
 
 
 def _is_object(value: object) -> TypeGuard[Mapping[str, Any]]:
@@ -342,120 +387,3 @@ def _sidecar(
 
 def _where(ss: SidecarSet, sc: SidecarContainer) -> str:
     return f"SidecarSet {ss.name}, container {sc.name}"
-
-
-def _duplicate_name(
-    placements: Iterable[tuple[Sequence[JsonObj], dict[int, JsonObj], list[JsonObj], list[JsonObj]]],
-) -> str | None:
-    """A name that an added container shares with any other container of the resulting pod."""
-    placements = list(placements)
-    every = [
-        c["name"] for original, _, before, after in placements for group in (original, before, after) for c in group
-    ]
-    if len(set(every)) == len(every):
-        return None
-    counts: dict[str, int] = {}
-    added: list[str] = []
-    for original, _, before, after in placements:
-        for c in [*original, *before, *after]:
-            counts[c["name"]] = counts.get(c["name"], 0) + 1
-        added += [c["name"] for c in [*before, *after]]
-    return next((n for n in added if counts[n] > 1), None)
-
-
-def _placement(
-    original: Sequence[JsonObj], items: Sequence[tuple[str, JsonObj]]
-) -> tuple[dict[int, JsonObj], list[JsonObj], list[JsonObj]]:
-    """Kruise's mergeSidecarContainers: same name → replaced at its index; else before or after the app."""
-    index = {c["name"]: i for i, c in enumerate(original)}
-    replace: dict[int, JsonObj] = {}
-    before: list[JsonObj] = []
-    after: list[JsonObj] = []
-    for inject_policy, container in items:
-        i = index.get(container["name"])
-        if i is not None:
-            replace[i] = container
-        elif inject_policy == InjectPolicy.BEFORE_APP:
-            before.append(container)
-        else:
-            after.append(container)
-    return replace, before, after
-
-
-def pod_problem(pod: Mapping[str, Any]) -> str | None:
-    """Why a pod is too malformed to inject into (the message names the field), or None."""
-    meta = pod.get("metadata")
-    if meta is not None and not _is_object(meta):
-        return "metadata must be an object"
-    for key in ("labels", "annotations"):
-        section = (meta or {}).get(key)
-        if section is None:
-            continue
-        if not _is_object(section):
-            return f"metadata.{key} must be an object"
-        if all(map(isinstance, section.values(), repeat(str))):
-            continue
-        for k, v in section.items():
-            if not isinstance(v, str):
-                return f"metadata.{key}[{k}] must be a string"
-    spec = pod.get("spec")
-    if not _is_object(spec):
-        return "spec must be an object"
-    if not isinstance(spec.get("containers"), list) or not spec["containers"]:
-        return "spec.containers must be a non-empty list"
-    for list_key in ("containers", "initContainers"):
-        problem = _containers_problem(spec.get(list_key), f"spec.{list_key}")
-        if problem:
-            return problem
-    for list_key in ("volumes", "imagePullSecrets"):
-        problem = _named_list_problem(spec.get(list_key), f"spec.{list_key}")
-        if problem:
-            return problem
-    return None
-
-
-_NAME = operator.itemgetter("name")
-_CONTAINER_LISTS = ("env", "volumeMounts", "volumeDevices")
-
-
-def _names_ok(items: Any) -> bool:
-    """True when `items` is absent or a list of entries with non-empty string names.
-
-    The quick answer for the common case: every env var of every container is checked on every
-    admission, so the entries are read without a Python-level loop. False means "look closer".
-    """
-    if items is None:
-        return True
-    if type(items) is not list:
-        return False
-    try:
-        found = list(map(_NAME, items))
-        "".join(found)  # raises TypeError unless every name is a string
-    except Exception:  # an entry that is not an object, or has no name
-        return False
-    return "" not in found
-
-
-def _named_list_problem(items: Any, field: str) -> str | None:
-    if _names_ok(items):
-        return None
-    if not isinstance(items, list):
-        return f"{field} must be a list"
-    for i, item in enumerate(items):
-        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or not item["name"]:
-            return f"{field}[{i}] must be an object with a non-empty string name"
-    return None
-
-
-def _containers_problem(items: Any, field: str) -> str | None:
-    problem = _named_list_problem(items, field)
-    if problem or items is None:
-        return problem
-    for i, container in enumerate(items):
-        for key in _CONTAINER_LISTS:
-            value = container.get(key)
-            if not _names_ok(value):  # the message is only worth building for a list that fails
-                problem = _named_list_problem(value, f"{field}[{i}].{key}")
-                if problem:
-                    return problem
-    return None

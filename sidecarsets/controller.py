@@ -22,7 +22,7 @@ from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets import metrics, names, planner, revisions, status
+from sidecarsets import history, metrics, names, planner, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection
 
@@ -151,7 +151,7 @@ class Controller:
         matched = status.matched_pods(ss, pods, self.namespaces())
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
         cached = None if self.revisions is None else self.revisions()
-        latest, collisions = await revisions.sync_history(
+        latest, collisions = await history.sync_history(
             self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
         )
         verdicts = status.evaluate(ss, matched)  # shared by the status and the plan: each pod is evaluated once
@@ -232,9 +232,7 @@ class Controller:
         metrics.INPLACE_UPGRADES.labels("patched").inc()
         return True
 
-    async def _mark_upgradable(
-        self, ss: SidecarSet, matched: list[PodProjection], stuck: set[tuple[str, str]]
-    ) -> None:
+    async def _mark_upgradable(self, ss: SidecarSet, matched: list[PodProjection], stuck: set[tuple[str, str]]) -> None:
         """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers."""
         name = ss.name
         now = self.clock()

@@ -18,7 +18,7 @@ The rules (Kruise `registerLatestRevision` / `truncateHistory`):
   the newest, a revision a pod still records, or the one `injectionStrategy.revision` pins.
 
 The planning is pure (`plan_history`) so every branch is tested without a cluster;
-`sync_history` only carries the plan out.
+`sidecarsets.history.sync_history` only carries the plan out.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import Any
 
 import orjson
 
-from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import intorpercent, selectors
 from sidecarsets.enums import RevisionPolicy
@@ -56,7 +55,7 @@ HASH_LENGTH = 10
 # The alphabet of hashing.py (Kruise's SafeEncodeString): no vowels, so no words in names.
 _ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _NOT_COPIED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
-_MAX_COLLISIONS = 1000
+MAX_COLLISIONS = 1000
 
 
 class RevisionError(ValueError):
@@ -65,10 +64,6 @@ class RevisionError(ValueError):
 
 class PinnedRevisionNotFound(RevisionError):
     """`injectionStrategy.revision` names a revision that does not exist (pod creation must fail)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure parts
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -331,8 +326,8 @@ def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_us
         name = revision_name(ss_name, revision_hash(data, collisions))
         while name in taken:
             collisions += 1
-            if collisions > collision_count(ss) + _MAX_COLLISIONS:
-                raise RevisionError(f"SidecarSet {ss_name}: no free revision name after {_MAX_COLLISIONS} tries")
+            if collisions > collision_count(ss) + MAX_COLLISIONS:
+                raise RevisionError(f"SidecarSet {ss_name}: no free revision name after {MAX_COLLISIONS} tries")
             name = revision_name(ss_name, revision_hash(data, collisions))
         create = latest = new_revision(ss, name=name, number=next_number)
         revs.append(latest)
@@ -372,104 +367,3 @@ def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_us
         delete=tuple(delete),
         over_limit=max(0, excess),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# I/O
-
-
-def revisions_path(namespace: str, name: str | None = None) -> str:
-    base = f"/apis/apps/v1/namespaces/{namespace}/controllerrevisions"
-    return f"{base}/{name}" if name else base
-
-
-def _owned_by(revision: Mapping[str, Any], uid: str) -> bool:
-    """Owned by this SidecarSet, or by no controller (an orphan it may adopt), as client-go lists history."""
-    refs = _meta(revision).get("ownerReferences") or []
-    controller = next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
-    return controller is None or not uid or controller.get("uid") == uid
-
-
-async def list_revisions(client: api.Client, ss: SidecarSet, *, namespace: str) -> list[JsonObj]:
-    """The SidecarSet's revisions in `namespace`, oldest first."""
-    listed = await client.get(
-        revisions_path(namespace), params={"labelSelector": f"{REVISION_LABEL_SIDECARSET}={_ss_name(ss)}"}
-    )
-    return _owned_revisions(ss, listed.get("items") or [])
-
-
-def _owned_revisions(ss: SidecarSet, items: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
-    name, uid = _ss_name(ss), ss.uid
-    return sort_revisions(
-        dict(r)
-        for r in items
-        if ((r.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL_SIDECARSET) == name and _owned_by(r, uid)
-    )
-
-
-async def _create(
-    client: api.Client, ss: SidecarSet, body: JsonObj, *, namespace: str, collisions: int
-) -> tuple[str, int]:
-    uid = ss.uid
-    body = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
-    for _ in range(_MAX_COLLISIONS):
-        try:
-            created = await client.create(revisions_path(namespace), body)
-            return str(created["metadata"]["name"]), collisions
-        except api.Conflict as e:
-            if e.reason != "AlreadyExists":
-                raise
-            name = body["metadata"]["name"]
-            existing = await client.get(revisions_path(namespace, name))
-            if existing.get("data") == body["data"] and _owned_by(existing, uid):
-                return name, collisions
-            collisions += 1
-            new_name = revision_name(_ss_name(ss), revision_hash(body["data"], collisions))
-            body = {**body, "metadata": {**body["metadata"], "name": new_name}}
-    raise RevisionError(f"SidecarSet {_ss_name(ss)}: no free revision name after {_MAX_COLLISIONS} tries")
-
-
-async def sync_history(
-    client: api.Client,
-    ss: SidecarSet,
-    *,
-    namespace: str,
-    in_use: set[str],
-    cached: Iterable[Mapping[str, Any]] | None = None,
-) -> tuple[str, int]:
-    """Bring the SidecarSet's ControllerRevisions in `namespace` in line with its spec.
-
-    `cached` is the controller's watch cache of revisions, which saves a LIST per reconcile; a
-    cache a moment behind is safe (a create finds AlreadyExists and adopts the equal revision, a
-    delete of one already gone is ignored). Without it the revisions are listed.
-    Returns (latest revision name, collisionCount) for the SidecarSet's status. API errors on the
-    latest revision propagate (the reconcile is retried); failed deletions are only logged.
-    """
-    if cached is None:
-        revisions = await list_revisions(client, ss, namespace=namespace)
-    else:
-        revisions = _owned_revisions(ss, cached)
-    plan = plan_history(ss, revisions, in_use=in_use)
-    latest, collisions = plan.latest_name, plan.collision_count
-    if plan.create is not None:
-        latest, collisions = await _create(client, ss, plan.create, namespace=namespace, collisions=collisions)
-    elif plan.renumber:
-        await client.patch(revisions_path(namespace, plan.renumber), {"revision": plan.latest_number})
-    if plan.custom_version:
-        await client.patch(
-            revisions_path(namespace, latest), {"metadata": {"labels": {SS_LABEL_CUSTOM_VERSION: plan.custom_version}}}
-        )
-    for name in plan.delete:
-        try:
-            await client.delete(revisions_path(namespace, name))
-        except api.NotFound:
-            pass
-        except Exception as e:
-            log.warning("SidecarSet %s: deleting old revision %s failed: %s", _ss_name(ss), name, e)
-    if plan.over_limit:
-        log.info(
-            "SidecarSet %s keeps %d revisions over its history limit: they are still in use",
-            _ss_name(ss),
-            plan.over_limit,
-        )
-    return latest, collisions

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sidecarsets import names, selectors
-from sidecarsets.defaults import apply_defaults
+from sidecarsets import selectors
 from sidecarsets.enums import PatchPolicy
+from sidecarsets.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
 
 
@@ -23,31 +23,13 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _name(obj: Mapping[str, Any]) -> Any:
-    metadata = obj.get("metadata")
-    return metadata.get("name") if isinstance(metadata, Mapping) else None
-
-
-def namespace_scope(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The effective namespace selector; None means every namespace.
-
-    `namespace` overrides `namespaceSelector`, as in Kruise's v1alpha1 conversion.
-    """
-    namespace = spec.get("namespace")
-    if isinstance(namespace, str) and namespace:
-        return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
-    selector = spec.get("namespaceSelector")
-    return selector if isinstance(selector, Mapping) else None
-
-
-def _may_share_pods(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    ns_a, ns_b = namespace_scope(a), namespace_scope(b)
+def _may_share_pods(a: SidecarSet, b: SidecarSet) -> bool:
+    ns_a, ns_b = a.namespace_selector, b.namespace_selector
     if ns_a is not None and ns_b is not None and not selectors.overlap(ns_a, ns_b):
         return False
-    sel_a, sel_b = a.get("selector"), b.get("selector")
-    if not isinstance(sel_a, Mapping) or not isinstance(sel_b, Mapping):
+    if a.selector is None or b.selector is None:
         return False  # a nil selector matches no pod
-    return selectors.overlap(sel_a, sel_b)
+    return selectors.overlap(a.selector, b.selector)
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
@@ -75,26 +57,29 @@ def _annotations(spec: Mapping[str, Any]) -> Iterable[tuple[str, str, Any]]:
 
 
 def validate_conflicts(obj: Mapping[str, Any], others: Iterable[Any], errs: Errors) -> None:
-    """`obj` is defaulted; `others` are every other SidecarSet as stored (defaulted here)."""
-    own_name, spec = _name(obj), _spec(obj)
+    """`obj` is defaulted; `others` are every other SidecarSet as stored (read through the model).
+
+    The fields of `obj` are walked as JSON so each error names the field by its index.
+    """
+    own = SidecarSet.from_object(obj, tolerant=True)
+    spec = _spec(obj)
     for raw in others:
         if not isinstance(raw, Mapping):
             continue
-        other = apply_defaults(dict(raw))
-        other_name, other_spec = _name(other), _spec(other)
-        if other_name == own_name or not _may_share_pods(spec, other_spec):
+        other = SidecarSet.from_object(raw, tolerant=True)
+        if other.name == own.name or not _may_share_pods(own, other):
             continue
-        taken = {name for _, name in _containers(other_spec)}
         for path, name in _containers(spec):
-            if name in taken:
-                errs.append(FieldError(f"{path}.name", f"container {name} already exists in SidecarSet {other_name}"))
-        their_volumes = {name: v for _, name, v in _volumes(other_spec)}
+            if name in other.all_container_names:
+                errs.append(FieldError(f"{path}.name", f"container {name} already exists in SidecarSet {other.name}"))
+        their_volumes = {v["name"]: v for v in other.volumes}
         for path, name, volume in _volumes(spec):
             if name in their_volumes and their_volumes[name] != volume:
-                errs.append(FieldError(path, f"volume {name} is in conflict with SidecarSet {other_name}"))
+                errs.append(FieldError(path, f"volume {name} is in conflict with SidecarSet {other.name}"))
         their_keys: dict[str, list[Any]] = {}
-        for _, key, policy in _annotations(other_spec):
-            their_keys.setdefault(key, []).append(policy)
+        for patch in other.patch_pod_metadata:
+            for key, _ in patch.annotations:
+                their_keys.setdefault(key, []).append(patch.policy)
         for path, key, policy in _annotations(spec):
             if any(PatchPolicy.OVERWRITE in (policy, theirs) for theirs in their_keys.get(key, ())):
-                errs.append(FieldError(path, f"annotation {key} is in conflict with SidecarSet {other_name}"))
+                errs.append(FieldError(path, f"annotation {key} is in conflict with SidecarSet {other.name}"))

@@ -12,14 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecarsets.enums import UpdateType
+from sidecarsets.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
-
-
-def _by_name(spec: Mapping[str, Any], key: str) -> dict[str, Mapping[str, Any]]:
-    items = spec.get(key)
-    if not isinstance(items, list):
-        return {}
-    return {c["name"]: c for c in items if isinstance(c, Mapping) and isinstance(c.get("name"), str)}
 
 
 def _upgrade_type(container: Mapping[str, Any]) -> Any:
@@ -39,17 +33,18 @@ def _indexed(spec: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, 
 
 
 def validate_update(spec: Mapping[str, Any], old: Mapping[str, Any], errs: Errors) -> None:
-    """`spec` is the new, defaulted spec; `old` the defaulted object being replaced.
+    """`spec` is the new, defaulted spec (walked as JSON, so errors name fields by index); `old`
+    the object being replaced, read through the model.
 
     Kruise rejects every native-sidecar init container (restartPolicy: Always) under
     RollingUpdate, which makes native sidecars unusable with the default strategy. We reject
     only what needs the unsupported upgrade: under RollingUpdate, an update that changes the
     image of such an init container. Creating one, or changing other fields, is accepted.
     """
-    old_spec = old.get("spec")
-    if not isinstance(old_spec, Mapping):
+    if not isinstance(old.get("spec"), Mapping):
         return
-    old_containers = _by_name(old_spec, "containers")
+    previous_model = SidecarSet.from_object(old, tolerant=True)
+    old_containers = {c.name: c for c in previous_model.containers}
     for path, container, name in _indexed(spec, "containers"):
         previous = old_containers.get(name)
         if previous is None:
@@ -60,18 +55,17 @@ def validate_update(spec: Mapping[str, Any], old: Mapping[str, Any], errs: Error
                 )
             )
             continue
-        before, after = _upgrade_type(previous), _upgrade_type(container)
-        if before not in (None, "") and after != before:
+        if _upgrade_type(container) != previous.upgrade_type:
             errs.append(FieldError(f"{path}.upgradeStrategy.upgradeType", f"container {name} upgradeType is immutable"))
 
     strategy = spec.get("updateStrategy")
     if not isinstance(strategy, Mapping) or strategy.get("type") != UpdateType.ROLLING_UPDATE:
         return
-    old_inits = _by_name(old_spec, "initContainers")
+    old_inits = {c.name: c for c in previous_model.init_containers}
     for path, container, name in _indexed(spec, "initContainers"):
         previous = old_inits.get(name)
         native = container.get("restartPolicy") == "Always"
-        if native and previous is not None and previous.get("image") != container.get("image"):
+        if native and previous is not None and previous.container.get("image") != container.get("image"):
             errs.append(
                 FieldError(
                     f"{path}.image",

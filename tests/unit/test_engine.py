@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from injector import engine, envs, metadata, patchops
+from injector import engine, envs, metadata, patchops, podcheck
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
 
@@ -817,7 +817,7 @@ _entries = st.lists(
 @given(env=st.one_of(_entries, st.none(), st.just("A=1"), st.just({"name": "A"})))
 def test_the_quick_env_check_gives_the_plain_rules_answer(env: Any) -> None:
     pod = make_pod({"name": "app", "image": "app:1", "env": env})
-    assert engine.pod_problem(pod) == _reference_list_problem(env, "spec.containers[0].env")
+    assert podcheck.pod_problem(pod) == _reference_list_problem(env, "spec.containers[0].env")
 
 
 @settings(max_examples=300, deadline=None)

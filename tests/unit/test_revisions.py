@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.hashing import spec_hash, spec_hash_without_image
+from sidecarsets.history import sync_history
 from sidecarsets.names import (
     REVISION_LABEL_SIDECARSET,
     SS_ANN_HASH,
@@ -32,7 +33,6 @@ from sidecarsets.revisions import (
     revision_hash,
     revision_name,
     should_use_pinned,
-    sync_history,
 )
 from tests.kube.builders import model
 
