@@ -12,14 +12,11 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
-import socket
 import ssl
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +36,7 @@ from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER
+from sidecarctl.options import ManagerOptions
 from sidecarctl.probes import create_probe_app
 from sidecarsets import names
 from sidecarsets.controller import SS_PATH, Controller
@@ -48,38 +46,6 @@ from sidecarsets.store import TemplateStore, namespace_labels
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Any, Any], None]
-
-
-def _default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-@dataclass
-class ManagerOptions:
-    kubeconfig: str | None = None
-    namespace: str = names.DEFAULT_MANAGER_NAMESPACE
-    webhook_bind: str = "0.0.0.0:9443"
-    probe_bind: str = "0.0.0.0:8080"
-    cert_dir: str | None = None
-    self_signed: bool = False
-    service_name: str = "sidecarctl-webhook"
-    secret_name: str = "sidecarctl-webhook-certs"
-    extra_dns: tuple[str, ...] = ()
-    extra_ips: tuple[str, ...] = ()
-    mutating_config: str = names.MUTATING_WEBHOOK_CONFIG
-    validating_config: str = names.VALIDATING_WEBHOOK_CONFIG
-    sync_ca_bundle: bool = True
-    ca_bundle_resync: float = 30.0
-    cert_poll_interval: float = 10.0
-    # Cheap change checks between full polls (stands in for file events); 0 turns them off.
-    cert_event_interval: float = 0.2
-    leader_elect: bool = True
-    lease_name: str = "sidecarctl-controller"
-    lease_duration: int = 15
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-    identity: str = field(default_factory=_default_identity)
-    workers: int = 3
 
 
 class _TLSConfig(Config):
@@ -141,7 +107,7 @@ class Manager:
             namespaces=lambda: self.store.snapshot.namespaces,
             revisions=lambda: self.store.snapshot.revisions.values(),
             recorder=self.recorder,
-            workers=opts.workers,
+            workers=opts.controller.workers,
         )
         self.ss_informer: Informer[JsonObj] = Informer(
             self.client,
@@ -175,7 +141,7 @@ class Manager:
             # Pods are large; small pages keep the peak heap (and so the RSS, which Python keeps) low.
             page_size=100,
         )
-        self.cert_dir = Path(opts.cert_dir) if opts.cert_dir else None
+        self.cert_dir = Path(opts.tls.cert_dir) if opts.tls.cert_dir else None
         self.issuer: SelfSignedIssuer | None = None
         self.syncer: CABundleSyncer | None = None
         self.reloader: CertReloader | None = None
@@ -185,30 +151,30 @@ class Manager:
     # -- TLS -----------------------------------------------------------------------------------
     def _setup_tls(self) -> None:
         opts = self.opts
-        if opts.self_signed:
+        if opts.tls.self_signed:
             if self.cert_dir is None:
                 self.cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-certs-"))
             self.issuer = SelfSignedIssuer(
                 self.client,
                 SelfSignedConfig(
                     namespace=opts.namespace,
-                    service=opts.service_name,
-                    secret_name=opts.secret_name,
-                    extra_dns=opts.extra_dns,
-                    extra_ips=opts.extra_ips,
+                    service=opts.tls.service_name,
+                    secret_name=opts.tls.secret_name,
+                    extra_dns=opts.tls.extra_dns,
+                    extra_ips=opts.tls.extra_ips,
                 ),
                 cert_dir=self.cert_dir,
             )
         if self.cert_dir is None:
             raise ValueError("either --cert-dir or --self-signed is required")
-        if opts.sync_ca_bundle:
+        if opts.ca_bundle.sync_ca_bundle:
             self.syncer = CABundleSyncer(
                 self.client,
                 configs=(
-                    WebhookConfigRef("mutating", opts.mutating_config),
-                    WebhookConfigRef("validating", opts.validating_config),
+                    WebhookConfigRef("mutating", opts.ca_bundle.mutating_config),
+                    WebhookConfigRef("validating", opts.ca_bundle.validating_config),
                 ),
-                resync_interval=opts.ca_bundle_resync,
+                resync_interval=opts.ca_bundle.ca_bundle_resync,
             )
         syncer = self.syncer
 
@@ -218,8 +184,8 @@ class Manager:
 
         self.reloader = CertReloader(
             self.cert_dir,
-            poll_interval=opts.cert_poll_interval,
-            event_interval=opts.cert_event_interval or None,
+            poll_interval=opts.tls.cert_poll_interval,
+            event_interval=opts.tls.cert_event_interval or None,
             on_reload=on_reload,
         )
 
@@ -239,7 +205,7 @@ class Manager:
 
     async def _tls_self_check(self, ca_pem: bytes) -> tuple[bool, str]:
         """A real handshake on the webhook port, trusting only the CA we publish in caBundle."""
-        host, port = _host_port(self.opts.webhook_bind)
+        host, port = _host_port(self.opts.serving.webhook_bind)
         try:
             ctx = ssl.create_default_context(cadata=ca_pem.decode())
             ctx.check_hostname = False  # the API server checks names; here we prove the chain and the key
@@ -255,8 +221,8 @@ class Manager:
     async def _lead(self, lost: asyncio.Event) -> None:
         """Runs while this replica holds the Lease."""
         self.leading = True
-        if not self.opts.leader_elect:
-            IS_LEADER.labels(f"{self.opts.namespace}/{self.opts.lease_name}").set(1)
+        if not self.opts.leader.leader_elect:
+            IS_LEADER.labels(f"{self.opts.namespace}/{self.opts.leader.lease_name}").set(1)
         log.info("became leader; starting the SidecarSet controller")
         stop = asyncio.Event()
         pods = asyncio.create_task(self.pod_informer.run(stop))
@@ -290,25 +256,24 @@ class Manager:
             start(inf.run(stop), f"informer-{inf.name}")
         webhook_app = create_webhook_app(self.store, WebhookSettings(manager_namespace=self.opts.namespace))
         probe_app = create_probe_app(ready=self.readiness)
-        start(_serve(webhook_app, self.opts.webhook_bind, stop, context=self.reloader.front_context), "webhook")
-        start(_serve(probe_app, self.opts.probe_bind, stop, context=None), "probes")
-        if self.opts.leader_elect:
+        start(_serve(webhook_app, self.opts.serving.webhook_bind, stop, context=self.reloader.front_context), "webhook")
+        start(_serve(probe_app, self.opts.serving.probe_bind, stop, context=None), "probes")
+        if self.opts.leader.leader_elect:
             self.elector = LeaderElector(
                 self.client,
                 namespace=self.opts.namespace,
-                name=self.opts.lease_name,
-                identity=self.opts.identity,
-                lease_duration=self.opts.lease_duration,
-                renew_deadline=self.opts.renew_deadline,
-                retry_period=self.opts.retry_period,
+                name=self.opts.leader.lease_name,
+                identity=self.opts.leader.effective_identity,
+                lease_duration=self.opts.leader.lease_duration,
+                renew_deadline=self.opts.leader.effective_renew_deadline,
+                retry_period=self.opts.leader.effective_retry_period,
             )
             start(self.elector.run(stop, self._lead), "leader-election")
         else:
             start(self._lead(asyncio.Event()), "controller")
-        log.info(
-            "manager started",
-            extra={"object": f"webhook={self.opts.webhook_bind} probes={self.opts.probe_bind} id={self.opts.identity}"},
-        )
+        serving = self.opts.serving
+        where = f"webhook={serving.webhook_bind} probes={serving.probe_bind} id={self.opts.leader.effective_identity}"
+        log.info("manager started", extra={"object": where})
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for t in done:

@@ -35,7 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from certwatcher import pem
 from kuberuntime import api, kubeapi
-from sidecarctl.manager import Manager, ManagerOptions
+from sidecarctl.manager import Manager
+from sidecarctl.options import ManagerOptions
 from tests.certutil import (
     Hammer,
     KeyPair,
@@ -370,7 +371,7 @@ class Rig:
         (`managerharness.start_in_process` fixes `ca_bundle_resync` itself, so it is built here.)
         """
         probe_port = free_port()
-        opts = ManagerOptions(
+        opts = ManagerOptions.build(
             kubeconfig=str(self.cp.kubeconfig),
             namespace=MANAGER_NS,
             webhook_bind=f"127.0.0.1:{webhook_port}",

@@ -127,7 +127,7 @@ def _expiry(s: Scrape, name: str) -> float:
 def test_watch_leader_and_certificate_metrics_are_exposed(manager: RunningManager) -> None:
     s = scrape(manager)
     assert s.types["sidecarctl_watch_restarts"] == "counter"
-    assert s.value("sidecarctl_leader", lease=f"{manager.opts.namespace}/{manager.opts.lease_name}") == 1
+    assert s.value("sidecarctl_leader", lease=f"{manager.opts.namespace}/{manager.opts.leader.lease_name}") == 1
     assert s.total("sidecarctl_cert_reloads_total") >= 1
     serving = _expiry(s, "sidecarctl_serving_cert_expiry_timestamp_seconds")
     ca = _expiry(s, "sidecarctl_ca_cert_expiry_timestamp_seconds")

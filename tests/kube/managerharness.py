@@ -28,7 +28,8 @@ import yaml
 from certwatcher.atomicdir import write_atomic
 from certwatcher.issuing import Issued, generate_ca, issue_leaf
 from kuberuntime import api
-from sidecarctl.manager import Manager, ManagerOptions
+from sidecarctl.manager import Manager
+from sidecarctl.options import ManagerOptions
 from sidecarsets import names
 from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane, free_port
@@ -127,7 +128,7 @@ def start_in_process(
         "ca_bundle_resync": 5.0,
         "cert_poll_interval": 2.0,
     }
-    opts = ManagerOptions(**{**settings, **overrides})
+    opts = ManagerOptions.build(**{**settings, **overrides})
 
     async def build() -> Manager:
         return Manager(opts)  # the aiohttp session must belong to the test loop
