@@ -1,0 +1,201 @@
+"""An in-memory API server with the runtime's contract (kuberuntime.api), for unit tests.
+
+Objects live under their API paths; every write bumps one global resourceVersion and notifies
+listeners (as a watch would, synchronously, so a test decides when a cache sees a write by when it
+delivers). Errors follow the real server: NotFound, Conflict (AlreadyExists, a stale
+resourceVersion), Invalid (a failed JSON Patch `test`). `fail` injects errors for a verb and path.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+
+from kuberuntime import api
+from kuberuntime.jsontypes import JsonObj
+
+Listener = Callable[[str, JsonObj | None, JsonObj | None], None]  # (path, old, new)
+
+
+@dataclass
+class _Fault:
+    verb: str
+    path: re.Pattern[str]
+    error: api.ApiError
+    times: int | None  # None: every time
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _strategic(target: JsonObj, patch: JsonObj) -> JsonObj:
+    """Merge patch, except that `status.conditions` merge by `type` as the Pod's strategy says."""
+    conditions = ((patch.get("status") or {}).get("conditions")) if isinstance(patch.get("status"), dict) else None
+    if conditions is None:
+        out: JsonObj = merge_patch(target, patch)
+        return out
+    rest = {**patch, "status": {k: v for k, v in patch["status"].items() if k != "conditions"}}
+    out = merge_patch(target, rest)
+    merged = list((target.get("status") or {}).get("conditions") or [])
+    for cond in conditions:
+        i = next((j for j, c in enumerate(merged) if c.get("type") == cond.get("type")), None)
+        if i is None:
+            merged.append(cond)
+        else:
+            merged[i] = {**merged[i], **cond}
+    out.setdefault("status", {})["conditions"] = merged
+    return out
+
+
+def _label_match(labels: dict[str, str], selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif "=" in term:
+            key, _, value = term.partition("=")
+            if labels.get(key.rstrip("=")) != value:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.objects: dict[str, JsonObj] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.listeners: list[Listener] = []
+        self._rv = 1000
+        self._uids = 0
+        self._faults: list[_Fault] = []
+
+    # -- test controls ---------------------------------------------------------------------------
+    def fail(self, verb: str, path: str, error: api.ApiError, *, times: int | None = 1) -> None:
+        """Make `verb` on paths matching the regex `path` raise `error` (`times` times, None: always)."""
+        self._faults.append(_Fault(verb, re.compile(path), error, times))
+
+    def put(self, path: str, obj: JsonObj) -> JsonObj:
+        """Store `obj` at `path` as if someone created it (uid, resourceVersion filled in)."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("uid"):
+            self._uids += 1
+            meta["uid"] = f"uid-{self._uids}"
+        meta.setdefault("creationTimestamp", "2024-05-01T10:00:00Z")
+        return self._store(path, obj)
+
+    def writes(self, verb: str | None = None, prefix: str = "") -> list[str]:
+        return [p for v, p in self.calls if v != "get" and (verb is None or v == verb) and p.startswith(prefix)]
+
+    # -- internals -------------------------------------------------------------------------------
+    def _store(self, path: str, obj: JsonObj | None) -> JsonObj:
+        old = self.objects.get(path)
+        if obj is None:
+            self.objects.pop(path, None)
+            new: JsonObj = {}
+        else:
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self.objects[path] = obj
+            new = obj
+        for listener in list(self.listeners):
+            listener(path, copy.deepcopy(old), copy.deepcopy(obj))
+        return copy.deepcopy(new)
+
+    def _enter(self, verb: str, path: str) -> None:
+        self.calls.append((verb, path))
+        for fault in list(self._faults):
+            if fault.verb == verb and fault.path.search(path):
+                if fault.times is not None:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self._faults.remove(fault)
+                raise fault.error
+
+    def _stored(self, path: str) -> JsonObj:
+        obj = self.objects.get(path)
+        if obj is None:
+            raise api.NotFound(404, "NotFound", f"{path} not found")
+        return obj
+
+    # -- the contract ----------------------------------------------------------------------------
+    async def get(self, path: str, *, params: api.Params | None = None) -> JsonObj:
+        self._enter("get", path)
+        if path in self.objects:
+            return copy.deepcopy(self.objects[path])
+        prefix = path.rstrip("/") + "/"
+        selector = str((params or {}).get("labelSelector") or "")
+        items = [
+            copy.deepcopy(obj)
+            for p, obj in sorted(self.objects.items())
+            if p.startswith(prefix)
+            and "/" not in p[len(prefix) :]
+            and _label_match((obj.get("metadata") or {}).get("labels") or {}, selector)
+        ]
+        if not items and not any(p.startswith(prefix) for p in self.objects) and path.count("/") < 4:
+            raise api.NotFound(404, "NotFound", f"{path} not found")
+        return {"metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    async def create(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
+        self._enter("create", path)
+        meta = body.get("metadata") or {}
+        name = meta.get("name") or f"{meta.get('generateName', 'obj-')}{self._rv}"
+        target = f"{path}/{name}"
+        if target in self.objects:
+            raise api.Conflict(409, "AlreadyExists", f"{target} already exists")
+        obj = copy.deepcopy(body)
+        obj["metadata"] = {**meta, "name": name}
+        obj["metadata"].pop("resourceVersion", None)
+        return self.put(target, obj)
+
+    async def update(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
+        self._enter("update", path)
+        stored = self._stored(path)
+        if (body.get("metadata") or {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+            raise api.Conflict(409, "Conflict", "the object has been modified")
+        return self._store(path, copy.deepcopy(body))
+
+    async def patch(
+        self, path: str, body: Any, *, patch_type: api.PatchType = "merge", params: api.Params | None = None
+    ) -> JsonObj:
+        self._enter("patch", path)
+        target = path[: -len("/status")] if path.endswith("/status") else path
+        stored = copy.deepcopy(self._stored(target))
+        if patch_type == "json":
+            try:
+                patched: JsonObj = jsonpatch.apply_patch(stored, body)
+            except jsonpatch.JsonPatchTestFailed as e:
+                raise api.Invalid(422, "Invalid", str(e)) from None
+        else:
+            wanted = ((body.get("metadata") or {}).get("resourceVersion")) if isinstance(body, dict) else None
+            if wanted and wanted != stored["metadata"]["resourceVersion"]:
+                raise api.Conflict(409, "Conflict", "the object has been modified")
+            patched = _strategic(stored, body) if patch_type == "strategic" else merge_patch(stored, body)
+        return self._store(target, patched)
+
+    async def delete(self, path: str, *, params: api.Params | None = None) -> Any:
+        self._enter("delete", path)
+        self._stored(path)
+        self._store(path, None)
+        return {"kind": "Status", "status": "Success"}
+
+    def watch(
+        self, path: str, *, resource_version: str, timeout_seconds: int = 300, params: api.Params | None = None
+    ) -> AsyncIterator[JsonObj]:
+        raise NotImplementedError("tests deliver events through `listeners`")
