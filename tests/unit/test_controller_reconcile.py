@@ -60,7 +60,7 @@ class Rig:
         if path.startswith(SS_PATH):
             self.controller.on_sidecarset(kind, old, new)
         elif "/pods/" in path:
-            self.controller.on_pod(kind, old and project(old), new and project(new))
+            self.controller.on_pod(kind, None if old is None else project(old), None if new is None else project(new))
 
     def redeliver(self) -> None:
         """The watch catches up: every pod as stored now."""
