@@ -8,6 +8,7 @@ fails the pods it would apply to (`revisions`), each naming the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,23 +47,8 @@ def read_update_strategy(reader: Reader, value: Any) -> UpdateStrategy:
     raw = reader.object(value, field, advisory=True)
     kind = reader.enum(raw.get("type"), f"{field}.type", UpdateType, UpdateType.ROLLING_UPDATE, advisory=True)
     paused = reader.boolean(raw.get("paused"), f"{field}.paused", advisory=True)
-    numbers: dict[str, IntOrPercent | None] = {}
-    for key in ("partition", "maxUnavailable"):
-        number = raw.get(key)
-        if number is not None:
-            try:
-                intorpercent.parse(number)
-            except intorpercent.IntOrPercentError as err:
-                reader.fail(f"{field}.{key}", f"{field}.{key}: {err}", advisory=True)
-                number = None
-        numbers[key] = number
-    selector = raw.get("selector")
-    if selector is not None:
-        try:
-            selectors.validate(selector)
-        except selectors.SelectorError as err:
-            reader.fail(f"{field}.selector", f"{field}.selector: {err}", advisory=True)
-            selector = None
+    numbers = {key: _checked(reader, raw, key, intorpercent.parse) for key in ("partition", "maxUnavailable")}
+    selector = _checked(reader, raw, "selector", selectors.validate)
     priority = reader.optional_object(raw.get("priorityStrategy"), f"{field}.priorityStrategy", advisory=True)
     scatter = tuple(
         term
@@ -78,6 +64,19 @@ def read_update_strategy(reader: Reader, value: Any) -> UpdateStrategy:
         priority=priority,
         scatter=scatter,
     )
+
+
+def _checked(reader: Reader, raw: JsonObj, key: str, check: Callable[[Any], object]) -> Any:
+    """`raw[key]` when `check` accepts it (or it is absent); None, with an advisory problem, when not."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    try:
+        check(value)
+    except ValueError as err:  # IntOrPercentError, SelectorError
+        reader.fail(f"spec.updateStrategy.{key}", f"spec.updateStrategy.{key}: {err}", advisory=True)
+        return None
+    return value
 
 
 def read_revision_pin(reader: Reader, injection: JsonObj) -> RevisionPin | None:

@@ -31,9 +31,6 @@ from sidecarsets.validation.base import (
 )
 from sidecarsets.validation.resources import validate_resources_policy
 
-INJECT_POLICIES = tuple(values(InjectPolicy))
-SHARE_POLICIES = tuple(values(SharePolicy))
-UPGRADE_TYPES = tuple(values(UpgradeType))
 # Printable ASCII except '=' (Kubernetes relaxed env var names, GA since 1.34).
 _ENV_NAME = re.compile(r"^[\x20-\x3c\x3e-\x7e]+$")
 _SUBSCRIPTED = re.compile(r"^metadata\.(labels|annotations)\['(.*)'\]$")
@@ -138,23 +135,23 @@ def _ports(container: Mapping[str, Any], path: str, errs: Errors) -> None:
             errs.append(FieldError(f"{item_path}.containerPort", f"must be a port number 1-65535, not {port!r}"))
 
 
-def _enum(parent: Mapping[str, Any], key: str, allowed: tuple[str, ...], path: str, what: str, errs: Errors) -> None:
+def _enum(parent: Mapping[str, Any], key: str, allowed: list[str], path: str, what: str, errs: Errors) -> None:
     value = parent.get(key)
     if value not in allowed:
         errs.append(FieldError(path, f"unsupported {what} {value!r}: use {' or '.join(allowed)}"))
 
 
 def _sidecar_fields(container: Mapping[str, Any], path: str, errs: Errors) -> None:
-    _enum(container, "podInjectPolicy", INJECT_POLICIES, f"{path}.podInjectPolicy", "pod inject policy", errs)
+    _enum(container, "podInjectPolicy", values(InjectPolicy), f"{path}.podInjectPolicy", "pod inject policy", errs)
     upgrade = obj_field(container, "upgradeStrategy", f"{path}.upgradeStrategy", errs)
     if upgrade is not None:
         upath = f"{path}.upgradeStrategy"
-        _enum(upgrade, "upgradeType", UPGRADE_TYPES, f"{upath}.upgradeType", "upgrade type", errs)
+        _enum(upgrade, "upgradeType", values(UpgradeType), f"{upath}.upgradeType", "upgrade type", errs)
         str_field(upgrade, "hotUpgradeEmptyImage", f"{upath}.hotUpgradeEmptyImage", errs)
     for key in ("shareVolumePolicy", "shareVolumeDevicePolicy"):
         share = obj_field(container, key, f"{path}.{key}", errs)
         if share is not None:
-            _enum(share, "type", SHARE_POLICIES, f"{path}.{key}.type", "share volume policy", errs)
+            _enum(share, "type", values(SharePolicy), f"{path}.{key}.type", "share volume policy", errs)
 
 
 def _container(container: Mapping[str, Any], path: str, errs: Errors, *, init: bool) -> None:

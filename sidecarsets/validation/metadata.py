@@ -28,7 +28,6 @@ from sidecarsets.validation.base import (
 
 NAME_MAX = 63
 _NAME = re.compile(r"^[a-zA-Z0-9\-]+$")
-PATCH_POLICIES = tuple(values(PatchPolicy))
 
 
 def validate_name(obj: Mapping[str, Any], errs: Errors) -> None:
@@ -58,10 +57,10 @@ def validate_patch_pod_metadata(spec: Mapping[str, Any], errs: Errors) -> None:
     owner: dict[str, str] = {}
     for _, path, patch in objects(list_field(spec, "patchPodMetadata", base, errs), base, errs):
         policy = patch.get("patchPolicy")
-        if policy not in PATCH_POLICIES:
+        if policy not in values(PatchPolicy):
             errs.append(
                 FieldError(
-                    f"{path}.patchPolicy", f"unsupported patchPolicy {policy!r}: use {', '.join(PATCH_POLICIES)}"
+                    f"{path}.patchPolicy", f"unsupported patchPolicy {policy!r}: use {', '.join(values(PatchPolicy))}"
                 )
             )
         annotations = obj_field(patch, "annotations", f"{path}.annotations", errs)

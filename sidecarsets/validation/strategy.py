@@ -25,8 +25,6 @@ from sidecarsets.validation.base import (
     validate_selector,
 )
 
-UPDATE_TYPES = tuple(values(UpdateType))
-REVISION_POLICIES = tuple(values(RevisionPolicy))
 WEIGHT_MIN, WEIGHT_MAX = 1, 100
 
 
@@ -98,9 +96,11 @@ def validate_update_strategy(spec: Mapping[str, Any], errs: Errors) -> None:
     if strategy is None:
         return
     kind = strategy.get("type")
-    if kind not in UPDATE_TYPES:
+    if kind not in values(UpdateType):
         errs.append(
-            FieldError(f"{path}.type", f"unsupported update strategy type {kind!r}: use {' or '.join(UPDATE_TYPES)}")
+            FieldError(
+                f"{path}.type", f"unsupported update strategy type {kind!r}: use {' or '.join(values(UpdateType))}"
+            )
         )
     bool_field(strategy, "paused", f"{path}.paused", errs)
     _int_or_percent(strategy, "partition", path, errs)
@@ -136,7 +136,9 @@ def validate_injection_strategy(spec: Mapping[str, Any], errs: Errors) -> None:
     if revision.get("revisionName") in (None, "") and revision.get("customVersion") in (None, ""):
         errs.append(FieldError(rpath, "revisionName and customVersion cannot be empty simultaneously"))
     policy = revision.get("policy")
-    if policy not in REVISION_POLICIES:
+    if policy not in values(RevisionPolicy):
         errs.append(
-            FieldError(f"{rpath}.policy", f"Invalid policy {policy!r}, supported: [{', '.join(REVISION_POLICIES)}]")
+            FieldError(
+                f"{rpath}.policy", f"Invalid policy {policy!r}, supported: [{', '.join(values(RevisionPolicy))}]"
+            )
         )
