@@ -45,14 +45,27 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sidecarsets import defaults, names  # noqa: E402
+from sidecarsets.enums import (  # noqa: E402
+    InjectPolicy,
+    PatchPolicy,
+    RevisionPolicy,
+    SharePolicy,
+    TargetContainersMode,
+    UpdateType,
+    UpgradeType,
+    values,
+)
+
 KUBERNETES_VERSION = "1.37.2"
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT = REPO / "config" / "crd" / "sidecarctl.io_sidecarsets.yaml"
 
-GROUP = "sidecarctl.io"
-VERSION = "v1alpha1"
-KIND = "SidecarSet"
-PLURAL = "sidecarsets"
+GROUP = names.GROUP
+VERSION = names.VERSION
+KIND = names.KIND
+PLURAL = names.PLURAL
 SINGULAR = "sidecarset"
 SHORT_NAMES = ["scs"]
 
@@ -207,8 +220,7 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
         "properties": {
             "type": {
                 "type": "string",
-                "enum": ["enabled", "disabled"],
-                "default": "disabled",
+                "enum": values(SharePolicy),
                 "description": "enabled: also mount what the pod's own containers mount.",
             }
         },
@@ -258,7 +270,7 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
     extras: Schema = {
         "podInjectPolicy": {
             "type": "string",
-            "enum": ["BeforeAppContainer", "AfterAppContainer"],
+            "enum": values(InjectPolicy),
             # Not defaulted here: the default differs between containers (BeforeAppContainer)
             # and initContainers (AfterAppContainer), and both lists share this schema in
             # Kruise's API. sidecarsets/defaults.py and the mutating path fill it in.
@@ -269,13 +281,11 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
         },
         "upgradeStrategy": {
             "type": "object",
-            "default": {},
             "description": "How a running sidecar is upgraded in place.",
             "properties": {
                 "upgradeType": {
                     "type": "string",
-                    "enum": ["ColdUpgrade", "HotUpgrade"],
-                    "default": "ColdUpgrade",
+                    "enum": values(UpgradeType),
                     "description": "ColdUpgrade restarts the container on the new image; immutable.",
                 },
                 "hotUpgradeEmptyImage": {
@@ -286,7 +296,6 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
         },
         "shareVolumePolicy": {
             **copy.deepcopy(share_policy),
-            "default": {},
             "description": "Whether the sidecar also mounts the volumes of the pod's containers.",
         },
         "shareVolumeDevicePolicy": {
@@ -304,12 +313,11 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
             "properties": {
                 "targetContainersMode": {
                     "type": "string",
-                    "enum": ["sum", "max"],
+                    "enum": values(TargetContainersMode),
                     "description": "How the resources of the target containers are combined.",
                 },
                 "targetContainersNameRegex": {
                     "type": "string",
-                    "default": ".*",
                     "description": "Regular expression selecting the target containers by name.",
                 },
                 "resourcesExpr": {
@@ -330,25 +338,21 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
 def update_strategy(inl: Inliner) -> Schema:
     return {
         "type": "object",
-        "default": {},
         "description": "How pods that already carry the sidecars are upgraded when the SidecarSet changes.",
         "properties": {
             "type": {
                 "type": "string",
-                "enum": ["NotUpdate", "RollingUpdate"],
-                "default": "RollingUpdate",
+                "enum": values(UpdateType),
                 "description": "NotUpdate only injects new pods; RollingUpdate also upgrades injected pods.",
             },
             "paused": {"type": "boolean", "description": "Stops upgrading pods; injection goes on."},
             "selector": label_selector(inl, "Only pods matching this selector are upgraded."),
             "partition": {
                 **int_or_string(),
-                "default": 0,
                 "description": "Number or percentage of matched pods kept on the old revision.",
             },
             "maxUnavailable": {
                 **int_or_string(),
-                "default": 1,
                 "description": "Number or percentage (rounded up) of pods unavailable at once during an upgrade.",
             },
             "priorityStrategy": {
@@ -437,8 +441,7 @@ def injection_strategy() -> Schema:
                     "revisionName": {"type": "string", "description": "Name of a ControllerRevision."},
                     "policy": {
                         "type": "string",
-                        "enum": ["Always", "Partial"],
-                        "default": "Always",
+                        "enum": values(RevisionPolicy),
                         "description": "Always: every new pod; Partial: per updateStrategy selector/partition.",
                     },
                 },
@@ -489,7 +492,6 @@ def spec_schema(inl: Inliner) -> Schema:
             "revisionHistoryLimit": {
                 "type": "integer",
                 "format": "int32",
-                "default": 10,
                 "description": "How many ControllerRevisions to keep (at least 1 is kept).",
             },
             "patchPodMetadata": {
@@ -501,8 +503,7 @@ def spec_schema(inl: Inliner) -> Schema:
                         "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
                         "patchPolicy": {
                             "type": "string",
-                            "enum": ["Retain", "Overwrite", "MergePatchJson"],
-                            "default": "Retain",
+                            "enum": values(PatchPolicy),
                             "description": (
                                 "Retain keeps a pod's value, Overwrite replaces it, MergePatchJson merges JSON objects."
                             ),
@@ -556,6 +557,25 @@ def status_schema() -> Schema:
     }
 
 
+def node_at(schema: Schema, path: str) -> Schema:
+    """The sub-schema for a defaults-table path such as `spec.containers[].upgradeStrategy.type`."""
+    node = schema
+    for part in path.split("."):
+        many = part.endswith("[]")
+        node = node["properties"][part[:-2] if many else part]
+        if many:
+            node = node["items"]
+    return node
+
+
+def with_table_defaults(schema: Schema) -> Schema:
+    """Every default of sidecarsets.defaults that the schema can carry, put where it applies."""
+    for row in defaults.DEFAULTS:
+        if row.schema:
+            node_at(schema, row.path)["default"] = copy.deepcopy(row.value)
+    return schema
+
+
 def crd(inl: Inliner) -> Schema:
     schema: Schema = {
         "type": "object",
@@ -569,6 +589,7 @@ def crd(inl: Inliner) -> Schema:
             "status": status_schema(),
         },
     }
+    with_table_defaults(schema)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from sidecarsets import names
+from sidecarsets.defaults import DEFAULTS
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "config" / "crd" / "sidecarctl.io_sidecarsets.yaml"
@@ -639,3 +640,12 @@ def test_sample_is_not_modified_by_the_checker() -> None:
     before = copy.deepcopy(obj)
     object_problems(obj)
     assert obj == before
+
+
+def test_the_schema_carries_every_default_of_the_table_and_no_other() -> None:
+    """sidecarsets.defaults is the one table: the CRD has exactly its schema rows."""
+    table = {"." + row.path: row.value for row in DEFAULTS if row.schema}
+    found = {path: node["default"] for path, node in walk(root_schema()) if "default" in node}
+    assert found == table
+    assert {"." + p for p in SCHEMA_DEFAULTS} <= set(table)
+    assert all(row.path.endswith("podInjectPolicy") for row in DEFAULTS if not row.schema)
