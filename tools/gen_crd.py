@@ -46,8 +46,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sidecarsets import defaults, names  # noqa: E402
-from sidecarsets.enums import (  # noqa: E402
+from sidecarsets import defaults, names
+from sidecarsets.enums import (
     InjectPolicy,
     PatchPolicy,
     RevisionPolicy,
