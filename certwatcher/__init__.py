@@ -1,7 +1,7 @@
-"""Serving-certificate reload and caBundle sync. Depends on nothing else in sidecarctl.
+"""Serving-certificate reload and caBundle sync. Depends only on the generic runtime (kuberuntime).
 
 Modules: `reloader` (watch a cert dir, swap the served pair), `tls` (check a pair, build contexts,
 the front context hypercorn keeps), `cabundle` (publish the CA into our webhook configurations),
-`selfsigned` / `issuing` (a CA and leaf kept in a Secret, renewal), `ports` (the API the manager
-provides), `files` / `atomicdir` (the kubelet's `..data` layout), `pem`, `metrics`.
+`selfsigned` / `issuing` (a CA and leaf kept in a Secret, renewal), `files` / `atomicdir` (the
+kubelet's `..data` layout), `pem`, `metrics`.
 """

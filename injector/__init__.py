@@ -1,1 +1,1 @@
-"""The /inject admission webhook, its injection engine, and the `sidecarctl` command line."""
+"""Admission: the /inject and /validate-sidecarset webhooks over HTTP, and the pure injection engine."""

@@ -1,6 +1,6 @@
-"""SidecarSet model, store, watches and controller.
+"""The SidecarSet domain: the one model, the store the webhook reads, the controller and its pure parts.
 
-Pure pieces (hashing, selectors, validation, the upgrade planner) sit beside the I/O pieces
-(the API client, the watch loop, the controller) so that the webhook can import the model and
-the store without pulling in the controller.
+Pure pieces (model, defaults, hashing, selectors, validation, pins, the upgrade planner, status)
+sit beside the controller and the revision I/O; the generic runtime they run on (API client,
+informer, work queue, leader election) is kuberuntime, which knows nothing of SidecarSets.
 """
