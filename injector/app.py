@@ -78,8 +78,10 @@ def endpoint(webhook: str, handle: RawHandler) -> Endpoint:
             return await handle(await _read_body(scope, receive))
         except admission.ReviewError as e:
             return Answer("bad_request", e.status, (e.message + "\n").encode(), TEXT_TYPE)
-        except Exception:
-            log.exception("%s: unexpected error", webhook, extra={"webhook": webhook})
+        except Exception as e:
+            # One line per request: a flood of bad requests must not flood the log with tracebacks.
+            log.error("%s: unexpected error: %s: %s", webhook, type(e).__name__, e, extra={"webhook": webhook})
+            log.debug("%s: unexpected error", webhook, exc_info=True)
             return Answer("error", 400, _UNEXPECTED, TEXT_TYPE)
 
     return answer

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from injector import admission, engine
 from injector.replay import ReplayCache
@@ -50,6 +51,13 @@ async def _namespace_labels(store: TemplateStore, namespace: str, wait: float) -
         await asyncio.sleep(0.01)
 
 
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    """The pod's labels, or none when they are malformed (the engine then names the field)."""
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
 async def inject(review: admission.Review, store: TemplateStore, settings: WebhookSettings) -> Decision:
     admission.require_kind(review, group="", kind="Pod", what="pods")
     if review.operation != "CREATE" or review.sub_resource:
@@ -58,11 +66,10 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         raise admission.ReviewError(400, "request.object is required for CREATE")
     namespace = review.namespace or "default"
     labels = await _namespace_labels(store, namespace, settings.namespace_wait)
-    pod_labels = ((review.object.get("metadata") or {}).get("labels")) or {}
     snapshot = store.snapshot
     candidates, denied = pins.pinned_sidecarsets(
         snapshot,
-        pod_labels if isinstance(pod_labels, dict) else {},
+        _labels(review.object),
         namespace=namespace,
         namespace_labels=labels,
         rand=random.random,
