@@ -32,7 +32,7 @@ from pathlib import Path
 
 from certwatcher import metrics, pem
 from certwatcher.files import CertFiles, CertFilesError, dir_stamp, read_cert_dir
-from certwatcher.tls import CertSwitch, CertValidationError, ServingPair, build_context, validate_pair
+from certwatcher.tls import ALPN_PROTOCOLS, CertSwitch, CertValidationError, ServingPair, build_context, validate_pair
 from kuberuntime.clock import sleep_or_stop, utc_now
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class CertReloader:
         event_interval: float | None = 0.2,
         clock: Callable[[], datetime] = utc_now,
         on_reload: Callable[[ServingPair], None] | None = None,
+        alpn: tuple[str, ...] = ALPN_PROTOCOLS,
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval: must be > 0, got {poll_interval}")
@@ -65,7 +66,8 @@ class CertReloader:
         self.event_interval = event_interval
         self._clock = clock
         self._on_reload = on_reload
-        self._switch = CertSwitch()
+        self._alpn = alpn
+        self._switch = CertSwitch(alpn)
         self._pair: ServingPair | None = None
         self._served_digest: str | None = None
         self._last_failure: tuple[str | None, str] | None = None
@@ -109,7 +111,7 @@ class CertReloader:
             return False
         try:
             pair = validate_pair(files.cert, files.key, files.ca, now=self._clock())
-            ctx = build_context(pair)
+            ctx = build_context(pair, self._alpn)
         except CertValidationError as exc:
             self._failed(files.digest, exc.reason, exc.message)
             return False
@@ -125,7 +127,7 @@ class CertReloader:
 
         def prepare() -> tuple[ServingPair, ssl.SSLContext]:
             pair = validate_pair(files.cert, files.key, files.ca, now=now)
-            return pair, build_context(pair)
+            return pair, build_context(pair, self._alpn)
 
         try:
             pair, ctx = await asyncio.to_thread(prepare)

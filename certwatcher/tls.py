@@ -34,6 +34,7 @@ from certwatcher import pem
 
 CIPHERS = "ECDHE+AESGCM"
 ALPN_PROTOCOLS = ("h2", "http/1.1")
+HTTP1_ONLY = ("http/1.1",)
 
 # Reasons a pair is refused; each is a value of the reload-error metric's `reason` label.
 REASON_MISSING = "missing"
@@ -129,13 +130,16 @@ def validate_pair(cert_pem: bytes, key_pem: bytes, ca_pem: bytes, *, now: dateti
     )
 
 
-def base_context() -> ssl.SSLContext:
-    """Server settings as hypercorn's `Config.create_ssl_context` makes them, without a certificate."""
+def base_context(alpn: tuple[str, ...] = ALPN_PROTOCOLS) -> ssl.SSLContext:
+    """Server settings as hypercorn's `Config.create_ssl_context` makes them, without a certificate.
+
+    `alpn` is what the server offers; HTTP1_ONLY keeps HTTP/2 (and its stream attacks) off.
+    """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(CIPHERS)
     ctx.options |= ssl.OP_NO_COMPRESSION
-    ctx.set_alpn_protocols(list(ALPN_PROTOCOLS))
+    ctx.set_alpn_protocols(list(alpn))
     return ctx
 
 
@@ -171,9 +175,9 @@ def _as_files(cert_pem: bytes, key_pem: bytes) -> Iterator[tuple[str, str]]:
         yield paths[0], paths[1]
 
 
-def build_context(pair: ServingPair) -> ssl.SSLContext:
+def build_context(pair: ServingPair, alpn: tuple[str, ...] = ALPN_PROTOCOLS) -> ssl.SSLContext:
     """A new server context serving `pair` (leaf plus any intermediates from tls.crt)."""
-    ctx = base_context()
+    ctx = base_context(alpn)
     try:
         with _as_files(pair.cert_pem, pair.key_pem) as (certfile, keyfile):
             ctx.load_cert_chain(certfile, keyfile)
@@ -185,9 +189,9 @@ def build_context(pair: ServingPair) -> ssl.SSLContext:
 class CertSwitch:
     """The stable front context plus the reference its `sni_callback` hands every new handshake."""
 
-    def __init__(self) -> None:
+    def __init__(self, alpn: tuple[str, ...] = ALPN_PROTOCOLS) -> None:
         self._current: ssl.SSLContext | None = None
-        self.front = base_context()
+        self.front = base_context(alpn)
         self.front.sni_callback = self._select
 
     @property

@@ -115,7 +115,8 @@ def response(
 ) -> bytes:
     resp: dict[str, Any] = {"uid": review.uid, "allowed": denied is None}
     if denied is not None:
-        resp["status"] = {"code": code, "message": denied, "reason": "Forbidden" if code == 403 else "Invalid"}
+        reason = {403: "Forbidden", 413: "RequestEntityTooLarge", 503: "ServiceUnavailable"}.get(code, "Invalid")
+        resp["status"] = {"code": code, "message": denied, "reason": reason}
     elif patch:
         resp["patchType"] = "JSONPatch"
         resp["patch"] = base64.b64encode(orjson.dumps(patch)).decode()

@@ -9,6 +9,7 @@ with a message; never a 500 and never a traceback on the wire.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -16,9 +17,10 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from injector import admission, decisions, wrappers
+from injector.body import Body, BodyLimits, Refused
 from injector.decisions import Decision, WebhookSettings
 from injector.wrappers import JSON_TYPE, TEXT_TYPE, Answer, Endpoint, RawHandler
-from sidecarsets import names
+from sidecarsets import names, validation
 from sidecarsets.store import TemplateStore
 
 log = logging.getLogger(__name__)
@@ -27,35 +29,10 @@ _UNEXPECTED = b"the webhook could not process this request; see the manager's lo
 __all__ = ["WebhookSettings", "create_webhook_app"]
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if key.lower() == name:
-            return str(value.decode("latin-1"))
-    return None
-
-
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    admission.check_content_type(_header(scope, b"content-type"))
-    length = _header(scope, b"content-length")
-    if length is not None and length.isdigit() and int(length) > admission.MAX_BODY:
-        raise admission.ReviewError(413, f"body of {length} bytes is larger than the {admission.MAX_BODY} byte limit")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise admission.ReviewError(400, "client disconnected before the body was read")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > admission.MAX_BODY:
-            raise admission.ReviewError(413, f"body is larger than the {admission.MAX_BODY} byte limit")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def send(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+async def send(send: Send, status: int, body: bytes, content_type: bytes, *, close: bool = False) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -70,12 +47,15 @@ def parsing(decide: Callable[[admission.Review], Awaitable[Decision]]) -> RawHan
     return handle
 
 
-def endpoint(webhook: str, handle: RawHandler) -> Endpoint:
+def endpoint(webhook: str, handle: RawHandler, limits: BodyLimits) -> Endpoint:
     """Read the body and answer it; bad input is a 4xx with a message, never a 5xx or a traceback."""
 
     async def answer(scope: Scope, receive: Receive) -> Answer:
+        body = Body(limits)
         try:
-            return await handle(await _read_body(scope, receive))
+            return await handle(await body.read(scope, receive))
+        except Refused as e:
+            return Answer(e.reason, e.status, (e.message + "\n").encode(), TEXT_TYPE, close=True)
         except admission.ReviewError as e:
             return Answer("bad_request", e.status, (e.message + "\n").encode(), TEXT_TYPE)
         except Exception as e:
@@ -83,13 +63,23 @@ def endpoint(webhook: str, handle: RawHandler) -> Endpoint:
             log.error("%s: unexpected error: %s: %s", webhook, type(e).__name__, e, extra={"webhook": webhook})
             log.debug("%s: unexpected error", webhook, exc_info=True)
             return Answer("error", 400, _UNEXPECTED, TEXT_TYPE)
+        finally:
+            body.release()
 
     return answer
 
 
-def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = None) -> ASGIApp:
+# A SidecarSet update carries the object and the old object, each at most etcd's 1.5 MiB.
+VALIDATE_MAX_BYTES = 2 * validation.MAX_SIDECARSET_BYTES + 256 * 1024
+
+
+def create_webhook_app(
+    store: TemplateStore, settings: WebhookSettings | None = None, limits: BodyLimits | None = None
+) -> ASGIApp:
     """The ASGI app served on the TLS port: /inject and /validate-sidecarset."""
     cfg = settings or WebhookSettings()
+    pods = limits or BodyLimits()
+    sidecarsets = dataclasses.replace(pods, max_bytes=min(pods.max_bytes, VALIDATE_MAX_BYTES))
 
     async def inject(review: admission.Review) -> Decision:
         return await decisions.inject(review, store, cfg)
@@ -101,8 +91,8 @@ def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = 
     if cfg.replay is not None:
         inject_handler = wrappers.replaying(inject_handler, cfg.replay, version=lambda: store.version)
     routes = {
-        names.INJECT_PATH: wrappers.measured("inject", endpoint("inject", inject_handler)),
-        names.VALIDATE_PATH: wrappers.measured("validate", endpoint("validate", parsing(validate))),
+        names.INJECT_PATH: wrappers.measured("inject", endpoint("inject", inject_handler, pods)),
+        names.VALIDATE_PATH: wrappers.measured("validate", endpoint("validate", parsing(validate), sidecarsets)),
     }
     fallback = Starlette()  # 404s, lifespan
 
@@ -114,6 +104,6 @@ def create_webhook_app(store: TemplateStore, settings: WebhookSettings | None = 
             await send(send_, 405, b"method not allowed: POST an AdmissionReview\n", TEXT_TYPE)
         else:
             answer = await route(scope, receive)
-            await send(send_, answer.status, answer.body, answer.content_type)
+            await send(send_, answer.status, answer.body, answer.content_type, close=answer.close)
 
     return app

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from injector import admission, engine
 from injector.replay import ReplayCache
 from kuberuntime.clock import now_rfc3339
@@ -97,6 +99,12 @@ async def validate(review: admission.Review, store: TemplateStore) -> Decision:
         return Decision("allowed", admission.response(review))
     if review.object is None:
         raise admission.ReviewError(400, f"request.object is required for {review.operation}")
+    size = len(orjson.dumps(review.object))
+    if size > validation.MAX_SIDECARSET_BYTES:
+        message = (
+            f"SidecarSet rejected: {size} bytes is larger than the {validation.MAX_SIDECARSET_BYTES} bytes etcd stores"
+        )
+        return Decision("denied", admission.response(review, denied=message, code=413))
     snapshot = store.snapshot
     errors = [
         str(e)

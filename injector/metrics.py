@@ -6,7 +6,7 @@ written for it translate directly.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 ADMISSIONS = Counter(
     "sidecarctl_admissions_total",
@@ -18,4 +18,27 @@ ADMISSION_LATENCY = Histogram(
     "Time to answer one admission request, from body received to response built.",
     ["webhook"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+CONNECTIONS_CLOSED = Counter(
+    "sidecarctl_webhook_connections_closed_total",
+    "Webhook connections closed by a bound, by reason (max_connections, max_tls_connections, handshake_timeout, "
+    "handshake_failed, header_timeout, error).",
+    ["reason"],
+)
+OPEN_CONNECTIONS = Gauge(
+    "sidecarctl_webhook_open_connections",
+    "Open webhook connections (accepted sockets, TLS or not).",
+    multiprocess_mode="livesum",
+)
+REQUESTS_REFUSED = Counter(
+    "sidecarctl_webhook_requests_refused_total",
+    "Admission requests refused by a bound before any work, by reason (body_timeout, too_large, too_many_values, "
+    "busy).",
+    ["reason"],
+)
+NAMESPACE_LOOKUPS = Counter(
+    "sidecarctl_namespace_lookups_total",
+    "Namespaces read from the API server because the watch had not delivered them (or their labels) yet, by result "
+    "(found, not_found, error).",
+    ["result"],
 )

@@ -27,6 +27,7 @@ class Answer:
     body: bytes
     content_type: bytes
     replayable: bool = False
+    close: bool = False  # end the connection after answering (a bound was hit)
 
 
 RawHandler = Callable[[bytes], Awaitable[Answer]]

@@ -36,7 +36,12 @@ from sidecarsets.validation.strategy import validate_injection_strategy, validat
 from sidecarsets.validation.update import validate_update
 from sidecarsets.validation.volumes import validate_pull_secrets, validate_revision_history_limit, validate_volumes
 
-__all__ = ["FieldError", "validate_sidecarset"]
+__all__ = ["MAX_SIDECARS", "MAX_SIDECARSET_BYTES", "FieldError", "validate_sidecarset"]
+
+# etcd stores objects up to 1.5 MiB: a larger SidecarSet can never be written.
+MAX_SIDECARSET_BYTES = 1536 * 1024
+# Validation works per sidecar (and per pair with other SidecarSets); a pod of more is not a pod.
+MAX_SIDECARS = 256
 
 
 def _namespace(spec: Mapping[str, Any], errs: Errors) -> None:
@@ -64,6 +69,16 @@ def _spec(spec: Mapping[str, Any], errs: Errors) -> None:
     validate_patch_pod_metadata(spec, errs)
 
 
+def _too_many_sidecars(obj: Mapping[str, Any]) -> FieldError | None:
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    count = sum(len(spec[k]) for k in ("containers", "initContainers") if isinstance(spec.get(k), list))
+    if count <= MAX_SIDECARS:
+        return None
+    return FieldError("spec.containers", f"{count} sidecars is more than the {MAX_SIDECARS} a SidecarSet may define")
+
+
 def validate_sidecarset(
     obj: JsonObj, *, old: JsonObj | None = None, others: Iterable[JsonObj] = ()
 ) -> list[FieldError]:
@@ -76,6 +91,9 @@ def validate_sidecarset(
     raw: Any = obj  # callers pass whatever JSON they received
     if not isinstance(raw, dict):
         return [FieldError("SidecarSet", f"must be a JSON object, not {type_name(raw)}")]
+    too_many = _too_many_sidecars(raw)
+    if too_many is not None:
+        return [too_many]  # checked first: everything else is work per sidecar
     errs: Errors = []
     current = apply_defaults(raw)
     validate_name(current, errs)
