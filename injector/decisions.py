@@ -8,16 +8,15 @@ body, and whether the same request may be answered again from the replay cache.
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from injector import admission, engine
+from injector.namespaces import LookupFailed
 from injector.replay import ReplayCache
 from kuberuntime.clock import now_rfc3339
 from sidecarsets import names, pins, validation
@@ -31,26 +30,44 @@ class Decision:
     replayable: bool = False
 
 
+Lookup = Callable[[str], Awaitable[Mapping[str, str] | None]]
+
+
 @dataclass
 class WebhookSettings:
     manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
-    # How long an admission may wait for a namespace the watch has not delivered yet.
-    namespace_wait: float = 1.0
+    # Reads a namespace the snapshot does not know (injector.namespaces); None: such pods are refused.
+    namespace_lookup: Lookup | None = None
     clock: Callable[[], str] = field(default=now_rfc3339)
     # Identical pods admitted within a second are answered from a cache (None turns it off).
     replay: ReplayCache | None = field(default_factory=ReplayCache)
 
 
-async def _namespace_labels(store: TemplateStore, namespace: str, wait: float) -> dict[str, str] | None:
-    """Labels from the watch; a namespace created a moment ago may still be on its way."""
-    deadline = time.monotonic() + wait
-    while True:
-        labels = store.snapshot.namespaces.get(namespace)
+class NamespaceUnknown(Exception):
+    """The labels of the pod's namespace cannot be known now; the pod is refused, to be retried."""
+
+
+async def _namespace_labels(
+    store: TemplateStore, namespace: str, settings: WebhookSettings
+) -> Mapping[str, str] | None:
+    """The namespace's labels: from the watch, or read once when the watch may be behind.
+
+    The API server only calls this webhook for namespaces its selector matched, so a snapshot
+    without the namespace, or without its injection label, is read again rather than trusted.
+    None: the namespace does not exist. NamespaceUnknown: it could not be found out.
+    """
+    labels = store.snapshot.namespaces.get(namespace)
+    enabled = labels is not None and labels.get(names.NS_INJECTION_LABEL) == names.NS_INJECTION_ENABLED
+    if enabled or namespace in names.SYSTEM_NAMESPACES or namespace == settings.manager_namespace:
+        return labels
+    if settings.namespace_lookup is None:
         if labels is not None:
-            return dict(labels)
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(0.01)
+            return labels
+        raise NamespaceUnknown("the watch has not delivered it yet")
+    try:
+        return await settings.namespace_lookup(namespace)
+    except LookupFailed as e:
+        raise NamespaceUnknown(f"the watch has not delivered it yet and {e}") from None
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -67,7 +84,11 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
     if review.object is None:
         raise admission.ReviewError(400, "request.object is required for CREATE")
     namespace = review.namespace or "default"
-    labels = await _namespace_labels(store, namespace, settings.namespace_wait)
+    try:
+        labels = await _namespace_labels(store, namespace, settings)
+    except NamespaceUnknown as e:
+        message = f"sidecarctl: the labels of namespace {namespace} are not known ({e}); retry the request"
+        return Decision("denied", admission.response(review, denied=message, code=503))
     snapshot = store.snapshot
     candidates, denied = pins.pinned_sidecarsets(
         snapshot,

@@ -84,7 +84,7 @@ def _client() -> TestClient:
             selector={"matchExpressions": [{"key": "app", "operator": "Exists"}]},
         ),
     )
-    return TestClient(create_webhook_app(store, WebhookSettings(namespace_wait=0.0)), raise_server_exceptions=False)
+    return TestClient(create_webhook_app(store, WebhookSettings()), raise_server_exceptions=False)
 
 
 CLIENT = _client()

@@ -44,7 +44,7 @@ def _client(case: GoldenCase, namespace: str) -> TestClient:
     store.on_namespace("ADDED", None, namespace_labels({"metadata": {"name": namespace, "labels": labels}}))
     for obj in case.sidecarsets:
         store.on_sidecarset("ADDED", None, obj)
-    app = create_webhook_app(store, WebhookSettings(namespace_wait=0.0, clock=lambda: GOLDEN_NOW))
+    app = create_webhook_app(store, WebhookSettings(clock=lambda: GOLDEN_NOW))
     return TestClient(app, raise_server_exceptions=False)
 
 

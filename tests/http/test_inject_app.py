@@ -74,7 +74,7 @@ def store() -> TemplateStore:
 
 @pytest.fixture
 def client(store: TemplateStore) -> TestClient:
-    app = create_webhook_app(store, WebhookSettings(namespace_wait=0.05, clock=lambda: NOW))
+    app = create_webhook_app(store, WebhookSettings(clock=lambda: NOW))
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -227,10 +227,13 @@ def test_malformed_pod_is_denied_not_crashed(client: TestClient) -> None:
     assert "containers" in resp["status"]["message"]
 
 
-def test_unknown_namespace_waits_briefly_then_skips(client: TestClient) -> None:
+def test_unknown_namespace_is_refused_for_a_retry_never_admitted_without_sidecars(client: TestClient) -> None:
     r = post(client, review(pod(), namespace="not-yet-seen"))
     assert r.status_code == 200
-    assert "patch" not in r.json()["response"]
+    response = r.json()["response"]
+    assert "patch" not in response
+    assert response["allowed"] is False and response["status"]["code"] == 503
+    assert "not-yet-seen" in response["status"]["message"] and "retry" in response["status"]["message"]
 
 
 def test_pod_in_default_namespace_when_request_names_none(client: TestClient, store: TemplateStore) -> None:

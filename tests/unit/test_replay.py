@@ -65,7 +65,7 @@ def _client() -> tuple[TestClient, TemplateStore, ReplayCache]:
     store.on_namespace("ADDED", None, namespace_labels(ns("shop", **{names.NS_INJECTION_LABEL: "enabled"})))
     store.on_sidecarset("ADDED", None, sidecarset())
     cache = ReplayCache()
-    app = create_webhook_app(store, WebhookSettings(namespace_wait=0.0, replay=cache))
+    app = create_webhook_app(store, WebhookSettings(replay=cache))
     return TestClient(app), store, cache
 
 
