@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from sidecarctl import cli
-from sidecarsets import names
+from sidecarsets import names, validation
 
 NOW = "2024-01-01T00:00:00Z"
 MESH: dict[str, Any] = {
@@ -188,9 +187,7 @@ def test_validation_errors_stop_injection(
         calls.append((obj, old, list(others)))
         return [FakeError(), FakeError()]
 
-    fake = types.ModuleType("sidecarsets.validation")
-    fake.validate_sidecarset = validate_sidecarset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sidecarsets.validation", fake)
+    monkeypatch.setattr(validation, "validate_sidecarset", validate_sidecarset)
     code, out, err = run(["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"])], capsys)
     assert (code, out) == (1, "")
     assert err.count("\n") == 1
@@ -210,9 +207,7 @@ def test_validation_sees_the_other_sidecarsets(
         seen[obj["metadata"]["name"]] = [o["metadata"]["name"] for o in others]
         return []
 
-    fake = types.ModuleType("sidecarsets.validation")
-    fake.validate_sidecarset = validate_sidecarset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sidecarsets.validation", fake)
+    monkeypatch.setattr(validation, "validate_sidecarset", validate_sidecarset)
     other = write(
         tmp_path / "other.yaml",
         {**MESH, "metadata": {"name": "other"}, "spec": {**MESH["spec"], "containers": [{"name": "x", "image": "x"}]}},
@@ -306,8 +301,6 @@ def test_bad_input_exits_1_with_one_clear_line(tmp_path: Path, capsys: pytest.Ca
 def test_a_conflicting_pair_is_refused_by_validation(
     tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if cli._validation_module() is None:
-        pytest.skip("sidecarsets.validation is not available")
     other = write(tmp_path / "other.yaml", {**MESH, "metadata": {"name": "mesh-two"}})
     argv = ["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"]), "--sidecarset", str(other)]
     code, out, err = run(argv, capsys)
