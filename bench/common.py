@@ -36,7 +36,7 @@ from kuberuntime import api, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
-from tests.kube.fakekubelet import image_id
+from tests.kube.builders import image_id
 
 T = TypeVar("T")
 

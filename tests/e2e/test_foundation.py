@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from kuberuntime import api
+from tests.kube.builders import image_id
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
-from tests.kube.fakekubelet import FakeKubelet, image_id
+from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
 from tests.kube.webhook import labeling_webhook
 

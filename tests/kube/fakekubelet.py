@@ -1,10 +1,10 @@
 """A fake kubelet: moves pods through their lifecycle so controllers see what a node would report.
 
 There is no container runtime here. For the namespaces it is told to manage, it binds pending
-pods to a fake Node, reports them Running and Ready with containerStatuses (image, an imageID
-derived from the image, restartCount), and when a container's image changes in the spec it
-behaves like a kubelet restarting that container: a short not-ready window, then the new image
-and imageID with restartCount + 1. Images in `bad_images` never become ready (the restarted
+pods to a fake Node, reports them Running and Ready with containerStatuses (image, the imageID
+`builders.image_id` derives from it, restartCount), and when a container's image changes in the
+spec it behaves like a kubelet restarting that container: a short not-ready window, then the new
+image and imageID with restartCount + 1. Images in `bad_images` never become ready (the restarted
 container stays waiting in ImagePullBackOff). Pods being deleted are removed at once, as a
 kubelet would after the containers stop, so namespace deletion completes.
 """
@@ -14,21 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import hashlib
 import logging
 from typing import Any
 
 from kuberuntime import api, kubeapi
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
+from tests.kube.builders import image_id
 
 log = logging.getLogger(__name__)
-
-
-def image_id(image: str) -> str:
-    """A stable fake digest for an image reference, shaped like a real imageID."""
-    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image.split("@")[0]
-    return f"docker.io/{repo}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
 
 
 def _now() -> str:
