@@ -1,4 +1,4 @@
-"""Object builders shared by every test tier, the benchmarks and the demo.
+"""Object builders shared by every test tier and the benchmarks.
 
 One implementation of each object shape, all keyword arguments:
 
@@ -179,8 +179,8 @@ def with_images(ss: JsonObj, **images: str) -> JsonObj:
 
 
 def _hash_entry(ss: JsonObj, value: str) -> JsonObj:
-    names_ = sorted(c["name"] for c in ss["spec"]["containers"])
-    return {"updateTimestamp": T0, "hash": value, "sidecarSetName": ss["metadata"]["name"], "sidecarList": names_}
+    sidecar_list = sorted(c["name"] for c in ss["spec"]["containers"])
+    return {"updateTimestamp": T0, "hash": value, "sidecarSetName": ss["metadata"]["name"], "sidecarList": sidecar_list}
 
 
 def injected_pod(
