@@ -27,6 +27,7 @@ from sidecarsets.names import (
     POD_INJECTED_LABEL,
 )
 from sidecarsets.projection import project
+from tests.kube import builders
 
 APPS = 10
 NODES = 50
@@ -50,33 +51,33 @@ def _container(name: str, *, sidecar: bool) -> dict[str, Any]:
     ]
     if sidecar:
         env.append({"name": "IS_INJECTED", "value": "true"})
-    return {
-        "name": name,
-        "image": IMAGES[name],
-        "ports": [{"containerPort": 8080, "protocol": "TCP"}],
-        "env": env,
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-        "volumeMounts": [
+    return builders.container(
+        name,
+        IMAGES[name],
+        ports=[{"containerPort": 8080, "protocol": "TCP"}],
+        env=env,
+        resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        volumeMounts=[
             {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}
         ],
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "File",
-        "imagePullPolicy": "IfNotPresent",
-    }
+        terminationMessagePath="/dev/termination-log",
+        terminationMessagePolicy="File",
+        imagePullPolicy="IfNotPresent",
+    )
 
 
 def _status(name: str, i: int, restarts: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "image": IMAGES[name],
-        "imageID": f"{IMAGES[name].rsplit(':', 1)[0]}@{_digest(list(IMAGES).index(name))}",
-        "containerID": f"containerd://{i:032x}{list(IMAGES).index(name):032x}",
-        "ready": True,
-        "started": True,
-        "restartCount": restarts,
-        "state": {"running": {"startedAt": "2024-05-01T10:00:00Z"}},
-        "lastState": {},
-    }
+    """A running container; one digest per image, so replicas share their imageIDs as in a real cluster."""
+    return builders.container_status(
+        name,
+        IMAGES[name],
+        restarts=restarts,
+        imageID=f"{IMAGES[name].rsplit(':', 1)[0]}@{_digest(list(IMAGES).index(name))}",
+        containerID=f"containerd://{i:032x}{list(IMAGES).index(name):032x}",
+        started=True,
+        state={"running": {"startedAt": "2024-05-01T10:00:00Z"}},
+        lastState={},
+    )
 
 
 def make_pod(i: int, *, distinct: bool = False) -> dict[str, Any]:
@@ -138,65 +139,62 @@ def make_pod(i: int, *, distinct: bool = False) -> dict[str, Any]:
     if distinct:
         labels["statefulset.kubernetes.io/pod-name"] = name
     containers = ["envoy", "app", "worker", "metrics", "log-agent"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "generateName": f"{app}-{template}-",
-            "namespace": f"shop-{i % 4}",
-            "uid": f"{i:08x}-1c2d-4e5f-8a9b-{i:012x}",
-            "resourceVersion": str(1_000_000 + i),
-            "creationTimestamp": ts,
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": f"{app}-{template}",
-                    "uid": f"{i % APPS:08x}-0000-0000-0000-000000000000",
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "containers": [_container(c, sidecar=c in ("envoy", "log-agent")) for c in containers],
-            "volumes": [
-                {
-                    "name": "kube-api-access",
-                    "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]},
-                }
-            ],
-            "nodeName": f"node-{i % NODES:03d}",
-            "serviceAccountName": "default",
-            "restartPolicy": "Always",
-            "dnsPolicy": "ClusterFirst",
-            "schedulerName": "default-scheduler",
-            "terminationGracePeriodSeconds": 30,
-            "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                }
-            ],
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}",
-            "hostIP": f"192.168.0.{i % NODES}",
-            "startTime": ts,
-            "qosClass": "Burstable",
-            "conditions": [
-                {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": ts}
-                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
-            ],
-            "containerStatuses": [_status(c, i, i * 5 + k if distinct else i % 3) for k, c in enumerate(containers)],
-        },
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": f"{app}-{template}",
+        "uid": f"{i % APPS:08x}-0000-0000-0000-000000000000",
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
+    metadata = {
+        "generateName": f"{app}-{template}-",
+        "uid": f"{i:08x}-1c2d-4e5f-8a9b-{i:012x}",
+        "resourceVersion": str(1_000_000 + i),
+        "creationTimestamp": ts,
+        "ownerReferences": [owner],
+    }
+    status = {
+        "phase": "Running",
+        "podIP": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}",
+        "hostIP": f"192.168.0.{i % NODES}",
+        "startTime": ts,
+        "qosClass": "Burstable",
+        "conditions": [
+            {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": ts}
+            for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+        ],
+        "containerStatuses": [_status(c, i, i * 5 + k if distinct else i % 3) for k, c in enumerate(containers)],
+    }
+    return builders.pod(
+        name,
+        namespace=f"shop-{i % 4}",
+        labels=labels,
+        annotations=annotations,
+        containers=[_container(c, sidecar=c in ("envoy", "log-agent")) for c in containers],
+        node=f"node-{i % NODES:03d}",
+        metadata=metadata,
+        status=status,
+        volumes=[
+            {
+                "name": "kube-api-access",
+                "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]},
+            }
+        ],
+        serviceAccountName="default",
+        restartPolicy="Always",
+        dnsPolicy="ClusterFirst",
+        schedulerName="default-scheduler",
+        terminationGracePeriodSeconds=30,
+        tolerations=[
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            }
+        ],
+    )
 
 
 def _measure(raw: list[bytes], *, keep_projection: bool) -> int:

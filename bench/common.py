@@ -36,7 +36,7 @@ from kuberuntime import api, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
-from tests.kube.fakekubelet import image_id
+from tests.kube import builders
 
 T = TypeVar("T")
 
@@ -165,225 +165,207 @@ def _env(container: str, count: int) -> list[JsonObj]:
 
 
 def _app_container(name: str, *, env_vars: int) -> JsonObj:
-    return {
-        "name": name,
-        "image": f"registry.example.com/shop/{name}:1.42.0",
-        "args": ["--config=/etc/shop/config.yaml", f"--role={name}"],
-        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}] if name == "app" else [],
-        "env": _env(name, env_vars),
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
-        "volumeMounts": [
+    return builders.container(
+        name,
+        f"registry.example.com/shop/{name}:1.42.0",
+        args=["--config=/etc/shop/config.yaml", f"--role={name}"],
+        ports=[{"name": "http", "containerPort": 8080, "protocol": "TCP"}] if name == "app" else [],
+        env=_env(name, env_vars),
+        resources={"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        volumeMounts=[
             {"name": "config", "mountPath": "/etc/shop", "readOnly": True},
             {"name": "cache", "mountPath": "/var/cache/shop"},
             {"name": "tls", "mountPath": "/etc/tls", "readOnly": True},
             {"name": "kube-api-access-7xk2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
         ],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "File",
-        "imagePullPolicy": "IfNotPresent",
-    }
+        readinessProbe={"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+        terminationMessagePath="/dev/termination-log",
+        terminationMessagePolicy="File",
+        imagePullPolicy="IfNotPresent",
+    )
 
 
 def deployment_pod(*, app: str = "shop", env_vars: int = 40, name: str | None = None) -> JsonObj:
     """A pod as the ReplicaSet controller creates it, after the built-in admission plugins ran."""
     template = "7d9f8b6c5"
-    meta: JsonObj = {
-        "generateName": f"{app}-{template}-",
-        "labels": {
-            "app": app,
-            "pod-template-hash": template,
-            "version": "1.42.0",
-            "app.kubernetes.io/name": app,
-            "app.kubernetes.io/part-of": "shop",
-            "app.kubernetes.io/component": "frontend",
-            "team": "checkout",
-        },
-        "annotations": {
-            "prometheus.io/scrape": "true",
-            "prometheus.io/port": "9102",
-            "kubectl.kubernetes.io/restartedAt": "2024-04-30T08:00:00Z",
-            "team.example.com/owner": "checkout",
-            "logs.example.com/source": "worker",
-        },
-        "ownerReferences": [
+    labels = {
+        "app": app,
+        "pod-template-hash": template,
+        "version": "1.42.0",
+        "app.kubernetes.io/name": app,
+        "app.kubernetes.io/part-of": "shop",
+        "app.kubernetes.io/component": "frontend",
+        "team": "checkout",
+    }
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9102",
+        "kubectl.kubernetes.io/restartedAt": "2024-04-30T08:00:00Z",
+        "team.example.com/owner": "checkout",
+        "logs.example.com/source": "worker",
+    }
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": f"{app}-{template}",
+        "uid": "4c1f2b3a-1c2d-4e5f-8a9b-0123456789ab",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return builders.pod(
+        name,
+        labels=labels,
+        annotations=annotations,
+        metadata={"generateName": f"{app}-{template}-", "ownerReferences": [owner]},
+        containers=[_app_container(c, env_vars=env_vars) for c in APP_CONTAINERS],
+        volumes=[
+            {"name": "config", "configMap": {"name": "shop-config", "defaultMode": 420}},
+            {"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "tls", "secret": {"secretName": "shop-tls", "defaultMode": 420}},
+            {"name": "data", "emptyDir": {}},
             {
-                "apiVersion": "apps/v1",
-                "kind": "ReplicaSet",
-                "name": f"{app}-{template}",
-                "uid": "4c1f2b3a-1c2d-4e5f-8a9b-0123456789ab",
-                "controller": True,
-                "blockOwnerDeletion": True,
+                "name": "kube-api-access-7xk2p",
+                "projected": {
+                    "defaultMode": 420,
+                    "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    ],
+                },
+            },
+        ],
+        restartPolicy="Always",
+        terminationGracePeriodSeconds=30,
+        dnsPolicy="ClusterFirst",
+        serviceAccountName="default",
+        schedulerName="default-scheduler",
+        securityContext={"runAsNonRoot": True, "fsGroup": 2000},
+        enableServiceLinks=True,
+        preemptionPolicy="PreemptLowerPriority",
+        priority=0,
+        tolerations=[
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
             }
         ],
-    }
-    if name is not None:
-        meta["name"] = name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            "containers": [_app_container(c, env_vars=env_vars) for c in APP_CONTAINERS],
-            "volumes": [
-                {"name": "config", "configMap": {"name": "shop-config", "defaultMode": 420}},
-                {"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}},
-                {"name": "tls", "secret": {"secretName": "shop-tls", "defaultMode": 420}},
-                {"name": "data", "emptyDir": {}},
-                {
-                    "name": "kube-api-access-7xk2p",
-                    "projected": {
-                        "defaultMode": 420,
-                        "sources": [
-                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                        ],
-                    },
-                },
-            ],
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default",
-            "schedulerName": "default-scheduler",
-            "securityContext": {"runAsNonRoot": True, "fsGroup": 2000},
-            "enableServiceLinks": True,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "priority": 0,
-            "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                }
-            ],
-        },
-    }
-
-
-def _sidecarset(name: str, spec: JsonObj) -> JsonObj:
-    return {"apiVersion": names.API_VERSION, "kind": "SidecarSet", "metadata": {"name": name}, "spec": spec}
+    )
 
 
 def mesh_sidecarset(
     *, name: str = "mesh", app: str = "shop", image: str = "docker.io/envoyproxy/envoy:v1.30.1"
 ) -> JsonObj:
     """An Istio-like proxy: an init container that sets up iptables, the proxy, its volumes."""
-    return _sidecarset(
+    return builders.sidecarset(
         name,
-        {
-            "selector": {"matchLabels": {"app": app}},
-            "initContainers": [
-                {
-                    "name": "mesh-init",
-                    "image": "docker.io/example/mesh-init:1.22.0",
-                    "args": ["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"],
-                    "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}, "runAsUser": 0},
-                    "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}},
-                }
-            ],
-            "containers": [
-                {
-                    "name": "mesh-proxy",
-                    "image": image,
-                    "args": ["proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local"],
-                    "ports": [{"name": "http-envoy-prom", "containerPort": 15090, "protocol": "TCP"}],
-                    "env": [
-                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                        {"name": "INSTANCE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                        {
-                            "name": "SERVICE_ACCOUNT",
-                            "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}},
-                        },
-                        {"name": "PROXY_CONFIG", "value": '{"concurrency":2,"holdApplicationUntilProxyStarts":true}'},
-                    ],
-                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
-                    "readinessProbe": {"httpGet": {"path": "/healthz/ready", "port": 15021}, "periodSeconds": 15},
-                    "securityContext": {"runAsUser": 1337, "runAsGroup": 1337, "readOnlyRootFilesystem": True},
-                    "volumeMounts": [
-                        {"name": "mesh-certs", "mountPath": "/etc/mesh/certs", "readOnly": True},
-                        {"name": "mesh-data", "mountPath": "/var/lib/mesh/data"},
-                    ],
-                    "podInjectPolicy": "BeforeAppContainer",
-                }
-            ],
-            "volumes": [
-                {"name": "mesh-certs", "secret": {"secretName": "mesh-certs"}},
-                {"name": "mesh-data", "emptyDir": {}},
-            ],
-            "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": "100%"},
-        },
+        selector={"matchLabels": {"app": app}},
+        init_containers=[
+            {
+                "name": "mesh-init",
+                "image": "docker.io/example/mesh-init:1.22.0",
+                "args": ["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"],
+                "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}, "runAsUser": 0},
+                "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}},
+            }
+        ],
+        containers=[
+            {
+                "name": "mesh-proxy",
+                "image": image,
+                "args": ["proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local"],
+                "ports": [{"name": "http-envoy-prom", "containerPort": 15090, "protocol": "TCP"}],
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "INSTANCE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {
+                        "name": "SERVICE_ACCOUNT",
+                        "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}},
+                    },
+                    {"name": "PROXY_CONFIG", "value": '{"concurrency":2,"holdApplicationUntilProxyStarts":true}'},
+                ],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+                "readinessProbe": {"httpGet": {"path": "/healthz/ready", "port": 15021}, "periodSeconds": 15},
+                "securityContext": {"runAsUser": 1337, "runAsGroup": 1337, "readOnlyRootFilesystem": True},
+                "volumeMounts": [
+                    {"name": "mesh-certs", "mountPath": "/etc/mesh/certs", "readOnly": True},
+                    {"name": "mesh-data", "mountPath": "/var/lib/mesh/data"},
+                ],
+                "podInjectPolicy": "BeforeAppContainer",
+            }
+        ],
+        volumes=[
+            {"name": "mesh-certs", "secret": {"secretName": "mesh-certs"}},
+            {"name": "mesh-data", "emptyDir": {}},
+        ],
+        updateStrategy={"type": "RollingUpdate", "maxUnavailable": "100%"},
     )
 
 
 def logging_sidecarset(*, name: str = "logging", app: str = "shop") -> JsonObj:
     """A log agent that sees every app volume (shareVolumePolicy) and copies the app's settings."""
-    return _sidecarset(
+    return builders.sidecarset(
         name,
-        {
-            "selector": {"matchLabels": {"app": app}},
-            "containers": [
-                {
-                    "name": "log-agent",
-                    "image": "docker.io/fluent/fluent-bit:3.0.4",
-                    "podInjectPolicy": "AfterAppContainer",
-                    "shareVolumePolicy": {"type": "enabled"},
-                    "transferEnv": [
-                        {"sourceContainerName": "app", "envNames": ["LOG_LEVEL", "APP_ENV", "REGION"]},
-                        {
-                            "sourceContainerNameFrom": {
-                                "fieldRef": {
-                                    "apiVersion": "v1",
-                                    "fieldPath": "metadata.annotations['logs.example.com/source']",
-                                }
-                            },
-                            "envName": "POD_NAME",
+        selector={"matchLabels": {"app": app}},
+        containers=[
+            {
+                "name": "log-agent",
+                "image": "docker.io/fluent/fluent-bit:3.0.4",
+                "podInjectPolicy": "AfterAppContainer",
+                "shareVolumePolicy": {"type": "enabled"},
+                "transferEnv": [
+                    {"sourceContainerName": "app", "envNames": ["LOG_LEVEL", "APP_ENV", "REGION"]},
+                    {
+                        "sourceContainerNameFrom": {
+                            "fieldRef": {
+                                "apiVersion": "v1",
+                                "fieldPath": "metadata.annotations['logs.example.com/source']",
+                            }
                         },
-                    ],
-                    "env": [{"name": "FLUENT_CONF", "value": "/fluent-bit/etc/fluent-bit.conf"}],
-                    "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
-                    "volumeMounts": [{"name": "log-agent-config", "mountPath": "/fluent-bit/etc"}],
-                }
-            ],
-            "volumes": [{"name": "log-agent-config", "configMap": {"name": "fluent-bit"}}],
-        },
+                        "envName": "POD_NAME",
+                    },
+                ],
+                "env": [{"name": "FLUENT_CONF", "value": "/fluent-bit/etc/fluent-bit.conf"}],
+                "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+                "volumeMounts": [{"name": "log-agent-config", "mountPath": "/fluent-bit/etc"}],
+            }
+        ],
+        volumes=[{"name": "log-agent-config", "configMap": {"name": "fluent-bit"}}],
     )
 
 
 def platform_sidecarset(*, name: str = "platform", app: str = "shop") -> JsonObj:
     """A secrets agent with its own volumes that also stamps annotations on the pod."""
-    return _sidecarset(
+    return builders.sidecarset(
         name,
-        {
-            "selector": {"matchLabels": {"app": app}},
-            "containers": [
-                {
-                    "name": "secrets-agent",
-                    "image": "docker.io/hashicorp/vault:1.16.2",
-                    "args": ["agent", "-config=/etc/vault/agent.hcl"],
-                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
-                    "volumeMounts": [
-                        {"name": "vault-config", "mountPath": "/etc/vault"},
-                        {"name": "vault-secrets", "mountPath": "/vault/secrets"},
-                        {"name": "vault-home", "mountPath": "/home/vault"},
-                    ],
-                }
-            ],
-            "volumes": [
-                {"name": "vault-config", "configMap": {"name": "vault-agent"}},
-                {"name": "vault-secrets", "emptyDir": {"medium": "Memory"}},
-                {"name": "vault-home", "emptyDir": {}},
-            ],
-            "patchPodMetadata": [
-                {
-                    "annotations": {"vault.example.com/agent": "injected", "vault.example.com/role": "shop"},
-                    "patchPolicy": "Overwrite",
-                },
-                {"annotations": {"prometheus.io/scrape": "true"}, "patchPolicy": "Retain"},
-            ],
-        },
+        selector={"matchLabels": {"app": app}},
+        containers=[
+            {
+                "name": "secrets-agent",
+                "image": "docker.io/hashicorp/vault:1.16.2",
+                "args": ["agent", "-config=/etc/vault/agent.hcl"],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "volumeMounts": [
+                    {"name": "vault-config", "mountPath": "/etc/vault"},
+                    {"name": "vault-secrets", "mountPath": "/vault/secrets"},
+                    {"name": "vault-home", "mountPath": "/home/vault"},
+                ],
+            }
+        ],
+        volumes=[
+            {"name": "vault-config", "configMap": {"name": "vault-agent"}},
+            {"name": "vault-secrets", "emptyDir": {"medium": "Memory"}},
+            {"name": "vault-home", "emptyDir": {}},
+        ],
+        patchPodMetadata=[
+            {
+                "annotations": {"vault.example.com/agent": "injected", "vault.example.com/role": "shop"},
+                "patchPolicy": "Overwrite",
+            },
+            {"annotations": {"prometheus.io/scrape": "true"}, "patchPolicy": "Retain"},
+        ],
     )
 
 
@@ -441,26 +423,17 @@ def ready_status(pod: JsonObj) -> JsonObj:
     """The status a kubelet reports for a pod whose containers all run and are ready."""
 
     def running(c: JsonObj) -> JsonObj:
-        return {
-            "name": c["name"],
-            "image": c["image"],
-            "imageID": image_id(c["image"]),
-            "containerID": f"containerd://{abs(hash((pod['metadata']['name'], c['name']))):016x}",
-            "ready": True,
-            "started": True,
-            "restartCount": 0,
-            "state": {"running": {"startedAt": NOW}},
-        }
+        return builders.container_status(
+            c["name"],
+            c["image"],
+            containerID=f"containerd://{abs(hash((pod['metadata']['name'], c['name']))):016x}",
+            started=True,
+            state={"running": {"startedAt": NOW}},
+        )
 
     def done(c: JsonObj) -> JsonObj:
-        return {
-            "name": c["name"],
-            "image": c["image"],
-            "imageID": image_id(c["image"]),
-            "ready": True,
-            "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": NOW, "finishedAt": NOW}},
-        }
+        terminated = {"exitCode": 0, "reason": "Completed", "startedAt": NOW, "finishedAt": NOW}
+        return builders.container_status(c["name"], c["image"], state={"terminated": terminated})
 
     spec = pod["spec"]
     status: JsonObj = {

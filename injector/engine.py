@@ -233,7 +233,7 @@ class _Apps:
         self._shared: dict[str, tuple[list[JsonObj], list[JsonObj]]] = {}
 
     def shared(self, key: str) -> tuple[list[JsonObj], list[JsonObj]]:
-        """`volumes.shared_from_apps(containers, key=key)`; the lists belong to the pod: copy what is kept."""
+        """`volumes.shared_from(self.containers, key=key)`; the lists belong to the pod: copy what is kept."""
         found = self._shared.get(key)
         if found is None:
             found = self._shared[key] = volumes.shared_from(self.containers, key=key)

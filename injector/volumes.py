@@ -18,15 +18,11 @@ def _same(item: JsonObj) -> JsonObj:
     return item
 
 
-def shared_from_apps(
-    pod_containers: Sequence[JsonObj], *, key: str = "volumeMounts"
-) -> tuple[list[JsonObj], list[JsonObj]]:
-    """Mounts (or devices) of the app containers, plus the env vars their subPathExprs refer to."""
-    return shared_from([c for c in pod_containers if not envs.is_injected(c)], key=key)
-
-
 def shared_from(app_containers: Sequence[JsonObj], *, key: str = "volumeMounts") -> tuple[list[JsonObj], list[JsonObj]]:
-    """`shared_from_apps` for containers already known to be app containers (the engine sorts them once)."""
+    """Mounts (or devices) of the app containers, plus the env vars their subPathExprs refer to.
+
+    The caller passes only app containers (without IS_INJECTED=true): the engine sorts them once per pod.
+    """
     mounts: list[JsonObj] = []
     env_vars: list[JsonObj] = []
     for container in app_containers:

@@ -9,13 +9,11 @@ leaves half a manifest behind.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
@@ -23,7 +21,7 @@ import yaml
 from injector import manifests
 from kuberuntime.clock import now_rfc3339
 from sidecarctl.runcmd import add_run
-from sidecarsets import names
+from sidecarsets import names, validation
 from sidecarsets.model import ModelError, SidecarSet
 
 NOW_ENV = "SIDECARCTL_NOW"
@@ -223,20 +221,7 @@ def _load_sidecarsets(paths: Sequence[str]) -> list[tuple[SidecarSet, str]]:
     return loaded
 
 
-def _validation_module() -> ModuleType | None:
-    """`sidecarsets.validation` when it is installed; manual injection works without it."""
-    try:
-        return importlib.import_module("sidecarsets.validation")
-    except ModuleNotFoundError as e:
-        if e.name == "sidecarsets.validation":
-            return None
-        raise
-
-
 def _validate(sidecarsets: Sequence[tuple[SidecarSet, str]]) -> None:
-    validation = _validation_module()
-    if validation is None:
-        return
     for ss, where in sidecarsets:
         others = [other.obj for other, _ in sidecarsets if other is not ss]
         errors = validation.validate_sidecarset(ss.obj, old=None, others=others)

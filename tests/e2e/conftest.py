@@ -14,8 +14,8 @@ import pytest
 
 from kuberuntime import kubeapi
 from sidecarsets import names
+from tests.e2e.certsupport import Rig, open_rig
 from tests.e2e.helpers import SS_PATH, make_sidecarset
-from tests.e2e.test_certs_support import Rig, open_rig
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane
 from tests.kube.fakekubelet import FakeKubelet

@@ -6,28 +6,21 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecarsets import names
+from tests.kube import builders
 from tests.kube.client import Kube, eventually
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 
 
 def make_sidecarset(name: str, app: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "selector": {"matchLabels": {"app": app}},
-        "initContainers": [{"name": "proxy-init", "image": "proxy-init:1"}],
-        "containers": [{"name": "proxy", "image": "proxy:1"}],
-    }
-    body.update(spec)
-    return {"apiVersion": names.API_VERSION, "kind": "SidecarSet", "metadata": {"name": name}, "spec": body}
+    """The default SidecarSet for the `app: <app>` pods, with an init container too."""
+    spec.setdefault("selector", {"matchLabels": {"app": app}})
+    return builders.sidecarset(name, init_containers=[builders.container("proxy-init", "proxy-init:1")], **spec)
 
 
 def make_pod(name: str, app: str, **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": app, **labels}},
-        "spec": {"containers": [{"name": "app", "image": "app:1"}], "terminationGracePeriodSeconds": 1},
-    }
+    """The default pod, labelled `app: <app>` (plus `labels`), that stops at once when deleted."""
+    return builders.pod(name, labels={"app": app, **labels}, terminationGracePeriodSeconds=1)
 
 
 def wait_injecting(kube: Kube, namespace: str, app: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

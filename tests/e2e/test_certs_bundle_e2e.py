@@ -17,7 +17,7 @@ from certwatcher import pem
 from certwatcher.cabundle import SyncResult
 from sidecarsets import names
 from tests.certutil import make_ca, pems, write_dir
-from tests.e2e.test_certs_support import (
+from tests.e2e.certsupport import (
     LABEL,
     RESYNC,
     SECRETS,

@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 
 from tests.certutil import make_ca, write_dir
-from tests.e2e.test_certs_support import (
+from tests.e2e.certsupport import (
     RESYNC,
     SWAPS,
     Rig,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kuberuntime import kubeapi
 from kuberuntime.events import MAX_MESSAGE, EventRecorder, truncate_message
+from tests.kube import builders
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 
@@ -22,13 +23,7 @@ SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 @pytest.fixture
 def sidecarset(kube: Kube, crd: dict[str, Any]) -> Iterator[dict[str, Any]]:
     name = f"events-{secrets.token_hex(3)}"
-    body = {
-        "apiVersion": "sidecarctl.io/v1alpha1",
-        "kind": "SidecarSet",
-        "metadata": {"name": name},
-        "spec": {"selector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "proxy", "image": "proxy:1"}]},
-    }
-    yield kube.create(SS_PATH, body)
+    yield kube.create(SS_PATH, builders.sidecarset(name))
     kube.delete(f"{SS_PATH}/{name}")
 
 
@@ -80,15 +75,7 @@ def test_event_on_a_sidecarset_lands_in_default_and_repeats_bump_count(
 def test_event_on_a_pod_lands_in_its_namespace(
     aloop: BackgroundLoop, kube: Kube, kube_client: kubeapi.KubeClient, namespace: str
 ) -> None:
-    pod = kube.create(
-        f"/api/v1/namespaces/{namespace}/pods",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "web"},
-            "spec": {"containers": [{"name": "app", "image": "app:1"}]},
-        },
-    )
+    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods", builders.pod("web", labels={}))
     rec = EventRecorder(kube_client, namespace="sidecarctl-system")
     for _ in range(3):
         aloop.run(rec.event(pod, type="Normal", reason="SidecarUpgraded", message="proxy: proxy:1 -> proxy:2"))

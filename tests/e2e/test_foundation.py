@@ -12,31 +12,20 @@ from typing import Any
 import pytest
 
 from kuberuntime import api
+from tests.kube import builders
+from tests.kube.builders import image_id, sidecarset
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
-from tests.kube.fakekubelet import FakeKubelet, image_id
+from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
 from tests.kube.webhook import labeling_webhook
 
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 
 
-def pod(name: str, image: str = "app:1", labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {"app": name}},
-        "spec": {"containers": [{"name": "app", "image": image}], "terminationGracePeriodSeconds": 1},
-    }
-
-
-def sidecarset(name: str, **spec: Any) -> dict[str, Any]:
-    body = {
-        "selector": {"matchLabels": {"app": "web"}},
-        "containers": [{"name": "proxy", "image": "proxy:1"}],
-        **spec,
-    }
-    return {"apiVersion": "sidecarctl.io/v1alpha1", "kind": "SidecarSet", "metadata": {"name": name}, "spec": body}
+def pod(name: str) -> dict[str, Any]:
+    """The default pod, labelled `app: <name>`, that stops at once when deleted."""
+    return builders.pod(name, labels={"app": name}, terminationGracePeriodSeconds=1)
 
 
 def test_api_server_is_the_real_one(kube: Kube) -> None:

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kuberuntime import api, kubeapi
 from sidecarsets import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset
+from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
@@ -246,12 +247,9 @@ def test_api_server_accepts_config_certmanager(fresh: Fresh, cert_manager_standi
 
 def _manager_pod(deployment: Obj, namespace: str) -> Obj:
     template = deployment["spec"]["template"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "sidecarctl-psa", "namespace": namespace, "labels": template["metadata"]["labels"]},
-        "spec": copy.deepcopy(template["spec"]),
-    }
+    return builders.pod(
+        "sidecarctl-psa", namespace=namespace, labels=template["metadata"]["labels"], **copy.deepcopy(template["spec"])
+    )
 
 
 def test_manager_pod_passes_the_restricted_pod_security_profile(kube: Kube, namespace: str) -> None:

@@ -12,7 +12,7 @@ from kuberuntime import kubeapi
 from sidecarsets.history import sync_history
 from sidecarsets.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VERSION
 from sidecarsets.revisions import resolve_pinned, revision_data
-from tests.kube.builders import model
+from tests.kube.builders import container, model, sidecarset
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 
@@ -31,17 +31,8 @@ def ss_name(kube: Kube, crd: dict[str, Any]) -> Iterator[str]:
 @pytest.fixture
 def apply(kube: Kube, ss_name: str) -> Apply:
     def apply(image: str, *, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-        body = {
-            "apiVersion": "sidecarctl.io/v1alpha1",
-            "kind": "SidecarSet",
-            "metadata": {"name": ss_name, "labels": labels or {}},
-            "spec": {
-                "selector": {"matchLabels": {"app": "web"}},
-                "containers": [{"name": "proxy", "image": image}],
-                "revisionHistoryLimit": 5,
-                **spec,
-            },
-        }
+        containers = [container("proxy", image)]
+        body = sidecarset(ss_name, containers=containers, labels=labels or {}, revisionHistoryLimit=5, **spec)
         return kube.apply(SS_PATH, body)
 
     return apply

@@ -21,8 +21,9 @@ from tests.e2e.helpers import (
     wait_injecting,
     wait_status,
 )
+from tests.kube.builders import image_id
 from tests.kube.client import Kube, eventually
-from tests.kube.fakekubelet import FakeKubelet, image_id
+from tests.kube.fakekubelet import FakeKubelet
 
 
 def _proxy_only(app: str, sidecarsets: Callable[..., dict[str, Any]], **strategy: Any) -> str:

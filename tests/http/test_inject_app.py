@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 from injector.app import WebhookSettings, create_webhook_app
 from sidecarsets import names
 from sidecarsets.store import TemplateStore, namespace_labels
+from tests.kube import builders
 
 NOW = "2026-11-29T10:00:00Z"
 
@@ -23,27 +24,15 @@ def ns(name: str, **labels: str) -> dict[str, Any]:
 
 
 def sidecarset(name: str = "mesh", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "selector": {"matchLabels": {"app": "web"}},
-        "initContainers": [{"name": "proxy-init", "image": "proxy-init:1"}],
-        "containers": [{"name": "proxy", "image": "proxy:1"}],
-    }
-    body.update(spec)
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "SidecarSet",
-        "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
-        "spec": body,
-    }
+    """The default SidecarSet with an init container too, created before every request here."""
+    init = [builders.container("proxy-init", "proxy-init:1")]
+    created = {"creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1}
+    return builders.sidecarset(name, init_containers=init, metadata=created, **spec)
 
 
 def pod(**labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"generateName": "web-", "labels": labels or {"app": "web"}},
-        "spec": {"containers": [{"name": "app", "image": "app:1"}]},
-    }
+    """A pod as a ReplicaSet sends it: no name yet, `generateName` instead; `app: web` unless `labels`."""
+    return builders.pod(None, labels=labels or None, metadata={"generateName": "web-"})
 
 
 def review(

@@ -1,12 +1,13 @@
 """A fake kubelet: moves pods through their lifecycle so controllers see what a node would report.
 
 There is no container runtime here. For the namespaces it is told to manage, it binds pending
-pods to a fake Node, reports them Running and Ready with containerStatuses (image, an imageID
-derived from the image, restartCount), and when a container's image changes in the spec it
-behaves like a kubelet restarting that container: a short not-ready window, then the new image
-and imageID with restartCount + 1. Images in `bad_images` never become ready (the restarted
-container stays waiting in ImagePullBackOff). Pods being deleted are removed at once, as a
-kubelet would after the containers stop, so namespace deletion completes.
+pods to a fake Node, reports them Running and Ready with containerStatuses as
+`builders.container_status` shapes them (image, the imageID `builders.image_id` derives from it,
+restartCount), and when a container's image changes in the spec it behaves like a kubelet
+restarting that container: a short not-ready window, then the new image and imageID with
+restartCount + 1. Images in `bad_images` never become ready (the restarted container stays
+waiting in ImagePullBackOff). Pods being deleted are removed at once, as a kubelet would after
+the containers stop, so namespace deletion completes.
 """
 
 from __future__ import annotations
@@ -14,21 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import hashlib
 import logging
 from typing import Any
 
 from kuberuntime import api, kubeapi
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
+from tests.kube.builders import container_status
 
 log = logging.getLogger(__name__)
-
-
-def image_id(image: str) -> str:
-    """A stable fake digest for an image reference, shaped like a real imageID."""
-    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image.split("@")[0]
-    return f"docker.io/{repo}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
 
 
 def _now() -> str:
@@ -181,26 +176,19 @@ class FakeKubelet:
             restarts += 1
             started = _now()
         if image in self.bad_images:
-            st = {
-                "name": name,
-                "image": image,
-                "imageID": "",
-                "ready": False,
-                "started": False,
-                "restartCount": restarts,
-                "state": {"waiting": {"reason": "ImagePullBackOff", "message": f"fake: image {image} is bad"}},
-            }
+            waiting = {"reason": "ImagePullBackOff", "message": f"fake: image {image} is bad"}
+            st = container_status(
+                name, image, ready=False, restarts=restarts, imageID="", started=False, state={"waiting": waiting}
+            )
         else:
-            st = {
-                "name": name,
-                "image": image,
-                "imageID": image_id(image),
-                "containerID": f"fake://{ns}/{pod_uid}/{name}/{restarts}",
-                "ready": True,
-                "started": True,
-                "restartCount": restarts,
-                "state": {"running": {"startedAt": started}},
-            }
+            st = container_status(
+                name,
+                image,
+                restarts=restarts,
+                containerID=f"fake://{ns}/{pod_uid}/{name}/{restarts}",
+                started=True,
+                state={"running": {"startedAt": started}},
+            )
         self._running[rkey] = st
         return st, None
 
@@ -223,16 +211,8 @@ class FakeKubelet:
                 st, _ = self._container_status(ns, meta["uid"], c, prev_init.get(c["name"]), now_mono)
                 init_statuses.append(st)
             else:
-                init_statuses.append(
-                    {
-                        "name": c["name"],
-                        "image": c.get("image", ""),
-                        "imageID": image_id(c.get("image", "")),
-                        "ready": True,
-                        "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
-                    }
-                )
+                completed = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+                init_statuses.append(container_status(c["name"], c.get("image", ""), state=completed))
         ready = all(s["ready"] for s in statuses) and all(s["ready"] for s in init_statuses)
         old_conds = {c.get("type"): c for c in status.get("conditions") or []}
 

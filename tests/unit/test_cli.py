@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -12,21 +11,12 @@ import pytest
 import yaml
 
 from sidecarctl import cli
-from sidecarsets import names
+from sidecarsets import names, validation
+from tests.kube.builders import container, pod, sidecarset
 
 NOW = "2024-01-01T00:00:00Z"
-MESH: dict[str, Any] = {
-    "apiVersion": names.API_VERSION,
-    "kind": "SidecarSet",
-    "metadata": {"name": "mesh"},
-    "spec": {"selector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "proxy", "image": "envoy:1"}]},
-}
-POD: dict[str, Any] = {
-    "apiVersion": "v1",
-    "kind": "Pod",
-    "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
-    "spec": {"containers": [{"name": "app", "image": "nginx"}]},
-}
+MESH = sidecarset("mesh", containers=[container("proxy", "envoy:1")])
+POD = pod("web", namespace="shop", containers=[container("app", "nginx")])
 
 
 def write(path: Path, *docs: Any) -> Path:
@@ -83,16 +73,8 @@ def test_directory_of_sidecarsets_and_lists(
     ssdir = tmp_path / "sidecarsets"
     ssdir.mkdir()
     write(ssdir / "a.yaml", MESH)
-    logging = {**MESH, "metadata": {"name": "logging"}}
-    logging["spec"] = {
-        **MESH["spec"],
-        "containers": [{"name": "log", "image": "l", "podInjectPolicy": "AfterAppContainer"}],
-    }
-    tracing = {**MESH, "metadata": {"name": "tracing"}}
-    tracing["spec"] = {
-        **MESH["spec"],
-        "containers": [{"name": "tracer", "image": "t", "podInjectPolicy": "AfterAppContainer"}],
-    }
+    logging = sidecarset("logging", containers=[container("log", "l", podInjectPolicy="AfterAppContainer")])
+    tracing = sidecarset("tracing", containers=[container("tracer", "t", podInjectPolicy="AfterAppContainer")])
     write(ssdir / "b.yml", {"apiVersion": "v1", "kind": "List", "items": [logging, tracing]})
     (ssdir / "notes.txt").write_text("not a manifest")
     code, out, err = run(["inject", "-f", str(files["pod"]), "--sidecarset", str(ssdir)], capsys)
@@ -122,7 +104,9 @@ def test_output_file(tmp_path: Path, files: dict[str, Path], capsys: pytest.Capt
 
 
 def test_namespace_label_forms(tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    scoped = {**MESH, "spec": {**MESH["spec"], "namespaceSelector": {"matchLabels": {"team": "shop"}}}}
+    scoped = sidecarset(
+        "mesh", containers=[container("proxy", "envoy:1")], namespace_selector={"matchLabels": {"team": "shop"}}
+    )
     ss = write(tmp_path / "scoped.yaml", scoped)
     base = ["inject", "-f", str(files["pod"]), "--sidecarset", str(ss)]
     injected = [
@@ -147,15 +131,9 @@ def test_namespace_label_forms(tmp_path: Path, files: dict[str, Path], capsys: p
 
 
 def test_warnings_go_to_stderr(tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    ss = {
-        **MESH,
-        "spec": {
-            **MESH["spec"],
-            "containers": [
-                {"name": "proxy", "image": "e", "transferEnv": [{"sourceContainerName": "nope", "envName": "X"}]}
-            ],
-        },
-    }
+    ss = sidecarset(
+        "mesh", containers=[container("proxy", "e", transferEnv=[{"sourceContainerName": "nope", "envName": "X"}])]
+    )
     code, out, err = run(
         ["inject", "-f", str(files["pod"]), "--sidecarset", str(write(tmp_path / "s.yaml", ss))], capsys
     )
@@ -188,9 +166,7 @@ def test_validation_errors_stop_injection(
         calls.append((obj, old, list(others)))
         return [FakeError(), FakeError()]
 
-    fake = types.ModuleType("sidecarsets.validation")
-    fake.validate_sidecarset = validate_sidecarset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sidecarsets.validation", fake)
+    monkeypatch.setattr(validation, "validate_sidecarset", validate_sidecarset)
     code, out, err = run(["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"])], capsys)
     assert (code, out) == (1, "")
     assert err.count("\n") == 1
@@ -210,12 +186,10 @@ def test_validation_sees_the_other_sidecarsets(
         seen[obj["metadata"]["name"]] = [o["metadata"]["name"] for o in others]
         return []
 
-    fake = types.ModuleType("sidecarsets.validation")
-    fake.validate_sidecarset = validate_sidecarset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sidecarsets.validation", fake)
+    monkeypatch.setattr(validation, "validate_sidecarset", validate_sidecarset)
     other = write(
         tmp_path / "other.yaml",
-        {**MESH, "metadata": {"name": "other"}, "spec": {**MESH["spec"], "containers": [{"name": "x", "image": "x"}]}},
+        sidecarset("other", containers=[container("x", "x")]),
     )
     code, _, _ = run(
         ["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"]), "--sidecarset", str(other)], capsys
@@ -233,7 +207,7 @@ def _bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
     binary.write_bytes(b"\xff\xfe\x00garbage")
     empty_dir = tmp / "empty"
     empty_dir.mkdir()
-    broken_ss = write(tmp / "broken-ss.yaml", {**MESH, "spec": {**MESH["spec"], "containers": "proxy"}})
+    broken_ss = write(tmp / "broken-ss.yaml", sidecarset("mesh", containers="proxy"))
     not_ss = write(tmp / "not-ss.yaml", POD)
     dup_dir = tmp / "dups"
     dup_dir.mkdir()
@@ -306,9 +280,7 @@ def test_bad_input_exits_1_with_one_clear_line(tmp_path: Path, capsys: pytest.Ca
 def test_a_conflicting_pair_is_refused_by_validation(
     tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if cli._validation_module() is None:
-        pytest.skip("sidecarsets.validation is not available")
-    other = write(tmp_path / "other.yaml", {**MESH, "metadata": {"name": "mesh-two"}})
+    other = write(tmp_path / "other.yaml", sidecarset("mesh-two", containers=[container("proxy", "envoy:1")]))
     argv = ["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"]), "--sidecarset", str(other)]
     code, out, err = run(argv, capsys)
     assert (code, out) == (1, "")

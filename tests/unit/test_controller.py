@@ -10,20 +10,19 @@ from sidecarsets import names
 from sidecarsets.controller import Controller
 from sidecarsets.planner import PodUpgrade
 from sidecarsets.projection import project
+from tests.kube import builders
 
 
 def pod(rv: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "namespace": "shop",
-            "name": "web-1",
-            "uid": "u1",
-            "resourceVersion": rv,
-            "labels": {names.POD_INJECTED_LABEL: "true"},
-            "annotations": {names.ANN_INJECTED_LIST: "mesh"},
-        },
-        "spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]},
-    }
+    """Pod shop/web-1 at resourceVersion `rv`, injected by `mesh`."""
+    return builders.pod(
+        "web-1",
+        namespace="shop",
+        labels={names.POD_INJECTED_LABEL: "true"},
+        annotations={names.ANN_INJECTED_LIST: "mesh"},
+        containers=[builders.container("proxy", "proxy:1")],
+        metadata={"uid": "u1", "resourceVersion": rv},
+    )
 
 
 class FakeClient:

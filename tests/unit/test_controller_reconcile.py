@@ -20,8 +20,10 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.controller import RESYNC_SECONDS, SS_PATH, Controller
 from sidecarsets.projection import project
+from tests.kube.builders import injected_pod as pod
+from tests.kube.builders import kubelet_sync, with_images
+from tests.kube.builders import shop_sidecarset as sidecarset
 from tests.kube.fakeapi import FakeApiServer
-from tests.unit.podbuild import kubelet_sync, pod, sidecarset, with_images
 
 NS = "shop"
 MANAGER_NS = "sidecarctl-system"

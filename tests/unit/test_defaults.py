@@ -9,18 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecarsets.defaults import apply_defaults
+from tests.kube import builders
 from tests.unit.test_crd_schema import kruise_sample, root_schema
 
-MINIMAL: dict[str, Any] = {
-    "apiVersion": "sidecarctl.io/v1alpha1",
-    "kind": "SidecarSet",
-    "metadata": {"name": "s"},
-    "spec": {
-        "selector": {"matchLabels": {"app": "web"}},
-        "containers": [{"name": "proxy", "image": "proxy:1"}],
-        "initContainers": [{"name": "setup", "image": "setup:1"}],
-    },
-}
+MINIMAL = builders.sidecarset("s", initContainers=[builders.container("setup", "setup:1")])
 
 
 def test_minimal_object_gets_every_default() -> None:

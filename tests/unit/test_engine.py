@@ -6,6 +6,7 @@ import copy
 import datetime
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jsonpatch
@@ -17,32 +18,31 @@ from hypothesis import strategies as st
 from injector import engine, envs, metadata, patchops, podcheck
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
+from tests.kube import builders
 
 NOW = "2024-01-01T00:00:00Z"
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
 IS_INJECTED = {"name": names.ENV_IS_INJECTED, "value": "true"}
 
 
-def make_ss(name: str = "mesh", *, created: str = "", status: dict[str, Any] | None = None, **spec: Any) -> SidecarSet:
-    body: dict[str, Any] = {"selector": {"matchLabels": {"app": "web"}}}
-    body.update(spec)
-    obj: dict[str, Any] = {
-        "apiVersion": names.API_VERSION,
-        "kind": "SidecarSet",
-        "metadata": {"name": name, **({"creationTimestamp": created} if created else {})},
-        "spec": body,
-    }
-    if status is not None:
-        obj["status"] = status
-    return SidecarSet.from_object(obj)
+def make_ss(
+    name: str = "mesh",
+    *,
+    created: str = "",
+    containers: Sequence[dict[str, Any]] = (),
+    status: dict[str, Any] | None = None,
+    **spec: Any,
+) -> SidecarSet:
+    """SidecarSet `name` for the `app: web` pods, with only the sidecars a test gives it."""
+    meta = {"creationTimestamp": created} if created else None
+    return SidecarSet.from_object(
+        builders.sidecarset(name, containers=list(containers), metadata=meta, status=status, **spec)
+    )
 
 
-def make_pod(*containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "web-1", "namespace": "shop", "labels": {"app": "web"}}
-    meta.update(extra.pop("metadata", {}))
-    spec: dict[str, Any] = {"containers": list(containers) or [{"name": "app", "image": "app:1"}]}
-    spec.update(extra)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+def make_pod(*containers: dict[str, Any], metadata: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """Pod shop/web-1 (`app: web`) with `containers`, one `app:1` container if none."""
+    return builders.pod("web-1", namespace="shop", containers=list(containers) or None, metadata=metadata, **spec)
 
 
 def run(pod: dict[str, Any], *sidecarsets: SidecarSet, **kw: Any) -> tuple[engine.InjectionResult, dict[str, Any]]:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from injector import engine
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
+from tests.kube import builders
 
 NOW = "2024-01-01T00:00:00Z"
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
@@ -47,12 +48,8 @@ _mounts = st.lists(
 
 
 def _container(name: str, env: list[dict[str, str]], mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "image": f"{name}:1"}
-    if env:
-        out["env"] = env
-    if mounts:
-        out["volumeMounts"] = mounts
-    return out
+    fields = {"env": env, "volumeMounts": mounts}
+    return builders.container(name, f"{name}:1", **{k: v for k, v in fields.items() if v})
 
 
 @st.composite
@@ -61,14 +58,15 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     split = draw(st.integers(1, len(all_names)))
     containers = [_container(n, draw(_env), draw(_mounts)) for n in all_names[:split]]
     inits = [_container(n, [], []) for n in all_names[split:]]
-    meta: dict[str, Any] = {"name": "p", "labels": {"app": draw(st.sampled_from(["web", "web", "web", "db"]))}}
+    labels = {"app": draw(st.sampled_from(["web", "web", "web", "db"]))}
+    annotations = None
     if draw(st.booleans()):
-        meta["annotations"] = draw(
+        annotations = draw(
             st.dictionaries(
                 st.sampled_from([names.ANN_DEFAULT_CONTAINER, "m", "x/y"]), st.sampled_from(["app", "{}", "z"])
             )
         )
-    spec: dict[str, Any] = {"containers": containers}
+    spec: dict[str, Any] = {}
     empty_init_list = draw(st.booleans())
     if inits or empty_init_list:
         spec["initContainers"] = inits
@@ -76,7 +74,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["volumes"] = [{"name": v, "emptyDir": {}} for v in draw(st.lists(st.sampled_from(VOLUMES), unique=True))]
     if draw(st.booleans()):
         spec["imagePullSecrets"] = [{"name": "reg"}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    return builders.pod("p", labels=labels, annotations=annotations, containers=containers, **spec)
 
 
 @st.composite
@@ -115,11 +113,8 @@ def sidecarsets(draw: st.DrawFn) -> list[SidecarSet]:
                 }
             ],
         }
-        obj = {
-            "metadata": {"name": f"ss{i}", "creationTimestamp": f"2024-01-0{draw(st.integers(1, 3))}T00:00:00Z"},
-            "spec": spec,
-        }
-        out.append(SidecarSet.from_object(obj))
+        created = {"creationTimestamp": f"2024-01-0{draw(st.integers(1, 3))}T00:00:00Z"}
+        out.append(SidecarSet.from_object(builders.sidecarset(f"ss{i}", metadata=created, **spec)))
     return out
 
 

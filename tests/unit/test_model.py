@@ -17,28 +17,18 @@ from sidecarsets import hashing, names
 from sidecarsets.enums import InjectPolicy
 from sidecarsets.jsontemplate import JsonTemplate
 from sidecarsets.model import ModelError, SidecarSet
+from tests.kube import builders
 
 BEFORE_APP = InjectPolicy.BEFORE_APP
 AFTER_APP = InjectPolicy.AFTER_APP
 
 
+META = {"resourceVersion": "7", "generation": 3, "creationTimestamp": "2024-01-01T00:00:00Z"}
+
+
 def sidecarset(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "selector": {"matchLabels": {"app": "web"}},
-        "containers": [{"name": "proxy", "image": "proxy:1"}],
-    }
-    base.update(spec)
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "SidecarSet",
-        "metadata": {
-            "name": "mesh",
-            "resourceVersion": "7",
-            "generation": 3,
-            "creationTimestamp": "2024-01-01T00:00:00Z",
-        },
-        "spec": base,
-    }
+    """The default SidecarSet `mesh`, with the metadata the API server would have given it."""
+    return builders.sidecarset("mesh", metadata=dict(META), **spec)
 
 
 def test_reads_metadata_and_hashes() -> None:

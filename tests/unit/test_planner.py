@@ -15,11 +15,19 @@ from sidecarsets.hashing import spec_hash
 from sidecarsets.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, condition_current, plan_upgrade, upgradable_condition
 from sidecarsets.projection import project
-from tests.kube.builders import model
-from tests.unit.podbuild import apply, image_id, kubelet_sync, pod, set_ready, sidecarset, with_images
+from tests.kube.builders import (
+    apply_patch,
+    image_id,
+    injected_pod,
+    kubelet_sync,
+    model,
+    set_ready,
+    shop_sidecarset,
+    with_images,
+)
 
 NOW = "2024-06-01T12:00:00Z"
-V1 = sidecarset()
+V1 = shop_sidecarset()
 
 
 def v2(**strategy: Any) -> JsonObj:
@@ -38,13 +46,15 @@ def chosen(p: Plan) -> list[str]:
 
 
 def pods(n: int, **kw: Any) -> list[JsonObj]:
-    return [pod(f"p{i}", V1, **kw) for i in range(n)]
+    return [injected_pod(f"p{i}", V1, **kw) for i in range(n)]
 
 
 def upgrade_all(ss: JsonObj, raws: list[JsonObj], p: Plan) -> list[JsonObj]:
     """Apply the plan's patches to the matching pods (the kubelet has not acted yet)."""
     by_name = {u.name: u for u in p.upgrades}
-    return [apply(r, by_name[r["metadata"]["name"]].patch) if r["metadata"]["name"] in by_name else r for r in raws]
+    return [
+        apply_patch(r, by_name[r["metadata"]["name"]].patch) if r["metadata"]["name"] in by_name else r for r in raws
+    ]
 
 
 class TestMaxUnavailable:
@@ -68,30 +78,30 @@ class TestMaxUnavailable:
         assert (len(p.upgrades), p.max_unavailable, p.unavailable) == (expected, m, 0)
 
     def test_not_ready_pods_are_free(self) -> None:
-        raws = pods(2) + [pod(f"nr{i}", V1, ready=False) for i in range(3)]
+        raws = pods(2) + [injected_pod(f"nr{i}", V1, ready=False) for i in range(3)]
         p = plan(v2(maxUnavailable=1), raws)
         assert chosen(p) == ["nr0", "nr1", "nr2", "p0"]  # not-ready first, then one ready pod
 
     def test_not_ready_pods_are_free_even_with_zero(self) -> None:
-        raws = [*pods(2), pod("pending", V1, phase="Pending", ready=False, with_statuses=False)]
+        raws = [*pods(2), injected_pod("pending", V1, phase="Pending", ready=False, with_statuses=False)]
         assert chosen(plan(v2(maxUnavailable=0), raws)) == ["pending"]
 
     def test_updated_unavailable_pods_use_the_budget(self) -> None:
         ss = v2(maxUnavailable=2)
-        raws = [*pods(4), set_ready(pod("u1", ss), False), set_ready(pod("u2", ss), False)]
+        raws = [*pods(4), set_ready(injected_pod("u1", ss), False), set_ready(injected_pod("u2", ss), False)]
         p = plan(ss, raws)
         assert (p.upgrades, p.unavailable, p.max_unavailable) == ((), 2, 2)
         assert p.reason == "waiting: 2/2 unavailable"
 
     def test_budget_left_is_used(self) -> None:
         ss = v2(maxUnavailable=3)
-        raws = [*pods(4), set_ready(pod("u1", ss), False)]
+        raws = [*pods(4), set_ready(injected_pod("u1", ss), False)]
         p = plan(ss, raws)
         assert (len(p.upgrades), p.unavailable) == (2, 1)
 
     def test_updated_ready_pods_do_not_count(self) -> None:
         ss = v2(maxUnavailable=1)
-        assert len(plan(ss, [*pods(3), pod("u1", ss), pod("u2", ss)]).upgrades) == 1
+        assert len(plan(ss, [*pods(3), injected_pod("u1", ss), injected_pod("u2", ss)]).upgrades) == 1
 
 
 class TestPartition:
@@ -119,7 +129,7 @@ class TestPartition:
 
     def test_counted_over_all_matched_pods(self) -> None:
         ss = v2(partition=2, maxUnavailable="100%")
-        raws = [pod("done1", ss), pod("done2", ss), *pods(3)]
+        raws = [injected_pod("done1", ss), injected_pod("done2", ss), *pods(3)]
         # 5 matched, 2 already updated: keep 2 of the 3 outdated ones
         assert len(plan(ss, raws).upgrades) == 1
 
@@ -144,20 +154,20 @@ class TestStops:
 
     def test_done(self) -> None:
         ss = v2()
-        p = plan(ss, [pod("a", ss), pod("b", ss)])
+        p = plan(ss, [injected_pod("a", ss), injected_pod("b", ss)])
         assert (p.upgrades, p.done, p.reason) == ((), True, "done")
 
     def test_nothing_matched_is_done(self) -> None:
         assert plan(v2(), []).done
 
     def test_hot_upgrade_is_reported_not_performed(self) -> None:
-        hot = sidecarset(
+        hot = shop_sidecarset(
             containers=[
                 {"name": "envoy", "image": "e:1"},
                 {"name": "dns", "image": "d:1", "upgradeStrategy": {"upgradeType": "HotUpgrade"}},
             ]
         )
-        p = plan(with_images(hot, envoy="e:2"), [pod("a", hot)])
+        p = plan(with_images(hot, envoy="e:2"), [injected_pod("a", hot)])
         assert p.upgrades == () and "hot upgrade not handled: dns" in p.reason
 
     def test_native_sidecar_init_containers(self) -> None:
@@ -190,7 +200,11 @@ class TestStops:
 class TestCandidates:
     def test_update_selector(self) -> None:
         ss = v2(selector={"matchLabels": {"canary": "true"}}, maxUnavailable="100%")
-        raws = [pod("c1", V1, labels={"canary": "true"}), pod("n1", V1), pod("c2", V1, labels={"canary": "true"})]
+        raws = [
+            injected_pod("c1", V1, labels={"canary": "true"}),
+            injected_pod("n1", V1),
+            injected_pod("c2", V1, labels={"canary": "true"}),
+        ]
         assert sorted(chosen(plan(ss, raws))) == ["c1", "c2"]
 
     def test_not_upgradable_is_listed_never_patched(self) -> None:
@@ -202,57 +216,57 @@ class TestCandidates:
         assert p.reason == "no upgradable pods"
 
     def test_pod_without_the_without_image_entry_is_not_upgradable(self) -> None:
-        raw = pod("a", V1)
+        raw = injected_pod("a", V1)
         del raw["metadata"]["annotations"][ANN_HASH_WITHOUT_IMAGE]
         assert plan(v2(), [raw]).not_upgradable == (("shop", "a"),)
 
     def test_mixed_upgradable_and_not(self) -> None:
-        other = sidecarset(containers=[{"name": "envoy", "image": "envoy:v1", "args": ["--old"]}])
-        p = plan(v2(maxUnavailable="100%"), [pod("old-args", other), pod("ok", V1)])
+        other = shop_sidecarset(containers=[{"name": "envoy", "image": "envoy:v1", "args": ["--old"]}])
+        p = plan(v2(maxUnavailable="100%"), [injected_pod("old-args", other), injected_pod("ok", V1)])
         assert chosen(p) == ["ok"] and p.not_upgradable == (("shop", "old-args"),)
 
 
 class TestDoneDetection:
     def rolled(self, ss: JsonObj) -> list[JsonObj]:
         """One pod patched by the planner, the kubelet not done yet."""
-        raws = [pod("a", V1)]
+        raws = [injected_pod("a", V1)]
         return upgrade_all(ss, raws, plan(ss, raws))
 
     def test_patched_pod_is_unavailable_until_the_kubelet_reports_the_image(self) -> None:
         ss = v2(maxUnavailable=1)
-        raws = [*self.rolled(ss), pod("b", V1)]
+        raws = [*self.rolled(ss), injected_pod("b", V1)]
         p = plan(ss, raws)
         # a's pod condition still says Ready, but its imageID has not moved
         assert (p.unavailable, p.upgrades) == (1, ())
 
     def test_imageid_moved_means_done(self) -> None:
         ss = v2(maxUnavailable=1)
-        raws = [kubelet_sync(self.rolled(ss)[0]), pod("b", V1)]
+        raws = [kubelet_sync(self.rolled(ss)[0]), injected_pod("b", V1)]
         p = plan(ss, raws)
         assert (p.unavailable, chosen(p)) == (0, ["b"])
 
     def test_imageid_moved_but_not_ready_is_unavailable(self) -> None:
         ss = v2(maxUnavailable=1)
-        raws = [kubelet_sync(self.rolled(ss)[0], ready=False), pod("b", V1)]
+        raws = [kubelet_sync(self.rolled(ss)[0], ready=False), injected_pod("b", V1)]
         assert plan(ss, raws).unavailable == 1
 
     def test_same_imageid_but_status_image_equals_spec_means_done(self) -> None:
         ss = v2(maxUnavailable=1)
         raw = self.rolled(ss)[0]
         raw["status"]["containerStatuses"][0]["image"] = "envoy:v2"  # image retagged: same content
-        assert plan(ss, [raw, pod("b", V1)]).unavailable == 0
+        assert plan(ss, [raw, injected_pod("b", V1)]).unavailable == 0
 
     def test_digest_pinned_images_compare_the_digest(self) -> None:
         digest_v1 = "docker.io/library/envoy@sha256:" + "1" * 64
         digest_v2 = "docker.io/library/envoy@sha256:" + "2" * 64
-        d1 = sidecarset(image=digest_v1)
+        d1 = shop_sidecarset(image=digest_v1)
         d2 = with_images(d1, envoy=digest_v2)
-        raw = pod("a", d1)
+        raw = injected_pod("a", d1)
         raw["status"]["containerStatuses"][0]["imageID"] = "docker-pullable://envoy@sha256:" + "1" * 64
         patched = upgrade_all(d2, [raw], plan(d2, [raw]))[0]
-        assert plan(d2, [patched, pod("b", d1)]).unavailable == 1
+        assert plan(d2, [patched, injected_pod("b", d1)]).unavailable == 1
         patched["status"]["containerStatuses"][0]["imageID"] = "docker-pullable://envoy@sha256:" + "2" * 64
-        assert plan(d2, [patched, pod("b", d1)]).unavailable == 0
+        assert plan(d2, [patched, injected_pod("b", d1)]).unavailable == 0
 
     def test_pod_still_upgrading_to_an_older_version_is_skipped_and_counted(self) -> None:
         ss2 = v2(maxUnavailable=2)
@@ -260,7 +274,7 @@ class TestDoneDetection:
         moving = self.rolled(ss2)[0]  # mid-upgrade to v2 when v3 arrives
         p = plan(ss3, [moving])
         assert (p.upgrades, p.unavailable, p.reason) == ((), 1, "waiting: 1 pods still upgrading")
-        p = plan(ss3, [moving, pod("b", V1)])
+        p = plan(ss3, [moving, injected_pod("b", V1)])
         assert (chosen(p), p.unavailable) == (["b"], 1)
         assert chosen(plan(ss3, [kubelet_sync(moving)])) == ["a"]
 
@@ -276,7 +290,7 @@ class TestDoneDetection:
 class TestPatch:
     def test_shape(self) -> None:
         ss = v2()
-        raw = pod("a", V1)
+        raw = injected_pod("a", V1)
         (upgrade,) = plan(ss, [raw]).upgrades
         assert (upgrade.namespace, upgrade.name, upgrade.uid, upgrade.resource_version) == (
             "shop",
@@ -312,9 +326,9 @@ class TestPatch:
         }
 
     def test_applying_changes_only_sidecar_images_and_two_annotations(self) -> None:
-        two = sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
+        two = shop_sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
         new = with_images(two, log="l:2")
-        raw = pod("a", two, app_containers=("app", "worker", "metrics"))
+        raw = injected_pod("a", two, app_containers=("app", "worker", "metrics"))
         # containers reordered by someone else: indices come from the pod, not the SidecarSet
         raw["spec"]["containers"] = raw["spec"]["containers"][2:] + raw["spec"]["containers"][:2]
         (upgrade,) = plan(new, [raw]).upgrades
@@ -330,7 +344,7 @@ class TestPatch:
         }
 
     def test_other_sidecarsets_entries_are_kept(self) -> None:
-        raw = pod("a", V1)
+        raw = injected_pod("a", V1)
         ann = raw["metadata"]["annotations"]
         hashes = orjson.loads(ann[ANN_HASH])
         hashes["logging"] = {
@@ -356,23 +370,23 @@ class TestPatch:
         assert orjson.loads(out[ANN_INPLACE_STATE])["logging"] == other_state
 
     def test_stale_resource_version_fails_the_patch(self) -> None:
-        raw = pod("a", V1)
+        raw = injected_pod("a", V1)
         (upgrade,) = plan(v2(), [raw]).upgrades
         raw["metadata"]["resourceVersion"] = "101"
         with pytest.raises(jsonpatch.JsonPatchTestFailed):
             jsonpatch.apply_patch(raw, upgrade.patch)
 
     def test_shifted_container_fails_the_patch(self) -> None:
-        raw = pod("a", V1)
+        raw = injected_pod("a", V1)
         (upgrade,) = plan(v2(), [raw]).upgrades
         raw["spec"]["containers"].insert(0, {"name": "debug", "image": "busybox"})
         with pytest.raises(jsonpatch.JsonPatchTestFailed):
             jsonpatch.apply_patch(raw, upgrade.patch)
 
     def test_unchanged_images_only_rewrite_the_hash(self) -> None:
-        two = sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
+        two = shop_sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
         new = with_images(two, log="l:2")
-        raw = pod("a", two)
+        raw = injected_pod("a", two)
         raw["spec"]["containers"][1]["image"] = "l:2"  # someone already set it
         (upgrade,) = plan(new, [raw]).upgrades
         assert [o["op"] for o in upgrade.patch] == ["test", "add", "add"]
@@ -381,7 +395,9 @@ class TestPatch:
 class TestDeterminism:
     def test_same_input_same_plan_any_order(self) -> None:
         ss = v2(maxUnavailable=3, scatterStrategy=[{"key": "zone", "value": "*"}])
-        raws = [pod(f"p{i}", V1, labels={"zone": f"z{i % 3}"}, restarts=i % 2, ready=i % 4 != 0) for i in range(12)]
+        raws = [
+            injected_pod(f"p{i}", V1, labels={"zone": f"z{i % 3}"}, restarts=i % 2, ready=i % 4 != 0) for i in range(12)
+        ]
         first = plan(ss, raws)
         assert plan(ss, raws) == first
         shuffled = raws[:]
@@ -391,7 +407,7 @@ class TestDeterminism:
 
 class TestUpgradableCondition:
     def test_true_and_false(self) -> None:
-        p = project(pod("a", V1))
+        p = project(injected_pod("a", V1))
         ok = upgradable_condition(p, {"mesh": False})
         assert ok == {
             "type": "SidecarSetUpgradable",
@@ -408,7 +424,7 @@ class TestUpgradableCondition:
         )
 
     def with_condition(self, status: str, reason: str, message: str) -> Any:
-        raw = pod("a", V1)
+        raw = injected_pod("a", V1)
         raw["status"]["conditions"].append(
             {"type": "SidecarSetUpgradable", "status": status, "reason": reason, "message": message}
         )
@@ -427,6 +443,6 @@ class TestUpgradableCondition:
         assert condition_current(p, upgradable_condition(p, {"mesh": False}))
         assert not condition_current(p, upgradable_condition(p, {"mesh": True}))
         assert not condition_current(p, upgradable_condition(p, {"logging": False}))
-        assert not condition_current(project(pod("b", V1)), upgradable_condition(p, {"mesh": False}))
+        assert not condition_current(project(injected_pod("b", V1)), upgradable_condition(p, {"mesh": False}))
         garbled = self.with_condition("True", "AllSidecarsetUpgradable", "not json")
         assert not condition_current(garbled, upgradable_condition(garbled, {}))

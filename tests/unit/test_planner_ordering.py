@@ -13,14 +13,13 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.ordering import active_pods_key, priority_key, scatter_groups, spread, upgrade_order
 from sidecarsets.planner import plan_upgrade
 from sidecarsets.projection import PodProjection, project
-from tests.kube.builders import model
-from tests.unit.podbuild import pod, sidecarset, with_images
+from tests.kube.builders import injected_pod, model, shop_sidecarset, with_images
 
-V1 = sidecarset()
+V1 = shop_sidecarset()
 
 
 def proj(name: str, **kw: Any) -> PodProjection:
-    return project(pod(name, V1, **kw))
+    return project(injected_pod(name, V1, **kw))
 
 
 def order_of(pods: list[PodProjection], strategy: JsonObj | None = None) -> list[str]:

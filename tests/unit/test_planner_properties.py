@@ -23,11 +23,10 @@ from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, plan_upgrade
 from sidecarsets.projection import project
 from sidecarsets.status import compute_status, evaluate
-from tests.kube.builders import model
-from tests.unit.podbuild import apply, kubelet_sync, pod, set_ready, sidecarset, with_images
+from tests.kube.builders import apply_patch, injected_pod, kubelet_sync, model, set_ready, shop_sidecarset, with_images
 
-V1 = sidecarset(containers=[{"name": "envoy", "image": "envoy:v1"}, {"name": "log", "image": "log:v1"}])
-OTHER = sidecarset(
+V1 = shop_sidecarset(containers=[{"name": "envoy", "image": "envoy:v1"}, {"name": "log", "image": "log:v1"}])
+OTHER = shop_sidecarset(
     containers=[{"name": "envoy", "image": "envoy:v1", "args": ["-x"]}, {"name": "log", "image": "log:v1"}]
 )
 
@@ -75,7 +74,7 @@ def build(specs: list[dict[str, Any]], target: JsonObj) -> list[JsonObj]:
             labels["canary"] = "true"
         pending = s["pending"] and not s["ready"]
         pods.append(
-            pod(
+            injected_pod(
                 f"p{i}",
                 source,
                 labels=labels,
@@ -160,7 +159,7 @@ def run_round(ss: JsonObj, pods: list[JsonObj]) -> tuple[Plan, list[JsonObj]]:
         name = p["metadata"]["name"]
         if name in patched:
             check_patch(p, patched[name])
-            p = apply(p, patched[name])
+            p = apply_patch(p, patched[name])
             assert is_updated(p, ss)
         out.append(p)
     return plan, out

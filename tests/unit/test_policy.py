@@ -9,18 +9,14 @@ import pytest
 from injector import engine, policy
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
+from tests.kube import builders
 
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
 
 
-def pod(**meta: Any) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": "web", "labels": {"app": "web"}}
-    status = meta.pop("status", None)
-    metadata.update(meta)
-    out: dict[str, Any] = {"metadata": metadata, "spec": {"containers": [{"name": "app", "image": "app"}]}}
-    if status is not None:
-        out["status"] = status
-    return out
+def pod(*, status: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    """The default pod; `meta` replaces metadata fields (`labels=...`, `deletionTimestamp=...`)."""
+    return builders.pod(containers=[builders.container("app", "app")], metadata=meta, status=status)
 
 
 def reason(p: dict[str, Any], **kw: Any) -> str | None:
@@ -73,12 +69,7 @@ def test_skip_reason_tolerates_malformed_metadata() -> None:
 
 
 def test_engine_applies_the_policy_before_matching() -> None:
-    ss = SidecarSet.from_object(
-        {
-            "metadata": {"name": "mesh"},
-            "spec": {"selector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "p", "image": "p"}]},
-        }
-    )
+    ss = SidecarSet.from_object(builders.sidecarset("mesh", containers=[builders.container("p", "p")]))
     common: dict[str, Any] = {"sidecarsets": [ss], "now": "2024-01-01T00:00:00Z"}
     assert engine.inject(pod(), namespace="shop", namespace_labels=ENABLED, **common).injected == ("mesh",)
     skipped = engine.inject(pod(), namespace="shop", namespace_labels={}, **common)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sidecarsets import selectors
 from sidecarsets.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INJECTED_LIST, ANN_INPLACE_STATE
 from sidecarsets.projection import ContainerState, HashEntry, InplaceEntry, Labels, PodProjection, project
-from tests.unit.podbuild import T0, image_id, pod, sidecarset
+from tests.kube.builders import T0, image_id, injected_pod, shop_sidecarset
 
 
 def _reachable(root: object) -> list[object]:
@@ -36,7 +36,7 @@ def _reachable(root: object) -> list[object]:
 
 
 def test_fields_of_an_injected_pod() -> None:
-    raw = pod("web-1", sidecarset(), labels={"zone": "a"}, restarts=2, node="node-7")
+    raw = injected_pod("web-1", shop_sidecarset(), labels={"zone": "a"}, restarts=2, node="node-7")
     raw["metadata"]["annotations"][ANN_INPLACE_STATE] = orjson.dumps(
         {"mesh": {"revision": "mesh-1", "updateTimestamp": T0, "lastContainerStatuses": {"envoy": {"imageID": "x"}}}}
     ).decode()
@@ -57,7 +57,7 @@ def test_fields_of_an_injected_pod() -> None:
 
 
 def test_legacy_hash_form_and_controller_revision() -> None:
-    raw = pod("web-1", sidecarset())
+    raw = injected_pod("web-1", shop_sidecarset())
     raw["metadata"]["annotations"][ANN_HASH] = orjson.dumps(
         {"old": "abc", "mesh": {"hash": "h1", "controllerRevision": "mesh-5f", "sidecarList": ["envoy"]}}
     ).decode()
@@ -68,20 +68,23 @@ def test_legacy_hash_form_and_controller_revision() -> None:
 
 
 def test_without_image_entries_drop_the_per_pod_time_and_are_shared() -> None:
-    a, b = project(pod("a", sidecarset(), created="2024-01-01T00:00:01Z")), project(pod("b", sidecarset()))
+    a, b = (
+        project(injected_pod("a", shop_sidecarset(), created="2024-01-01T00:00:01Z")),
+        project(injected_pod("b", shop_sidecarset())),
+    )
     assert a.hashes_without_image is b.hashes_without_image
     assert a.hashes_without_image[0].update_timestamp == ""
 
 
 def test_holds_no_reference_into_the_input() -> None:
-    raw = pod("web-1", sidecarset(), labels={"zone": "a"})
+    raw = injected_pod("web-1", shop_sidecarset(), labels={"zone": "a"})
     p = project(raw)
     kinds = {type(o) for o in _reachable(p)}
     assert kinds <= {PodProjection, Labels, tuple, HashEntry, InplaceEntry, ContainerState, str, int, bool}
 
 
 def test_mutating_the_input_afterwards_changes_nothing() -> None:
-    raw = pod("web-1", sidecarset())
+    raw = injected_pod("web-1", shop_sidecarset())
     p = project(raw)
     before = copy.deepcopy(p)
     raw["metadata"]["labels"]["app"] = "other"
@@ -91,7 +94,7 @@ def test_mutating_the_input_afterwards_changes_nothing() -> None:
 
 
 def test_unknown_fields_are_dropped() -> None:
-    raw = pod("web-1", sidecarset())
+    raw = injected_pod("web-1", shop_sidecarset())
     raw["metadata"]["annotations"]["huge"] = "x" * 10_000
     raw["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
     raw["spec"]["containers"][1]["env"] = [{"name": "SECRET", "value": "s3cr3t"}]
@@ -122,21 +125,21 @@ def test_unknown_fields_are_dropped() -> None:
 
 
 def test_is_frozen_and_hashable() -> None:
-    p = project(pod("web-1", sidecarset()))
+    p = project(injected_pod("web-1", shop_sidecarset()))
     with pytest.raises(AttributeError):
         p.name = "x"  # type: ignore[misc]
-    assert {p: 1}[project(pod("web-1", sidecarset()))] == 1
+    assert {p: 1}[project(injected_pod("web-1", shop_sidecarset()))] == 1
 
 
 def test_repeated_strings_are_shared_between_pods() -> None:
-    a, b = project(pod("a", sidecarset())), project(pod("b", sidecarset()))
+    a, b = project(injected_pod("a", shop_sidecarset())), project(injected_pod("b", shop_sidecarset()))
     assert a.labels is b.labels
     assert a.containers is b.containers
     assert a.container_statuses[0].image_id is b.container_statuses[0].image_id
 
 
 def test_labels_behave_as_a_read_only_mapping() -> None:
-    labels = project(pod("a", sidecarset(), labels={"zone": "a", "tier": "web"})).labels
+    labels = project(injected_pod("a", shop_sidecarset(), labels={"zone": "a", "tier": "web"})).labels
     assert isinstance(labels, Labels)
     assert labels["zone"] == "a" and "tier" in labels and "nope" not in labels and labels.get("nope") is None
     assert len(labels) == 4 and sorted(labels) == ["app", "sidecarctl.io/injected", "tier", "zone"]
@@ -148,7 +151,9 @@ def test_labels_behave_as_a_read_only_mapping() -> None:
 
 
 def test_deleting_pending_and_not_ready() -> None:
-    p = project(pod("a", sidecarset(), deleting=True, phase="Pending", ready=False, node="", with_statuses=False))
+    p = project(
+        injected_pod("a", shop_sidecarset(), deleting=True, phase="Pending", ready=False, node="", with_statuses=False)
+    )
     assert (p.deleting, p.phase, p.ready, p.node_name, p.container_statuses, p.total_restarts) == (
         True,
         "Pending",
@@ -160,7 +165,7 @@ def test_deleting_pending_and_not_ready() -> None:
 
 
 def test_upgradable_condition_is_kept() -> None:
-    raw = pod("a", sidecarset())
+    raw = injected_pod("a", shop_sidecarset())
     raw["status"]["conditions"].append(
         {
             "type": "SidecarSetUpgradable",
@@ -194,7 +199,7 @@ def test_upgradable_condition_is_kept() -> None:
     ],
 )
 def test_bad_fields_give_empty_values(mutate: Any) -> None:
-    raw = pod("a", sidecarset())
+    raw = injected_pod("a", shop_sidecarset())
     mutate(raw)
     p = project(raw)
     assert isinstance(p, PodProjection)

@@ -34,25 +34,18 @@ from sidecarsets.revisions import (
     revision_name,
     should_use_pinned,
 )
-from tests.kube.builders import model
+from tests.kube import builders
+from tests.kube.builders import container, model
 
 
-def sidecarset(image: str = "proxy:1", *, name: str = "web", **spec: Any) -> JsonObj:
-    labels = spec.pop("labels", None)
-    status = spec.pop("status", None)
-    body: JsonObj = {
-        "apiVersion": "sidecarctl.io/v1alpha1",
-        "kind": "SidecarSet",
-        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels or {"team": "mesh"}},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "containers": [{"name": "proxy", "image": image}],
-            **spec,
-        },
-    }
-    if status is not None:
-        body["status"] = status
-    return body
+def sidecarset(
+    image: str = "proxy:1", *, name: str = "web", labels: dict[str, str] | None = None, **kw: Any
+) -> JsonObj:
+    """SidecarSet `web` (uid `uid-web`, labelled `team: mesh` unless `labels`) whose proxy runs `image`."""
+    containers = [container("proxy", image)]
+    return builders.sidecarset(
+        name, containers=containers, labels=labels or {"team": "mesh"}, metadata={"uid": f"uid-{name}"}, **kw
+    )
 
 
 def history(*images: str, **spec: Any) -> list[JsonObj]:

@@ -15,8 +15,7 @@ from sidecarsets.hashing import spec_hash
 from sidecarsets.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, NS_NAME_LABEL
 from sidecarsets.projection import PodProjection, project
 from sidecarsets.status import compute_status, evaluate, matched_pods, status_changed
-from tests.kube.builders import model
-from tests.unit.podbuild import T0, image_id, pod, sidecarset, with_images
+from tests.kube.builders import T0, image_id, injected_pod, model, shop_sidecarset, with_images
 
 NS = {"shop": {NS_NAME_LABEL: "shop", "env": "prod"}, "dev": {NS_NAME_LABEL: "dev", "env": "dev"}}
 
@@ -27,7 +26,7 @@ def names(pods: list[PodProjection]) -> list[str]:
 
 def in_flight(old: JsonObj, new: JsonObj, name: str = "moving") -> JsonObj:
     """A pod patched from `old` to `new` whose kubelet still runs the old sidecar image."""
-    raw = pod(name, new)
+    raw = injected_pod(name, new)
     old_image = old["spec"]["containers"][0]["image"]
     raw["status"]["containerStatuses"][0].update(image=old_image, imageID=image_id(old_image))
     raw["metadata"]["annotations"][ANN_INPLACE_STATE] = orjson.dumps(
@@ -44,51 +43,55 @@ def in_flight(old: JsonObj, new: JsonObj, name: str = "moving") -> JsonObj:
 
 class TestMatching:
     def test_selector_and_injected_list(self) -> None:
-        ss = sidecarset()
+        ss = shop_sidecarset()
         pods = [
-            project(pod("in", ss)),
-            project(pod("other-app", ss, labels={"app": "blog"})),
+            project(injected_pod("in", ss)),
+            project(injected_pod("other-app", ss, labels={"app": "blog"})),
         ]
-        not_listed = pod("not-listed", ss)
+        not_listed = injected_pod("not-listed", ss)
         not_listed["metadata"]["annotations"][ANN_INJECTED_LIST] = "logging"
         pods.append(project(not_listed))
         assert names(matched_pods(model(ss), pods, NS)) == ["in"]
 
     def test_inactive_pods_are_not_matched(self) -> None:
-        ss = sidecarset()
+        ss = shop_sidecarset()
         pods = [
-            project(pod("running", ss)),
-            project(pod("pending", ss, phase="Pending")),
-            project(pod("done", ss, phase="Succeeded")),
-            project(pod("failed", ss, phase="Failed")),
-            project(pod("deleting", ss, deleting=True)),
+            project(injected_pod("running", ss)),
+            project(injected_pod("pending", ss, phase="Pending")),
+            project(injected_pod("done", ss, phase="Succeeded")),
+            project(injected_pod("failed", ss, phase="Failed")),
+            project(injected_pod("deleting", ss, deleting=True)),
         ]
         assert names(matched_pods(model(ss), pods, NS)) == ["running", "pending"]
 
     def test_pod_missing_a_sidecar_is_not_consistent(self) -> None:
-        two = sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
-        one = sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
-        assert names(matched_pods(model(two), [project(pod("a", one)), project(pod("b", two))], NS)) == ["b"]
+        two = shop_sidecarset(containers=[{"name": "envoy", "image": "e:1"}, {"name": "log", "image": "l:1"}])
+        one = shop_sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
+        assert names(
+            matched_pods(model(two), [project(injected_pod("a", one)), project(injected_pod("b", two))], NS)
+        ) == ["b"]
 
     def test_hot_upgrade_containers_are_present_as_a_pair(self) -> None:
-        hot = sidecarset(
+        hot = shop_sidecarset(
             containers=[{"name": "envoy", "image": "e:1", "upgradeStrategy": {"upgradeType": "HotUpgrade"}}]
         )
-        pair = sidecarset(containers=[{"name": "envoy-1", "image": "e:1"}, {"name": "envoy-2", "image": "empty:1"}])
-        plain = sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
-        pods = [project(pod("pair", pair)), project(pod("plain", plain))]
+        pair = shop_sidecarset(
+            containers=[{"name": "envoy-1", "image": "e:1"}, {"name": "envoy-2", "image": "empty:1"}]
+        )
+        plain = shop_sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
+        pods = [project(injected_pod("pair", pair)), project(injected_pod("plain", plain))]
         assert names(matched_pods(model(hot), pods, NS)) == ["pair"]
 
     def test_native_sidecars_must_be_in_init_containers(self) -> None:
-        ss = sidecarset(initContainers=[{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}])
-        with_init = pod("with", ss)
+        ss = shop_sidecarset(initContainers=[{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}])
+        with_init = injected_pod("with", ss)
         with_init["spec"]["initContainers"] = [{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}]
-        without = pod("without", ss)
+        without = injected_pod("without", ss)
         assert names(matched_pods(model(ss), [project(with_init), project(without)], NS)) == ["with"]
 
     def test_plain_init_containers_are_not_required(self) -> None:
-        ss = sidecarset(initContainers=[{"name": "setup", "image": "s:1"}])
-        assert names(matched_pods(model(ss), [project(pod("a", ss))], NS)) == ["a"]
+        ss = shop_sidecarset(initContainers=[{"name": "setup", "image": "s:1"}])
+        assert names(matched_pods(model(ss), [project(injected_pod("a", ss))], NS)) == ["a"]
 
     @pytest.mark.parametrize(
         ("extra", "expected"),
@@ -117,41 +120,43 @@ class TestMatching:
         ],
     )
     def test_namespaces(self, extra: dict[str, Any], expected: list[str]) -> None:
-        ss = sidecarset(**extra)
+        ss = shop_sidecarset(**extra)
         pods = [
-            project(pod("a", ss, namespace="shop")),
-            project(pod("b", ss, namespace="dev")),
-            project(pod("c", ss, namespace="new")),
+            project(injected_pod("a", ss, namespace="shop")),
+            project(injected_pod("b", ss, namespace="dev")),
+            project(injected_pod("c", ss, namespace="new")),
         ]
         assert names(matched_pods(model(ss), pods, NS)) == expected
 
     def test_known_namespace_without_the_name_label(self) -> None:
-        ss = sidecarset(namespace="legacy")
-        assert names(matched_pods(model(ss), [project(pod("a", ss, namespace="legacy"))], {"legacy": {}})) == ["a"]
+        ss = shop_sidecarset(namespace="legacy")
+        assert names(matched_pods(model(ss), [project(injected_pod("a", ss, namespace="legacy"))], {"legacy": {}})) == [
+            "a"
+        ]
 
     @pytest.mark.parametrize("selector", [{}, {"matchLabels": {}}])
     def test_empty_selector_matches_nothing(self, selector: JsonObj) -> None:
-        ss = sidecarset(selector=selector)
-        assert matched_pods(model(ss), [project(pod("a", ss))], NS) == []
+        ss = shop_sidecarset(selector=selector)
+        assert matched_pods(model(ss), [project(injected_pod("a", ss))], NS) == []
 
     def test_missing_selector_or_name(self) -> None:
-        ss = sidecarset()
+        ss = shop_sidecarset()
         del ss["spec"]["selector"]
-        assert matched_pods(model(ss), [project(pod("a", sidecarset()))], NS) == []
-        nameless = sidecarset()
+        assert matched_pods(model(ss), [project(injected_pod("a", shop_sidecarset()))], NS) == []
+        nameless = shop_sidecarset()
         nameless["metadata"] = {}
-        assert matched_pods(model(nameless), [project(pod("a", sidecarset()))], NS) == []
+        assert matched_pods(model(nameless), [project(injected_pod("a", shop_sidecarset()))], NS) == []
 
 
 class TestComputeStatus:
     def test_counts(self) -> None:
-        v1 = sidecarset(generation=3)
+        v1 = shop_sidecarset(metadata={"generation": 3})
         v2 = with_images(v1, envoy="envoy:v2")
         pods = [
-            project(pod("old-ready", v1)),
-            project(pod("old-not-ready", v1, ready=False)),
-            project(pod("new-ready", v2)),
-            project(pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False)),
+            project(injected_pod("old-ready", v1)),
+            project(injected_pod("old-not-ready", v1, ready=False)),
+            project(injected_pod("new-ready", v2)),
+            project(injected_pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False)),
             project(in_flight(v1, v2)),
         ]
         status = compute_status(model(v2), pods, latest_revision="mesh-abc", collision_count=0)
@@ -166,18 +171,18 @@ class TestComputeStatus:
         }
 
     def test_ready_needs_running_and_not_deleting(self) -> None:
-        ss = sidecarset()
-        pods = [project(pod("a", ss, phase="Pending")), project(pod("b", ss, deleting=True))]
+        ss = shop_sidecarset()
+        pods = [project(injected_pod("a", ss, phase="Pending")), project(injected_pod("b", ss, deleting=True))]
         assert compute_status(model(ss), pods, latest_revision=None, collision_count=None)["readyPods"] == 0
 
     def test_ready_needs_every_container_reported(self) -> None:
-        ss = sidecarset()
-        raw = pod("a", ss)
+        ss = shop_sidecarset()
+        raw = injected_pod("a", ss)
         raw["status"]["containerStatuses"].pop()
         assert compute_status(model(ss), [project(raw)], latest_revision=None, collision_count=None)["readyPods"] == 0
 
     def test_optional_fields_are_omitted(self) -> None:
-        ss = sidecarset()
+        ss = shop_sidecarset()
         del ss["metadata"]["generation"]
         status = compute_status(model(ss), [], latest_revision=None, collision_count=None)
         assert status == {"matchedPods": 0, "updatedPods": 0, "readyPods": 0, "updatedReadyPods": 0}
@@ -186,26 +191,26 @@ class TestComputeStatus:
 class TestSharedVerdicts:
     """`evaluate` answers once per reconcile what status and planner would each ask per pod."""
 
-    V1 = sidecarset()
+    V1 = shop_sidecarset()
     V2 = with_images(V1, envoy="envoy:v2")
 
     def pods(self) -> list[PodProjection]:
         v1, v2 = self.V1, self.V2
         digest = with_images(v1, envoy="docker.io/library/envoy@sha256:" + "b" * 64)
-        unreported = pod("unreported", v2)
+        unreported = injected_pod("unreported", v2)
         unreported["status"]["containerStatuses"].pop()
         # the same spec and statuses as an in-flight pod, but no in-place record: nothing to wait for
         no_record = in_flight(v1, v2, name="no-record")
         del no_record["metadata"]["annotations"][ANN_INPLACE_STATE]
         raws = [
-            pod("old-ready", v1),
-            pod("old-not-ready", v1, ready=False),
-            pod("new-ready", v2),
-            pod("new-deleting", v2, deleting=True),
-            pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False),
+            injected_pod("old-ready", v1),
+            injected_pod("old-not-ready", v1, ready=False),
+            injected_pod("new-ready", v2),
+            injected_pod("new-deleting", v2, deleting=True),
+            injected_pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False),
             in_flight(v1, v2),
             in_flight(v1, v2, name="moving-too"),
-            pod("digest-not-pulled", digest),
+            injected_pod("digest-not-pulled", digest),
             unreported,
             no_record,
         ]
@@ -280,7 +285,7 @@ def test_compiled_matcher_agrees_with_matches(selector: JsonObj | None, labels: 
     match = selectors.matcher(selector)
     expected = selectors.matches(selector, labels)
     assert match(labels) == expected
-    projected = project(pod("p", sidecarset(), labels=labels)).labels
+    projected = project(injected_pod("p", shop_sidecarset(), labels=labels)).labels
     assert match(projected) == selectors.matches(selector, projected)
 
 

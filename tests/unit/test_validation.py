@@ -9,30 +9,26 @@ from typing import Any
 import pytest
 
 from sidecarsets.validation import FieldError, validate_sidecarset
+from tests.kube import builders
 from tests.unit.test_crd_schema import kruise_sample
 
 Obj = dict[str, Any]
 
 
 def base() -> Obj:
-    return {
-        "apiVersion": "sidecarctl.io/v1alpha1",
-        "kind": "SidecarSet",
-        "metadata": {"name": "log-agent"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "containers": [
-                {
-                    "name": "agent",
-                    "image": "agent:1",
-                    "env": [{"name": "LEVEL", "value": "info"}],
-                    "volumeMounts": [{"name": "logs", "mountPath": "/var/log"}],
-                }
-            ],
-            "initContainers": [{"name": "setup", "image": "setup:1"}],
-            "volumes": [{"name": "logs", "emptyDir": {}}],
-        },
-    }
+    """A valid SidecarSet using most of the spec: a log agent with env and a mount, an init container, a volume."""
+    agent = builders.container(
+        "agent",
+        "agent:1",
+        env=[{"name": "LEVEL", "value": "info"}],
+        volumeMounts=[{"name": "logs", "mountPath": "/var/log"}],
+    )
+    return builders.sidecarset(
+        "log-agent",
+        containers=[agent],
+        initContainers=[builders.container("setup", "setup:1")],
+        volumes=[{"name": "logs", "emptyDir": {}}],
+    )
 
 
 def errors_after(mutate: Callable[[Obj], Any], **kwargs: Any) -> list[FieldError]:

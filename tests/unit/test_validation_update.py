@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from sidecarsets.validation import validate_sidecarset
+from tests.kube import builders
 from tests.unit.test_validation import Obj, assert_error, base, container, spec
 
 # --- updates ----------------------------------------------------------------------------------
@@ -97,16 +98,11 @@ def test_malformed_old_object_is_tolerated() -> None:
 # --- conflicts with other SidecarSets ---------------------------------------------------------
 
 
-def other(name: str = "other", **spec_fields: Any) -> Obj:
-    obj: Obj = {
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "containers": [{"name": "agent", "image": "other:1"}],
-        },
-    }
-    obj["spec"].update(spec_fields)
-    return obj
+def other(name: str = "other", *, containers: Any = None, **spec_fields: Any) -> Obj:
+    """Another SidecarSet for the same pods, whose sidecar (unless `containers`) has the name of `base()`'s."""
+    if containers is None:
+        containers = [builders.container("agent", "other:1")]
+    return builders.sidecarset(name, containers=containers, **spec_fields)
 
 
 def test_same_container_name_with_overlapping_selectors() -> None:
