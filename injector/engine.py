@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from injector import envs, metadata, patchops, placement, podcheck, policy, volumes
+from injector import eligibility, envs, metadata, patchops, placement, podcheck, volumes
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
@@ -76,7 +76,7 @@ def inject(
     namespace = namespace or "default"
     if not _is_object(pod):
         return InjectionResult(patch=[], denied="the pod must be a JSON object")
-    reason = policy.skip_reason(
+    reason = eligibility.skip_reason(
         pod,
         namespace=namespace,
         namespace_labels=namespace_labels,

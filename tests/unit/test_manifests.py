@@ -22,7 +22,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injector import policy
+from injector import eligibility
 from sidecarctl import cli, runcmd
 from sidecarsets import names, selectors
 from sidecarsets.validation import validate_sidecarset
@@ -394,7 +394,7 @@ def test_the_api_server_sends_exactly_the_pods_the_injection_policy_accepts(
     # The API server sets kubernetes.io/metadata.name on every namespace itself.
     sent = selectors.matches(hook["namespaceSelector"], {**ns_labels, names.NS_NAME_LABEL: namespace})
     sent = sent and selectors.matches(hook["objectSelector"], pod_labels)
-    reason = policy.skip_reason(
+    reason = eligibility.skip_reason(
         {"metadata": {"labels": pod_labels}},
         namespace=namespace,
         namespace_labels=ns_labels,

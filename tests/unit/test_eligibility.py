@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from injector import engine, policy
+from injector import eligibility, engine
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
 from tests.kube import builders
@@ -28,35 +28,35 @@ def reason(p: dict[str, Any], **kw: Any) -> str | None:
         "require_namespace_label": True,
     }
     args.update(kw)
-    return policy.skip_reason(p, **args)
+    return eligibility.skip_reason(p, **args)
 
 
 @pytest.mark.parametrize(
     ("p", "kw", "expected"),
     [
         (pod(), {}, None),
-        (pod(), {"namespace_labels": None}, policy.SKIP_NAMESPACE_NOT_LABELLED),
-        (pod(), {"namespace_labels": {}}, policy.SKIP_NAMESPACE_NOT_LABELLED),
-        (pod(), {"namespace_labels": {names.NS_INJECTION_LABEL: "true"}}, policy.SKIP_NAMESPACE_NOT_LABELLED),
-        (pod(), {"namespace_labels": {names.NS_INJECTION_LABEL: "Enabled"}}, policy.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": None}, eligibility.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": {}}, eligibility.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": {names.NS_INJECTION_LABEL: "true"}}, eligibility.SKIP_NAMESPACE_NOT_LABELLED),
+        (pod(), {"namespace_labels": {names.NS_INJECTION_LABEL: "Enabled"}}, eligibility.SKIP_NAMESPACE_NOT_LABELLED),
         (pod(), {"namespace_labels": None, "require_namespace_label": False}, None),
-        (pod(), {"namespace": "kube-system"}, policy.SKIP_SYSTEM_NAMESPACE),
-        (pod(), {"namespace": "kube-public"}, policy.SKIP_SYSTEM_NAMESPACE),
-        (pod(), {"namespace": "kube-node-lease"}, policy.SKIP_SYSTEM_NAMESPACE),
-        (pod(), {"namespace": names.DEFAULT_MANAGER_NAMESPACE}, policy.SKIP_SYSTEM_NAMESPACE),
-        (pod(), {"namespace": "mesh-system", "manager_namespace": "mesh-system"}, policy.SKIP_SYSTEM_NAMESPACE),
-        (pod(), {"namespace": "kube-system", "require_namespace_label": False}, policy.SKIP_SYSTEM_NAMESPACE),
-        (pod(labels={names.POD_INJECT_LABEL: "false"}), {}, policy.SKIP_OPTED_OUT),
+        (pod(), {"namespace": "kube-system"}, eligibility.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "kube-public"}, eligibility.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "kube-node-lease"}, eligibility.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": names.DEFAULT_MANAGER_NAMESPACE}, eligibility.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "mesh-system", "manager_namespace": "mesh-system"}, eligibility.SKIP_SYSTEM_NAMESPACE),
+        (pod(), {"namespace": "kube-system", "require_namespace_label": False}, eligibility.SKIP_SYSTEM_NAMESPACE),
+        (pod(labels={names.POD_INJECT_LABEL: "false"}), {}, eligibility.SKIP_OPTED_OUT),
         (pod(labels={names.POD_INJECT_LABEL: "true"}), {}, None),
-        (pod(labels={names.POD_INJECT_LABEL: "false"}), {"require_namespace_label": False}, policy.SKIP_OPTED_OUT),
+        (pod(labels={names.POD_INJECT_LABEL: "false"}), {"require_namespace_label": False}, eligibility.SKIP_OPTED_OUT),
         # The opt-out is a label; an annotation of the same name does not count.
         (pod(annotations={names.POD_INJECT_LABEL: "false"}), {}, None),
-        (pod(deletionTimestamp="2024-01-01T00:00:00Z"), {}, policy.SKIP_INACTIVE),
-        (pod(status={"phase": "Succeeded"}), {}, policy.SKIP_INACTIVE),
-        (pod(status={"phase": "Failed"}), {}, policy.SKIP_INACTIVE),
+        (pod(deletionTimestamp="2024-01-01T00:00:00Z"), {}, eligibility.SKIP_INACTIVE),
+        (pod(status={"phase": "Succeeded"}), {}, eligibility.SKIP_INACTIVE),
+        (pod(status={"phase": "Failed"}), {}, eligibility.SKIP_INACTIVE),
         (pod(status={"phase": "Pending"}), {}, None),
-        (pod(), {"operation": "UPDATE"}, policy.SKIP_OPERATION),
-        (pod(), {"operation": "DELETE"}, policy.SKIP_OPERATION),
+        (pod(), {"operation": "UPDATE"}, eligibility.SKIP_OPERATION),
+        (pod(), {"operation": "DELETE"}, eligibility.SKIP_OPERATION),
     ],
 )
 def test_skip_reason(p: dict[str, Any], kw: dict[str, Any], expected: str | None) -> None:
@@ -73,7 +73,7 @@ def test_engine_applies_the_policy_before_matching() -> None:
     common: dict[str, Any] = {"sidecarsets": [ss], "now": "2024-01-01T00:00:00Z"}
     assert engine.inject(pod(), namespace="shop", namespace_labels=ENABLED, **common).injected == ("mesh",)
     skipped = engine.inject(pod(), namespace="shop", namespace_labels={}, **common)
-    assert (skipped.patch, skipped.skipped) == ([], policy.SKIP_NAMESPACE_NOT_LABELLED)
+    assert (skipped.patch, skipped.skipped) == ([], eligibility.SKIP_NAMESPACE_NOT_LABELLED)
     unlabelled_cli = engine.inject(
         pod(), namespace="shop", namespace_labels=None, require_namespace_label=False, **common
     )
@@ -85,6 +85,6 @@ def test_engine_applies_the_policy_before_matching() -> None:
         require_namespace_label=False,
         **common,
     )
-    assert opted_out.skipped == policy.SKIP_OPTED_OUT
+    assert opted_out.skipped == eligibility.SKIP_OPTED_OUT
     # An empty request namespace means `default`, which is not a system namespace.
     assert engine.inject(pod(), namespace="", namespace_labels=ENABLED, **common).injected == ("mesh",)
