@@ -217,7 +217,8 @@ async def empty_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]
 def serve(kind: str, bind: str, cert_dir: str) -> None:
     """Child process: serve one app the way the manager serves its webhook port, until SIGTERM."""
     from certwatcher.reloader import CertReloader
-    from sidecarctl.manager import _serve  # the manager's own hypercorn setup, so the comparison is exact
+    from injector.server import Limits, Listener  # the manager's own listener, so the comparison is exact
+    from sidecarctl.probes import listen
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -231,7 +232,7 @@ def serve(kind: str, bind: str, cert_dir: str) -> None:
             app = create_webhook_app(build_store())
         elif kind == "webhook-noreplay":
             app = create_webhook_app(build_store(), WebhookSettings(replay=None))
-        await _serve(app, bind, stop, context=reloader.front_context)
+        await Listener(app, listen(bind), reloader.front_context, Limits()).serve(stop)
 
     asyncio.run(main())
 

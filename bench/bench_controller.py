@@ -43,6 +43,7 @@ from kuberuntime import kubeapi
 from kuberuntime.events import EventRecorder
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
+from kuberuntime.kubeconfig import load_config
 from sidecarsets import names
 from sidecarsets.controller import Controller
 from sidecarsets.model import SidecarSet
@@ -92,7 +93,7 @@ def _profile_text(prof: cProfile.Profile, sort: str, count: int) -> str:
 
 async def phase_sync(kubeconfig: str, pods: int, reconciles: int, page_size: int, profile: bool) -> dict[str, Any]:
     """List/project time, RSS delta, and reconcile CPU, in one process."""
-    client = kubeapi.KubeClient(kubeapi.load_config(kubeconfig))
+    client = kubeapi.KubeClient(load_config(kubeconfig))
     await client.get(f"/api/v1/namespaces/{NAMESPACE}")  # TLS session and pool up before the baseline
     controller, informer = _parts(client, page_size)
     gc.collect()
@@ -174,7 +175,7 @@ async def phase_sync(kubeconfig: str, pods: int, reconciles: int, page_size: int
 
 async def phase_trace(kubeconfig: str, pods: int, page_size: int) -> dict[str, Any]:
     """What the informer and controller keep alive per pod, by allocating module."""
-    client = kubeapi.KubeClient(kubeapi.load_config(kubeconfig))
+    client = kubeapi.KubeClient(load_config(kubeconfig))
     await client.get(f"/api/v1/namespaces/{NAMESPACE}")
     tracemalloc.start()
     gc.collect()

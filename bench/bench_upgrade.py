@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from kuberuntime import kubeapi
 from kuberuntime.jsontypes import JsonObj
+from kuberuntime.kubeconfig import load_config
 from sidecarsets import names, planner, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection, project
@@ -92,7 +93,7 @@ class Run:
 
 async def plain_loop(kubeconfig: str, ss: JsonObj, *, pods: int, image: str, server_pids: dict[str, int]) -> Run:
     """Plan with the planner, then send every patch at once through a fresh client."""
-    client = kubeapi.KubeClient(kubeapi.load_config(kubeconfig))
+    client = kubeapi.KubeClient(load_config(kubeconfig))
     try:
         projections = [project(p) for p in await list_pods(client, PLAIN_NS)]
         model = SidecarSet.from_object(ss, tolerant=True)

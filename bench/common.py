@@ -32,7 +32,7 @@ import jsonpatch
 import yaml
 
 from injector import engine
-from kuberuntime import api, kubeapi
+from kuberuntime import api, kubeapi, kubeconfig
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
@@ -562,7 +562,7 @@ def cluster() -> Iterator[Cluster]:
         loop = BackgroundLoop()
 
         async def make() -> kubeapi.KubeClient:
-            return kubeapi.KubeClient(kubeapi.load_config(str(cp.kubeconfig)))
+            return kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
 
         client = loop.run(make())
         c = Cluster(cp, loop, client)

@@ -4,75 +4,20 @@ Why not the generated client: its pydantic models cost time and memory per objec
 fields they do not know, and its watch helper retries a 410 with the stale resourceVersion.
 The controller and the webhook's template store need list, watch, get, create, update, patch
 and delete on plain JSON, with finite timeouts and typed errors; that fits in one module over
-aiohttp (already a dependency of `kubernetes` >= 37). Credentials come from the official
-client's kubeconfig / in-cluster loaders, so exec plugins and token refresh keep working.
+aiohttp. Credentials come from kuberuntime.kubeconfig (in-cluster or a kubeconfig file).
 """
 
 from __future__ import annotations
 
-import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
-import yaml
 
 from kuberuntime.api import PATCH_TYPES, PatchType, error_from_status
 from kuberuntime.jsontypes import JsonObj
-
-
-@dataclass
-class ClusterConfig:
-    """Where the API server is and how to authenticate; built once, used by every request."""
-
-    server: str
-    ssl_context: ssl.SSLContext | None
-    headers: Callable[[], dict[str, str]] = field(default=lambda: {})
-
-
-def _config_from_official(cfg: Any) -> ClusterConfig:
-    ctx: ssl.SSLContext | None = None
-    if cfg.host.startswith("https"):
-        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.verify_ssl else ssl._create_unverified_context()
-        if cfg.cert_file:
-            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-        if not cfg.verify_ssl:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-
-    def headers() -> dict[str, str]:
-        # kubernetes >= 37 keeps "Bearer <token>" under BearerToken; older ones under authorization.
-        token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")  # runs the refresh hook
-        return {"Authorization": token} if token else {}
-
-    return ClusterConfig(server=cfg.host.rstrip("/"), ssl_context=ctx, headers=headers)
-
-
-class ConfigError(ValueError):
-    """No usable cluster credentials; the message says which source failed and why."""
-
-
-def load_config(kubeconfig: str | None = None, *, context: str | None = None) -> ClusterConfig:
-    """Kubeconfig when given (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
-    from kubernetes import client, config  # the loaders only; imported lazily, they are slow to import
-
-    cfg = client.Configuration()
-    if kubeconfig is None:
-        try:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return _config_from_official(cfg)
-        except config.ConfigException:
-            pass
-    try:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context, client_configuration=cfg
-        )
-        return _config_from_official(cfg)
-    except (config.ConfigException, OSError, ssl.SSLError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
-        where = kubeconfig or "$KUBECONFIG or ~/.kube/config (and not running in a cluster)"
-        raise ConfigError(f"cannot load cluster credentials from {where}: {e}") from None
+from kuberuntime.kubeconfig import ClusterConfig
 
 
 class KubeClient:

@@ -13,4 +13,9 @@ WATCH_RESTARTS = Counter(
     "Watch streams restarted, by informer and cause (gone = re-list after 410, error = network or API error).",
     ["informer", "cause"],
 )
-IS_LEADER = Gauge("sidecarctl_leader", "1 while this replica holds the Lease (namespace/name).", ["lease"])
+IS_LEADER = Gauge(
+    "sidecarctl_leader",
+    "1 while this replica holds the Lease (namespace/name).",
+    ["lease"],
+    multiprocess_mode="livemax",
+)

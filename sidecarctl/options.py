@@ -32,6 +32,25 @@ def opt(default: Any, help: str, *, flag: str | None = None, parse: Callable[[st
 class ServingOptions:
     webhook_bind: str = opt("0.0.0.0:9443", "HTTPS address for /inject and /validate-sidecarset")
     probe_bind: str = opt("0.0.0.0:8080", "plain HTTP address for /metrics, /healthz, /readyz")
+    webhook_workers: int = opt(0, "admission worker processes; 0: as many as CPUs this process may use")
+    enable_http2: bool = opt(False, "offer HTTP/2 on the webhook port (off: HTTP/1.1 only, as kubebuilder advises)")
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """What one admission worker lets clients hold; each bound answers cleanly when hit."""
+
+    max_connections: int = opt(4096, "open webhook connections per worker (beyond: closed at once)")
+    max_tls_connections: int = opt(256, "webhook connections in TLS at once per worker (each holds TLS buffers)")
+    handshake_timeout: float = opt(10.0, "seconds for a new connection to send its ClientHello and finish TLS")
+    header_timeout: float = opt(10.0, "seconds from a request's first byte to its complete headers")
+    body_timeout: float = opt(10.0, "seconds from a request's headers to its complete body (then 408)")
+    keep_alive_timeout: float = opt(75.0, "seconds an idle keep-alive connection is kept")
+    max_json_values: int = opt(100_000, "JSON values an AdmissionReview may hold (checked before parsing; 413)")
+    body_budget_mib: int = opt(64, "MiB of request bodies (and their parsed form) a worker holds at once (429)")
+    h2_max_streams: int = opt(100, "concurrent HTTP/2 streams per connection (with --enable-http2)")
+    max_requests_per_connection: int = opt(10_000, "requests per connection before it is closed")
+    namespace_lookup_timeout: float = opt(2.0, "seconds to read a namespace the watch has not delivered yet")
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,7 @@ class LogOptions:
 
 GROUPS: dict[str, type[Any]] = {
     "serving": ServingOptions,
+    "budgets": BudgetOptions,
     "tls": TLSOptions,
     "ca_bundle": CABundleOptions,
     "leader": LeaderOptions,
@@ -115,6 +135,7 @@ class ManagerOptions:
         "default $POD_NAMESPACE",
     )
     serving: ServingOptions = field(default_factory=ServingOptions)
+    budgets: BudgetOptions = field(default_factory=BudgetOptions)
     tls: TLSOptions = field(default_factory=TLSOptions)
     ca_bundle: CABundleOptions = field(default_factory=CABundleOptions)
     leader: LeaderOptions = field(default_factory=LeaderOptions)
@@ -135,6 +156,15 @@ class ManagerOptions:
             else:
                 raise TypeError(f"unknown manager option {key!r}")
         return cls(**top, **{group: GROUPS[group](**values) for group, values in groups.items()})
+
+    def flat(self) -> dict[str, Any]:
+        """The inverse of `build`: every option by its field name (JSON-friendly)."""
+        out: dict[str, Any] = {"kubeconfig": self.kubeconfig, "namespace": self.namespace}
+        for group in GROUPS:
+            for f in dataclasses.fields(getattr(self, group)):
+                value = getattr(getattr(self, group), f.name)
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
 
 
 def option_fields() -> Iterator[dataclasses.Field[Any]]:

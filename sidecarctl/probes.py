@@ -1,10 +1,22 @@
-"""The manager's plain-HTTP port: /metrics, /healthz, /readyz. Readiness says what it waits for."""
+"""The manager's plain-HTTP port (/metrics, /healthz, /readyz) and the sockets it binds.
+
+Kept light (no Kubernetes client, no roles) so the supervisor process that serves the probes
+stays small. Readiness says what it waits for.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -13,7 +25,9 @@ from starlette.routing import Route
 Check = Callable[[], Awaitable[tuple[bool, str]]]
 
 
-def create_probe_app(*, ready: Check, live: Check | None = None) -> Starlette:
+def create_probe_app(*, ready: Check, live: Check | None = None, registry: CollectorRegistry = REGISTRY) -> Starlette:
+    """`registry`: where /metrics reads from (the supervisor passes one that reads every process)."""
+
     async def healthz(request: Request) -> Response:
         if live is not None:
             ok, why = await live()
@@ -26,7 +40,7 @@ def create_probe_app(*, ready: Check, live: Check | None = None) -> Starlette:
         return PlainTextResponse((why or "ok") + "\n", status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(
         routes=[
@@ -35,3 +49,48 @@ def create_probe_app(*, ready: Check, live: Check | None = None) -> Starlette:
             Route("/metrics", metrics),
         ]
     )
+
+
+async def serve_plain(app: Any, bind: str, stop: asyncio.Event) -> None:
+    """The probe port: plain HTTP/1.1, graceful on stop."""
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = 2.0
+    config.alpn_protocols = ["http/1.1"]
+    await serve(app, config, shutdown_trigger=stop.wait)
+
+
+def host_port(bind: str) -> tuple[str, int]:
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), int(port)
+
+
+async def tls_self_check(bind: str, ca_pem: bytes) -> tuple[bool, str]:
+    """A real handshake on the webhook port, trusting only the CA we publish in caBundle."""
+    host, port = host_port(bind)
+    try:
+        ctx = ssl.create_default_context(cadata=ca_pem.decode())
+        ctx.check_hostname = False  # the API server checks names; here we prove the chain and the key
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout=2)
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    except (OSError, ssl.SSLError, TimeoutError, ValueError) as e:
+        return False, f"TLS self-check against {host}:{port} failed: {e}"
+    return True, "ok"
+
+
+def listen(bind: str, *, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket for `host:port` (the port may be 0); shared by fd with worker processes."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock

@@ -89,15 +89,16 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecarctl.manager import run_forever  # heavy imports only for this command
+    from sidecarctl.supervisor import run_forever  # heavy imports only for this command
 
     logs.setup(args.log_level, args.log_format)
+    os.environ.update(SIDECARCTL_LOG_LEVEL=args.log_level, SIDECARCTL_LOG_FORMAT=args.log_format)  # for the children
     if not args.cert_dir and not args.self_signed:
         raise SystemExit("sidecarctl run: error: one of --cert-dir DIR or --self-signed is required")
     flat = {f.name: getattr(args, f.name) for f in option_fields() if f.name not in ("log_level", "log_format")}
     try:
         opts = ManagerOptions.build(**flat)
-        return run_forever(opts)
+        return int(run_forever(opts))
     except ValueError as e:  # a bad option combination, found while wiring the manager
         print(f"sidecarctl run: error: {e}", file=sys.stderr)
         return 2

@@ -22,5 +22,8 @@ PODS_NOT_UPGRADABLE = Gauge(
     "sidecarctl_pods_not_upgradable",
     "Matched pods whose sidecars differ from their SidecarSet in more than the image.",
     ["sidecarset"],
+    multiprocess_mode="livemax",
 )
-TRACKED_PODS = Gauge("sidecarctl_tracked_pods", "Injected pods held as projections by the controller.")
+TRACKED_PODS = Gauge(
+    "sidecarctl_tracked_pods", "Injected pods held as projections by the controller.", multiprocess_mode="livemax"
+)

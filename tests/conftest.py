@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kuberuntime import kubeapi
+from kuberuntime import kubeapi, kubeconfig
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.fakekubelet import FakeKubelet
@@ -65,7 +65,7 @@ def control_plane() -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="session")
 def kube_client(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[kubeapi.KubeClient]:
-    client = kubeapi.KubeClient(kubeapi.load_config(str(control_plane.kubeconfig)))
+    client = kubeapi.KubeClient(kubeconfig.load_config(str(control_plane.kubeconfig)))
     yield client
     aloop.run(client.close())
 

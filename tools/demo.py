@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kuberuntime import kubeapi  # noqa: E402
+from kuberuntime.kubeconfig import load_config  # noqa: E402
 from sidecarsets import names  # noqa: E402
 from tests.kube.client import Kube, eventually  # noqa: E402
 from tests.kube.controlplane import ControlPlane  # noqa: E402
@@ -46,7 +47,7 @@ class Demo:
     def __init__(self, cp: ControlPlane, loop: BackgroundLoop) -> None:
         self.cp = cp
         self.loop = loop
-        self.client = kubeapi.KubeClient(kubeapi.load_config(str(cp.kubeconfig)))
+        self.client = kubeapi.KubeClient(load_config(str(cp.kubeconfig)))
         self.kube = Kube(loop, self.client)
         self.kubectl_bin = str(cp.bin_dir / "kubectl")
 

@@ -134,15 +134,16 @@ def test_manager_namespace_is_never_injected(
         kube.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {names.NS_INJECTION_LABEL: None}}})
 
 
-def test_webhook_port_speaks_tls12_plus_with_h2_and_http11(manager: RunningManager) -> None:
+def test_webhook_port_speaks_tls12_plus_and_only_http11_by_default(manager: RunningManager) -> None:
     host, port = "127.0.0.1", int(manager.webhook_url.rsplit(":", 1)[1])
-    assert manager.manager.reloader is not None and manager.manager.reloader.current is not None
-    ca = manager.manager.reloader.current.ca_pem.decode()
-    for proto in ("h2", "http/1.1"):
+    current = manager.manager.webhook.reloader.current
+    assert current is not None
+    ca = current.ca_pem.decode()
+    for offered, selected in ((["h2"], None), (["h2", "http/1.1"], "http/1.1"), (["http/1.1"], "http/1.1")):
         ctx = ssl.create_default_context(cadata=ca)
-        ctx.set_alpn_protocols([proto])
+        ctx.set_alpn_protocols(offered)
         with socket.create_connection((host, port), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname=host) as s:
-            assert s.selected_alpn_protocol() == proto
+            assert s.selected_alpn_protocol() == selected, offered
             assert s.version() in ("TLSv1.2", "TLSv1.3")
     old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     old.load_verify_locations(cadata=ca)

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberuntime import api, kubeapi
+from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube import builders
@@ -160,7 +160,7 @@ def fresh(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Fresh]
     objects as a new install would, not the session manager's webhook configurations (which
     point at a URL and so cannot take the Service reference of config/webhook)."""
     cp = ControlPlane(bin_dir=control_plane.bin_dir, controller_manager=False).start()
-    client = kubeapi.KubeClient(kubeapi.load_config(str(cp.kubeconfig)))
+    client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
     kube = Kube(aloop, client)
     try:
         ok(kubectl(cp, "apply", "-k", str(CONFIG / "crd")))

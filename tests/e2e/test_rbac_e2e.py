@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from kuberuntime import kubeapi
+from kuberuntime.kubeconfig import load_config
 from sidecarsets import names
 from sidecarsets.revisions import revision_data, revision_hash, revision_name
 from tests.e2e.helpers import (
@@ -220,7 +221,7 @@ def test_a_token_kubeconfig_authenticates_every_request(tmp_path: Path) -> None:
             }
         )
     )
-    config = kubeapi.load_config(str(kubeconfig))
+    config = load_config(str(kubeconfig))
     assert config.headers().get("Authorization") == "Bearer t0ken"
 
 
@@ -265,7 +266,7 @@ class Cluster:
 @pytest.fixture
 def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Cluster]:
     cp = ControlPlane(bin_dir=control_plane.bin_dir).start()
-    client = kubeapi.KubeClient(kubeapi.load_config(str(cp.kubeconfig)))
+    client = kubeapi.KubeClient(load_config(str(cp.kubeconfig)))
     kubelet = FakeKubelet(client, node="rbac-node", restart_delay=0.2)
     try:
         aloop.run(kubelet.start())

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kuberuntime import api, kubeapi
+from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets import names
 from tests.e2e.helpers import (
     SS_PATH,
@@ -59,7 +59,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Cluster]:
     cp = ControlPlane(bin_dir=control_plane.bin_dir).start()
-    client = kubeapi.KubeClient(kubeapi.load_config(str(cp.kubeconfig)))
+    client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
     kube = Kube(aloop, client)
     kubelet = FakeKubelet(client, node="rollout-node", restart_delay=0.3)
     aloop.run(kubelet.start())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kuberuntime import api, kubeapi
+from kuberuntime import api, kubeconfig
 
 
 def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
@@ -25,13 +25,13 @@ def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
 
 
 def test_bearer_token_is_sent(tmp_path: Path) -> None:
-    cfg = kubeapi.load_config(_kubeconfig(tmp_path, {"token": "s3cret"}))
+    cfg = kubeconfig.load_config(_kubeconfig(tmp_path, {"token": "s3cret"}))
     assert cfg.server == "https://127.0.0.1:6443"
     assert cfg.headers() == {"Authorization": "Bearer s3cret"}
 
 
 def test_no_credentials_means_no_authorization_header(tmp_path: Path) -> None:
-    cfg = kubeapi.load_config(_kubeconfig(tmp_path, {}))
+    cfg = kubeconfig.load_config(_kubeconfig(tmp_path, {}))
     assert "Authorization" not in cfg.headers()
 
 
@@ -51,12 +51,12 @@ def test_status_codes_map_to_error_types() -> None:
 
 def test_missing_or_broken_kubeconfig_is_a_clear_config_error(tmp_path: Path) -> None:
 
-    with pytest.raises(kubeapi.ConfigError, match="/nonexistent"):
-        kubeapi.load_config("/nonexistent")
+    with pytest.raises(kubeconfig.ConfigError, match="/nonexistent"):
+        kubeconfig.load_config("/nonexistent")
     broken = tmp_path / "broken"
     broken.write_text("clusters: [oops")
-    with pytest.raises(kubeapi.ConfigError, match="cannot load cluster credentials"):
-        kubeapi.load_config(str(broken))
+    with pytest.raises(kubeconfig.ConfigError, match="cannot load cluster credentials"):
+        kubeconfig.load_config(str(broken))
 
 
 def test_sidecarctl_run_reports_bad_credentials_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

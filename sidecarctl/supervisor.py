@@ -1,0 +1,223 @@
+"""`sidecarctl run`: a small supervisor over the control process and the admission workers.
+
+Why processes: the pod webhook is fail-closed, so while it cannot answer no pod starts in a
+labelled namespace. In one process, a request that parses or validates for seconds would delay
+every other admission, the Lease renewal and the watches. Here the control role (leader election,
+controller, certificates, caBundle) has a process of its own, and admission is served by
+`--webhook-workers` processes that share the listening socket; throughput grows with cores.
+
+The supervisor binds the ports, serves the probes and /metrics (every process's metrics, through
+prometheus-client's multiprocess files), restarts a child that dies, and on SIGTERM asks the
+children to drain (the workers finish in-flight requests, the control process releases the Lease)
+before it exits. Children die with it even when it is killed outright (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from kuberuntime import kubeconfig
+from kuberuntime.backoff import Backoff
+from sidecarctl.options import ManagerOptions
+from sidecarctl.probes import create_probe_app, listen, serve_plain, tls_self_check
+
+log = logging.getLogger(__name__)
+
+STATUS_STALE = 5.0  # seconds without a heartbeat after which a child counts as not ready
+DOWN_TOO_LONG = 60.0  # seconds a child may stay down before /healthz fails
+DRAIN_SECONDS = 20.0  # SIGTERM to SIGKILL for children (terminationGracePeriodSeconds is 30)
+# glibc keeps freed memory in per-thread arenas and raises its mmap threshold after large frees;
+# fixed thresholds give memory back after a burst of large requests.
+MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def _cpu_quota() -> tuple[str, str] | None:
+    """(quota, period) of this cgroup, v2 or v1; None when neither file is readable."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return quota, period
+    except (OSError, ValueError):
+        pass
+    try:
+        v1 = Path("/sys/fs/cgroup/cpu")
+        return (v1 / "cpu.cfs_quota_us").read_text().strip(), (v1 / "cpu.cfs_period_us").read_text().strip()
+    except OSError:
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity, limited by a cgroup CPU quota when there is one."""
+    count = len(os.sched_getaffinity(0))
+    found = _cpu_quota()
+    if found is not None and found[0] not in ("max", "-1") and int(found[1]) > 0:
+        count = min(count, math.ceil(int(found[0]) / int(found[1])))
+    return max(1, count)
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    pass_fds: tuple[int, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    down_since: float | None = None
+    backoff: Backoff = field(default_factory=lambda: Backoff(base=0.5, cap=10.0, jitter=(0.8, 1.2)))
+    next_start: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, opts: ManagerOptions) -> None:
+        self.opts = opts
+        # Fail here, in one line, rather than in children restarted forever.
+        kubeconfig.load_config(opts.kubeconfig)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-run-"))
+        self.metrics_dir = self.run_dir / "metrics"
+        self.metrics_dir.mkdir()
+        if opts.tls.cert_dir:
+            self.cert_dir = Path(opts.tls.cert_dir)
+        elif opts.tls.self_signed:
+            self.cert_dir = self.run_dir / "certs"
+            self.cert_dir.mkdir()
+        else:
+            raise ValueError("either --cert-dir or --self-signed is required")
+        self.workers = opts.serving.webhook_workers or usable_cpus()
+        self.sock = listen(opts.serving.webhook_bind)
+        flat = {**opts.flat(), "cert_dir": str(self.cert_dir)}
+        self.env = {
+            **os.environ,
+            **MALLOC_ENV,
+            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
+            "SIDECARCTL_RUN_DIR": str(self.run_dir),
+            "SIDECARCTL_CHILD_OPTIONS": orjson.dumps(flat).decode(),
+        }
+        child = [sys.executable, "-m", "sidecarctl.child"]
+        fd = self.sock.fileno()
+        self.children = [Child("control", [*child, "control"])] + [
+            Child(f"webhook-{i}", [*child, "webhook", f"--name=webhook-{i}", f"--fd={fd}"], (fd,))
+            for i in range(self.workers)
+        ]
+        self.registry = CollectorRegistry()
+        MultiProcessCollector(self.registry, path=str(self.metrics_dir))  # type: ignore[no-untyped-call]
+
+    # -- children --------------------------------------------------------------------------------
+    def _start(self, child: Child) -> None:
+        child.proc = subprocess.Popen(child.args, env=self.env, pass_fds=child.pass_fds)
+        log.info("started %s (pid %d)", child.name, child.proc.pid)
+
+    def _reap(self, child: Child, now: float) -> None:
+        if child.proc is None or child.proc.poll() is None:
+            return
+        code = child.proc.returncode
+        mark_process_dead(child.proc.pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
+        (self.run_dir / f"{child.name}.status").unlink(missing_ok=True)
+        child.proc = None
+        child.restarts += 1
+        child.down_since = child.down_since or now
+        wait = child.backoff.next()
+        child.next_start = now + wait
+        log.warning("%s exited with %s; restarting in %.1fs", child.name, code, wait)
+
+    async def _supervise(self, stop: asyncio.Event) -> None:
+        for child in self.children:
+            self._start(child)
+        while not stop.is_set():
+            now = time.monotonic()
+            for child in self.children:
+                self._reap(child, now)
+                if child.proc is None and now >= child.next_start:
+                    self._start(child)
+                elif child.proc is not None and child.down_since is not None and self._status(child)[0]:
+                    child.down_since = None
+                    child.backoff.reset()
+            await asyncio.sleep(0.2)
+
+    async def _drain(self) -> None:
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while time.monotonic() < deadline and any(c.proc and c.proc.poll() is None for c in self.children):
+            await asyncio.sleep(0.1)
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                log.warning("%s did not stop within %.0fs; killing it", child.name, DRAIN_SECONDS)
+                child.proc.kill()
+                child.proc.wait()
+
+    # -- probes ----------------------------------------------------------------------------------
+    def _status(self, child: Child) -> tuple[bool, str]:
+        try:
+            status = orjson.loads((self.run_dir / f"{child.name}.status").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return False, f"{child.name} has not reported yet"
+        if child.proc is None or status.get("pid") != child.proc.pid:
+            return False, f"{child.name} is restarting"
+        if time.time() - float(status.get("time", 0)) > STATUS_STALE:
+            return False, f"{child.name} stopped reporting"
+        return bool(status.get("ready")), f"{child.name}: {status.get('why')}"
+
+    async def readiness(self) -> tuple[bool, str]:
+        for child in self.children:
+            ok, why = self._status(child)
+            if not ok:
+                return False, why
+        try:
+            ca = (self.cert_dir / "ca.crt").read_bytes()
+        except OSError as e:
+            return False, f"no CA to check the webhook port against: {e}"
+        return await tls_self_check(self.opts.serving.webhook_bind, ca)
+
+    async def liveness(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        for child in self.children:
+            if child.down_since is not None and now - child.down_since > DOWN_TOO_LONG:
+                return False, f"{child.name} has been down for {now - child.down_since:.0f}s"
+        return True, "ok"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        probes = create_probe_app(ready=self.readiness, live=self.liveness, registry=self.registry)
+        log.info(
+            "manager started",
+            extra={"object": f"webhook={self.opts.serving.webhook_bind} workers={self.workers} run_dir={self.run_dir}"},
+        )
+        tasks = [
+            asyncio.create_task(self._supervise(stop), name="supervise"),
+            asyncio.create_task(serve_plain(probes, self.opts.serving.probe_bind, stop), name="probes"),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            await self._drain()
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.sock.close()
+            log.info("manager stopped")
+
+
+def run_forever(opts: ManagerOptions) -> int:
+    """Entry point of `sidecarctl run`: runs until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Supervisor(opts).run(stop)
+
+    asyncio.run(main())
+    return 0
