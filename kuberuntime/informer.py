@@ -4,7 +4,10 @@ Why our own: the official client's Watch retries a 410 once with the same stale 
 and then gives up, and without a client-side timeout a dead connection hangs forever. Here:
 paginated list, watch from the list's resourceVersion with bookmarks, resume from the newest
 resourceVersion seen after a normal stream end, re-list on 410 Gone (emitting the difference as
-events so consumers converge), finite timeouts, jittered exponential backoff on errors.
+events so consumers converge), finite timeouts, jittered exponential backoff on errors and before
+relists. Each watch asks the server to end it after 40-48 s; a connection still silent 10 s after
+that has stalled (a proxy or a half-dead TCP path), so it is dropped and watched again, counted as
+cause `stalled`: a stalled watch is noticed within a minute, not after the TCP timeout.
 
 Objects pass through `transform` before they are stored, so the controller can keep small pod
 projections instead of whole pods.
@@ -17,6 +20,8 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
+
+import aiohttp
 
 from kuberuntime import api
 from kuberuntime.backoff import Backoff
@@ -51,7 +56,7 @@ class Informer(Generic[T]):
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
-        watch_timeout: int = 300,
+        watch_timeout: int = 40,
         max_backoff: float = 30.0,
     ) -> None:
         self.client = client
@@ -161,13 +166,21 @@ class Informer(Generic[T]):
                         return
                 # A normal end of the stream: resume from the newest resourceVersion we saw.
             except api.Gone:
-                log.info("informer %s: resourceVersion %s expired, listing again", self.name, self.resource_version)
                 WATCH_RESTARTS.labels(self.name, "gone").inc()
+                wait = backoff.next()  # a flapping API server must not be relisted in a tight loop
+                log.info(
+                    "informer %s: resourceVersion %s expired, listing again in %.1fs",
+                    self.name,
+                    self.resource_version,
+                    wait,
+                )
+                await sleep_or_stop(stop, wait)
                 need_list = True
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
-                WATCH_RESTARTS.labels(self.name, "error").inc()
+                stalled = isinstance(e, TimeoutError | aiohttp.ServerTimeoutError)
+                WATCH_RESTARTS.labels(self.name, "stalled" if stalled else "error").inc()
                 wait = backoff.next()
                 log.warning("informer %s: watch failed (%s), retrying in %.1fs", self.name, e, wait)
                 await sleep_or_stop(stop, wait)

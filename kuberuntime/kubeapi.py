@@ -19,6 +19,8 @@ from kuberuntime.api import PATCH_TYPES, PatchType, error_from_status
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.kubeconfig import ClusterConfig
 
+STALL_MARGIN = 10  # seconds past a watch's timeoutSeconds after which silence means a stalled stream
+
 
 class KubeClient:
     """One aiohttp session per process; every call has a finite timeout."""
@@ -130,7 +132,8 @@ class KubeClient:
             "resourceVersion": resource_version,
             "timeoutSeconds": timeout_seconds,
         }
-        to = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=timeout_seconds + 30)
+        # A connection that stops delivering without closing is noticed a little after the server's own end.
+        to = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=timeout_seconds + STALL_MARGIN)
         async with self._sess().get(
             self.config.server + path,
             params={k: str(v) for k, v in query.items()},

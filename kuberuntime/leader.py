@@ -126,6 +126,7 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_time = 0.0
         self._leading = False
+        self._taken = asyncio.Event()  # `confirm` saw another holder: stop leading now
 
     @property
     def path(self) -> str:
@@ -201,6 +202,28 @@ class LeaderElector:
             return True
         return False
 
+    async def confirm(self) -> bool:
+        """Before a write: False when we do not lead, or the Lease now names another holder.
+
+        A leader learns of a forced takeover only when it reads the Lease; reading it right before
+        writing closes that window to the time of one request. When the read itself fails the
+        answer is True: renewals (and `renew_deadline`) decide about an unreachable API server.
+        """
+        if not self._leading:
+            return False
+        try:
+            lease = await asyncio.wait_for(self.client.get(self.path), timeout=self.retry_period)
+        except (api.ApiError, OSError, TimeoutError):
+            return True
+        holder = self._observe(lease).holder
+        if holder != self.identity:
+            log.error(
+                "lease %s/%s is held by %s now: %s stops writing", self.namespace, self.name, holder, self.identity
+            )
+            self._taken.set()
+            return False
+        return True
+
     async def release(self) -> bool:
         """Give the Lease up if we hold it, so a standby need not wait for it to expire."""
         try:
@@ -257,10 +280,12 @@ class LeaderElector:
         """Keep the Lease while leading; returns "stop", "done" (the task ended) or "lost"."""
         last_renew = self._clock()
         while True:
-            await self._pause(self.retry_period, stop, task)
+            await self._pause(self.retry_period, stop, task, self._taken)
             while True:
                 if stop.is_set():
                     return "stop"
+                if self._taken.is_set():
+                    return "lost"
                 if task.done():
                     return "done"
                 remaining = last_renew + self.renew_deadline - self._clock()
@@ -280,6 +305,7 @@ class LeaderElector:
             if not await self._acquire(stop) or stop.is_set():
                 break
             lost = asyncio.Event()
+            self._taken.clear()
             self._set_leading(True)
             log.info("lease %s/%s acquired by %s", self.namespace, self.name, self.identity)
             task = asyncio.create_task(_lead(on_started, lost), name=f"leading-{self.identity}")

@@ -10,7 +10,8 @@ from prometheus_client import Counter, Gauge
 
 WATCH_RESTARTS = Counter(
     "sidecarctl_watch_restarts_total",
-    "Watch streams restarted, by informer and cause (gone = re-list after 410, error = network or API error).",
+    "Watch streams restarted, by informer and cause (gone: relisted after 410; stalled: silent past its timeout; "
+    "error: network or API error).",
     ["informer", "cause"],
 )
 IS_LEADER = Gauge(

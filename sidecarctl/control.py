@@ -135,6 +135,7 @@ class ControlRole:
             revisions=lambda: rev_informer.store.values(),
             recorder=self.recorder,
             workers=self.opts.controller.workers,
+            may_write=None if self.elector is None else self.elector.confirm,
         )
         ns_informer.handler = controller.on_namespace
         informers: list[Informer[Any]] = [

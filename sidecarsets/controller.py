@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from kuberuntime import api, events
@@ -24,6 +24,7 @@ from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets import history, metrics, names, planner, status
 from sidecarsets.model import SidecarSet
+from sidecarsets.podfailures import PodFailures
 from sidecarsets.projection import PodProjection
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class Controller:
         recorder: events.EventRecorder,
         workers: int = 3,
         clock: Callable[[], str] = now_rfc3339,
+        may_write: Callable[[], Awaitable[bool]] | None = None,
+        failures: PodFailures | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -60,6 +63,9 @@ class Controller:
         self.recorder = recorder
         self.workers = workers
         self.clock = clock
+        # Asked before every batch of writes: False once another replica holds the Lease.
+        self.may_write = may_write
+        self.failures = failures or PodFailures()
         self.queue = WorkQueue()
         # Read tolerantly: a SidecarSet written before validation existed is still counted and reported.
         self.sidecarsets: dict[str, SidecarSet] = {}
@@ -97,6 +103,7 @@ class Controller:
         if new is None:
             self.pods.pop(key, None)
             self.expected.pop(key, None)
+            self.failures.forget(key)
         else:
             self.pods[key] = new
             exp = self.expected.get(key)
@@ -159,12 +166,16 @@ class Controller:
             ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
         )
         if status.status_changed(ss.status, new_status):
+            if not await self._writable():
+                return None
             await self._write_status(ss, new_status)
 
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
         if stale:
             return 0.5  # our own pod writes are not in the cache yet: plan again once they are
-        plan = planner.plan_upgrade(ss, matched, revision=latest, now=self.clock(), verdicts=verdicts)
+        plan = planner.plan_upgrade(
+            ss, matched, revision=latest, now=self.clock(), verdicts=verdicts, held_back=self.failures.held_back()
+        )
         await self._mark_upgradable(ss, matched, set(plan.not_upgradable))
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
@@ -180,11 +191,15 @@ class Controller:
                 ", ".join(f"{u.namespace}/{u.name}" for u in plan.upgrades),
                 extra={"sidecarset": name},
             )
+        backing_off = self.failures.next_retry(self.pods_by_ss.get(name, ()))
         if not plan.upgrades:
-            return None if plan.done else RESYNC_SECONDS
+            if plan.done:
+                return None
+            return RESYNC_SECONDS if backing_off is None else min(RESYNC_SECONDS, backing_off + 0.05)
+        if not await self._writable():
+            return None
         results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))
-        patched = sum(1 for r in results if r)
-        if patched:
+        if any(results):
             await self.recorder.event(
                 ss.obj,
                 type="Normal",
@@ -192,7 +207,31 @@ class Controller:
                 # One message per revision, so repeats aggregate into one Event's count.
                 message=f"upgrading sidecar images in place to revision {latest}",
             )
-        return 0.2 if patched < len(plan.upgrades) else None
+        await self._report_failures(ss, plan.upgrades)
+        retry = self.failures.next_retry(f"{u.namespace}/{u.name}" for u in plan.upgrades)
+        return None if retry is None else retry + 0.05
+
+    async def _writable(self) -> bool:
+        if self.may_write is None or await self.may_write():
+            return True
+        log.warning("not writing: this replica no longer holds the Lease")
+        return False
+
+    async def _report_failures(self, ss: SidecarSet, upgrades: Iterable[planner.PodUpgrade]) -> None:
+        for upgrade in upgrades:
+            key = f"{upgrade.namespace}/{upgrade.name}"
+            failure = self.failures.to_report(key)
+            if failure is None:
+                continue
+            await self.recorder.event(
+                ss.obj,
+                type="Warning",
+                reason="UpgradeFailed",
+                message=(
+                    f"pod {key}: the in-place upgrade was refused {failure.count} times ({failure.reason}); "
+                    "it is retried with backoff while the rollout goes on with other pods"
+                ),
+            )
 
     async def _write_status(self, ss: SidecarSet, new_status: JsonObj) -> None:
         name = ss.name
@@ -214,16 +253,21 @@ class Controller:
             result = await self.client.patch(path, upgrade.patch, patch_type="json")
         except api.NotFound:
             metrics.INPLACE_UPGRADES.labels("gone").inc()
+            self.failures.forget(key)
             return False
         except (api.Conflict, api.Invalid) as e:
-            # A failed resourceVersion test: the cache was behind. The watch catches up, we retry.
+            # Usually a failed resourceVersion test (the cache was behind, the watch catches up);
+            # an admission policy refusing the patch looks the same, so it backs off like any failure.
             metrics.INPLACE_UPGRADES.labels("conflict").inc()
-            log.info("pod %s changed under us (%s); retrying after the cache catches up", key, e.reason)
+            failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
+            log.info("pod %s: patch refused (%s), attempt %d; backing off", key, e.reason, failure.count)
             return False
         except api.ApiError as e:
             metrics.INPLACE_UPGRADES.labels("error").inc()
-            log.warning("upgrading pod %s failed: %s", key, e)
+            failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
+            log.warning("upgrading pod %s failed (attempt %d): %s", key, failure.count, e)
             return False
+        self.failures.succeeded(key)
         written = _rv(str((result.get("metadata") or {}).get("resourceVersion") or "0"))
         cached = self.pods.get(key)
         # The watch may have delivered our write before the response arrived: expect only what is missing.

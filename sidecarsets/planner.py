@@ -13,7 +13,7 @@ fail instead of writing the wrong container.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -181,11 +181,13 @@ def plan_upgrade(
     revision: str,
     now: str,
     verdicts: podstate.Verdicts | None = None,
+    held_back: Collection[tuple[str, str]] = (),
 ) -> Plan:
     """The next step of the rollout over `matched` (pods with distinct namespace/name).
 
     `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
-    status was just computed from the same pods.
+    status was just computed from the same pods. Pods in `held_back` (namespace, name) are not
+    planned this time (their patch keeps failing and they wait out a backoff); the others go on.
     """
     name, strategy, total = ss.name, ss.update_strategy, len(matched)
     m = _max_unavailable(strategy.max_unavailable, total)
@@ -207,6 +209,8 @@ def plan_upgrade(
     if stopped is not None:
         return stop(*stopped)
     candidates, stuck, waiting = _candidates(ss, matched, verdicts)
+    if held_back:
+        candidates = [p for p in candidates if p.key not in held_back]
     if done:
         return stop(Stage.DONE, "done", stuck)
     unsupported = _unsupported(ss)

@@ -19,6 +19,7 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.controller import RESYNC_SECONDS, SS_PATH, Controller
+from sidecarsets.podfailures import PodFailures
 from sidecarsets.projection import project
 from tests.kube.builders import injected_pod as pod
 from tests.kube.builders import kubelet_sync, with_images
@@ -129,7 +130,8 @@ def test_a_pod_changed_behind_the_cache_fails_its_resource_version_test_and_is_r
     stale["metadata"]["labels"]["touched"] = "yes"
     rig.api._store(pod_path("p0"), stale)
     before = upgrades("conflict")
-    assert rig.reconcile() == 0.2
+    retry = rig.reconcile()
+    assert retry is not None and 0.4 < retry < 0.7, "the pod backs off on its own, starting near half a second"
     assert upgrades("conflict") == before + 1
     assert envoy_image(rig.pod("p0")) == "envoy:v1", "nothing landed"
     assert rig.controller.expected == {}
@@ -139,7 +141,7 @@ def test_a_pod_gone_before_its_patch_is_counted_and_retried() -> None:
     rig = Rig(V2, pods=1)
     rig.api.fail("patch", r"/pods/p0$", api.NotFound(404, "NotFound", "pods p0 not found"))
     before = upgrades("gone")
-    assert rig.reconcile() == 0.2
+    assert rig.reconcile() is None, "the watch brings the deletion; nothing to retry"
     assert upgrades("gone") == before + 1
     assert rig.controller.expected == {}
 
@@ -204,3 +206,37 @@ def test_a_revision_is_recorded_and_named_in_status_and_on_the_pod() -> None:
     assert rig.api.objects[f"{SS_PATH}/mesh"]["status"]["latestRevision"] == latest
     entry: dict[str, Any] = orjson.loads(rig.pod("p0")["metadata"]["annotations"][names.ANN_HASH])["mesh"]
     assert entry["controllerRevision"] == latest
+
+
+def test_a_pod_whose_patch_is_always_refused_backs_off_is_named_once_and_does_not_stall_the_rest() -> None:
+    clock = [0.0]
+    rig = Rig(V2, pods=3)
+    rig.controller.failures = PodFailures(clock=lambda: clock[0])
+    rig.api.fail("patch", r"/pods/p0$", api.ApiError(403, "Forbidden", "denied by policy"), times=None)
+    attempts = 0
+    for _ in range(40):  # 40 s of reconciles, one a second
+        rig.reconcile()
+        attempts = rig.api.calls.count(("patch", pod_path("p0")))
+        for name in ("p1", "p2"):
+            rig.kubelet(name)
+        clock[0] += 1.0
+    assert attempts <= 8, f"{attempts} attempts in 40 s: the refused pod must back off"
+    assert envoy_image(rig.pod("p1")) == "envoy:v2" and envoy_image(rig.pod("p2")) == "envoy:v2"
+    events = [o for p, o in rig.api.objects.items() if "/events/" in p and o["reason"] == "UpgradeFailed"]
+    assert len(events) == 1 and "p0" in events[0]["message"] and "denied by policy" in events[0]["message"]
+
+
+def test_no_write_once_the_lease_is_held_by_another_replica() -> None:
+    rig = Rig(V2, pods=2)
+    leading = [True]
+
+    async def may_write() -> bool:
+        return leading[0]
+
+    rig.controller.may_write = may_write
+    leading[0] = False
+    assert rig.reconcile() is None
+    assert rig.patched_pods() == [] and rig.status_writes() == []
+    leading[0] = True
+    rig.reconcile()
+    assert rig.patched_pods() == ["p0"]
