@@ -3,13 +3,14 @@
 Bundle policy (`desired_bundle`), after cert-manager's CA-injector merging:
 - the local CAs from `ca.crt` always go in first, in file order (a self-signed non-CA certificate
   that an operator uses as its own trust anchor counts as local too);
-- a certificate already in the bundle stays while it is a CA and has not expired, even when this
-  replica no longer has it locally: another replica, or this one a second ago, may still be serving a
-  leaf from it (kubelet Secret propagation takes up to minutes), and dropping it early is exactly the
-  "unknown authority right after renewal" failure. So the overlap window during a CA rotation is "until
-  the old CA expires"; no separate retain window is needed. The price is that a stale CA lingers until
-  expiry; to drop one early, remove it from `caBundle` by hand (or empty the field): a CA that no
-  replica holds locally is not added back;
+- by default the bundle is exactly the local CAs: a CA removed from `ca.crt` is withdrawn from
+  caBundle at the next sync. This is safe across a CA rotation because `ca.crt` itself carries the
+  old CA beside the new one until the old one expires (the self-signed issuer keeps it there, as
+  cert-manager's CA bundles do), and a `source` read before every write (the Secret itself) keeps a
+  replica whose files are behind from writing a withdrawn CA back;
+- with `keep_existing` (for clusters that inject further CAs by other means) a certificate already in
+  the bundle stays while it is a CA and has not expired, even when no replica holds it locally (the
+  merge of cert-manager's cainjector); such a CA then lingers until it expires;
 - expired certificates, non-CA certificates, duplicates and unreadable blocks are dropped;
 - kept CAs follow the local ones ordered by notAfter (then fingerprint), so the result is deterministic.
 
@@ -37,7 +38,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -190,6 +191,7 @@ class CABundleSyncer:
         clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        source: Callable[[], Awaitable[bytes | None]] | None = None,
     ) -> None:
         if resync_interval <= 0:
             raise ValueError(f"resync_interval: must be > 0, got {resync_interval}")
@@ -206,6 +208,9 @@ class CABundleSyncer:
         self.resync_interval = resync_interval
         self.owner_marker = owner_marker
         self.keep_existing = keep_existing
+        # Read right before a write: the authoritative CA bundle (the self-signed Secret's ca.crt), so a
+        # replica whose files are a moment behind never writes back a CA that was withdrawn.
+        self._source = source
         self.fast_retry_delay = fast_retry_delay
         self._clock = clock
         self._mono = monotonic
@@ -335,6 +340,11 @@ class CABundleSyncer:
             self._once(ref, "invalid", "caBundle sync: %s .webhooks is not a list; skipped", ref.path)
             return SyncResult.INVALID
         ops = self._ops(ref, webhooks, now)
+        if ops and self._source is not None:
+            latest = await self._source()
+            if latest is not None and latest != self._local:
+                self._local = latest  # our files are behind the Secret: publish what it says
+                ops = self._ops(ref, webhooks, now)
         if not ops:
             self._clear_logged(ref)
             return SyncResult.IN_SYNC

@@ -31,10 +31,10 @@ CABUNDLE_CONFLICTS = Counter(
 SERVING_CERT_EXPIRY = Gauge(
     "sidecarctl_serving_cert_expiry_timestamp_seconds",
     "notAfter of the serving certificate currently in use, as a Unix timestamp.",
-    multiprocess_mode="livemin",
+    multiprocess_mode="livemax",
 )
 CA_CERT_EXPIRY = Gauge(
     "sidecarctl_ca_cert_expiry_timestamp_seconds",
     "notAfter of the CA the serving certificate chains to, as a Unix timestamp.",
-    multiprocess_mode="livemin",
+    multiprocess_mode="livemax",
 )

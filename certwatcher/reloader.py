@@ -56,6 +56,7 @@ class CertReloader:
         clock: Callable[[], datetime] = utc_now,
         on_reload: Callable[[ServingPair], None] | None = None,
         alpn: tuple[str, ...] = ALPN_PROTOCOLS,
+        serving: bool = True,
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval: must be > 0, got {poll_interval}")
@@ -67,6 +68,8 @@ class CertReloader:
         self._clock = clock
         self._on_reload = on_reload
         self._alpn = alpn
+        # False: the pair is only read (for its CA), not served; the serving metrics are not touched.
+        self._serving = serving
         self._switch = CertSwitch(alpn)
         self._pair: ServingPair | None = None
         self._served_digest: str | None = None
@@ -179,7 +182,8 @@ class CertReloader:
             return
         self._last_failure = key
         self.errors[reason] = self.errors.get(reason, 0) + 1
-        metrics.CERT_RELOAD_ERRORS.labels(reason=reason).inc()
+        if self._serving:
+            metrics.CERT_RELOAD_ERRORS.labels(reason=reason).inc()
         if self._pair is None:
             log.warning("serving certificate not loaded yet (%s): %s", reason, message)
         else:
@@ -199,16 +203,17 @@ class CertReloader:
         self._last_error = None
         self.reloads += 1
         self._ready.set()
-        metrics.CERT_RELOADS.inc()
-        metrics.SERVING_CERT_EXPIRY.set(pair.not_after.timestamp())
-        metrics.CA_CERT_EXPIRY.set(pem.not_after(pair.anchor).timestamp())
-        log.info(
-            "serving certificate %s (issuer %s, notAfter %s)%s",
-            pem.describe(pair.leaf),
-            pem.describe(pair.anchor),
-            pair.not_after.isoformat(),
-            "" if previous is None else f", replacing {pem.describe(previous.leaf)}",
-        )
+        if self._serving:
+            metrics.CERT_RELOADS.inc()
+            metrics.SERVING_CERT_EXPIRY.set(pair.not_after.timestamp())
+            metrics.CA_CERT_EXPIRY.set(pem.not_after(pair.anchor).timestamp())
+            log.info(
+                "serving certificate %s (issuer %s, notAfter %s)%s",
+                pem.describe(pair.leaf),
+                pem.describe(pair.anchor),
+                pair.not_after.isoformat(),
+                "" if previous is None else f", replacing {pem.describe(previous.leaf)}",
+            )
         if self._on_reload is not None:
             try:
                 self._on_reload(pair)

@@ -316,6 +316,18 @@ class SelfSignedIssuer:
         self.secret_writes = 0
         self._wake_at: datetime | None = None
 
+    async def secret_ca(self) -> bytes | None:
+        """`ca.crt` as the Secret holds it now (None when it cannot be read): the caBundle's source of truth."""
+        try:
+            secret = await self._api.get(self.config.secret_path)
+        except (kube.ApiError, OSError):
+            return None
+        data = (secret.get("data") or {}).get(CA_FILE)
+        try:
+            return base64.b64decode(data) if isinstance(data, str) else None
+        except (binascii.Error, ValueError):
+            return None
+
     async def reconcile(self) -> Material:
         """Bring the Secret to a valid state (creating, renewing or adopting) and write the cert dir."""
         path = self.config.secret_path

@@ -45,6 +45,15 @@ def _identity(obj: JsonObj) -> JsonObj:
     return obj
 
 
+def _merges(opts: ManagerOptions) -> bool:
+    """Whether caBundle keeps valid CAs our ca.crt lacks (sidecarctl.options: --ca-bundle-policy)."""
+    policy = opts.ca_bundle.ca_bundle_policy
+    if policy not in ("auto", "exact", "merge"):
+        raise ValueError(f"--ca-bundle-policy {policy!r}: use exact, merge or auto")
+    # Our issuer keeps a rotated-out CA in ca.crt until it expires, so exact is safe with it.
+    return policy == "merge" or (policy == "auto" and not opts.tls.self_signed)
+
+
 @dataclass
 class Term:
     """One leadership term: its controller and the watches that feed it, discarded at its end."""
@@ -86,6 +95,8 @@ class ControlRole:
                     WebhookConfigRef("validating", opts.ca_bundle.validating_config),
                 ),
                 resync_interval=opts.ca_bundle.ca_bundle_resync,
+                keep_existing=_merges(opts),
+                source=None if self.issuer is None else self.issuer.secret_ca,
             )
         syncer = self.syncer
 
@@ -96,9 +107,10 @@ class ControlRole:
             if syncer is not None:
                 syncer.set_local_ca(pair.ca_pem)
 
-        # Only to learn the CA that caBundle must hold; the webhook role serves the certificate.
+        # Only to learn the CA that caBundle must hold; the webhook role serves (and counts) certificates.
         self.reloader = CertReloader(
             cert_dir,
+            serving=False,
             poll_interval=opts.tls.cert_poll_interval,
             event_interval=opts.tls.cert_event_interval or None,
             on_reload=on_reload,
@@ -113,7 +125,7 @@ class ControlRole:
 
     def readiness(self) -> tuple[bool, str]:
         if not self.cert_ready.is_set():
-            return False, "no serving certificate issued yet"
+            return False, "no valid serving certificate yet"
         return True, "ok"
 
     def _new_term(self) -> Term:

@@ -72,6 +72,12 @@ class TLSOptions:
 class CABundleOptions:
     sync_ca_bundle: bool = opt(True, "keep caBundle in sync (turn off when cert-manager's cainjector does it)")
     ca_bundle_resync: float = opt(30.0, "seconds between caBundle checks (repairs foreign writes)")
+    ca_bundle_policy: str = opt(
+        "auto",
+        "exact: caBundle holds exactly our ca.crt (a CA removed from it is withdrawn); merge: valid CAs already "
+        "in caBundle stay until they expire (for issuers whose ca.crt drops the old CA on rotation); "
+        "auto: exact with --self-signed, merge with --cert-dir",
+    )
     mutating_config: str = opt(names.MUTATING_WEBHOOK_CONFIG, "MutatingWebhookConfiguration whose caBundle is kept")
     validating_config: str = opt(
         names.VALIDATING_WEBHOOK_CONFIG, "ValidatingWebhookConfiguration whose caBundle is kept"

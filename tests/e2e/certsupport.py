@@ -351,6 +351,7 @@ class Rig:
             f"--validating-config={self.vwc}",
             f"--ca-bundle-resync={RESYNC:g}",
             "--log-format=text",
+            "--webhook-workers=1",  # one serving process: reload counts are per swap
             *extra,
         )
 

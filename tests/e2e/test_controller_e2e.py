@@ -148,7 +148,11 @@ def test_history_is_truncated_to_the_limit_and_rollback_reuses_a_revision(
     eventually(lambda: len(revisions()) == 3, what="history truncated to 3")
     kept = revisions()
     assert [r["data"]["spec"]["containers"][0]["image"] for r in kept] == ["proxy:4", "proxy:5", "proxy:6"]
-    assert kube.get(f"{SS_PATH}/{name}")["status"]["latestRevision"] == kept[-1]["metadata"]["name"]
+    # The status is written after the revision, in the same reconcile (or its retry after a conflict).
+    eventually(
+        lambda: kube.get(f"{SS_PATH}/{name}").get("status", {}).get("latestRevision") == kept[-1]["metadata"]["name"],
+        what="status names the newest revision",
+    )
     assert first["metadata"]["name"] not in {r["metadata"]["name"] for r in kept}
     # Rolling back to proxy:5 reuses its revision object and makes it the newest.
     reused = kept[1]["metadata"]["name"]

@@ -151,6 +151,9 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_cabundle_conflicts_total": {"configuration"},
         "sidecarctl_cert_reload_errors_total": {"reason"},
         "sidecarctl_leader": {"lease"},
+        "sidecarctl_webhook_connections_closed_total": {"reason"},
+        "sidecarctl_webhook_requests_refused_total": {"reason"},
+        "sidecarctl_namespace_lookups_total": {"result"},
     }
     s = scrape(manager)
     seen = 0
