@@ -74,8 +74,30 @@ rules:
 class ControlPlane:
     """etcd, kube-apiserver and (when built) kube-controller-manager, started and stopped together."""
 
-    def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, controller_manager: bool = True):
+    def __init__(
+        self,
+        *,
+        bin_dir: Path | None = None,
+        workdir: Path | None = None,
+        controller_manager: bool = True,
+        bind_address: str = "127.0.0.1",
+        aggregator_routing: bool = False,
+        node_lifecycle: bool = False,
+    ):
+        """The defaults serve the tiers without nodes. A real node (tests/kube/node.py) needs more:
+
+        - `bind_address`: the address kube-apiserver serves on, advertises and names in its serving
+          certificate; pods reach a node's bridge IP, never the host's loopback.
+        - `aggregator_routing`: the API server dials a Service-backed webhook at the endpoint
+          (pod) IPs of the Service, so webhooks work without kube-proxy.
+        - `node_lifecycle`: the controller-manager runs the node lifecycle controllers, which a
+          real kubelet's heartbeats keep happy; without them a new node keeps its `not-ready`
+          taint and the scheduler never places a pod on it.
+        """
         self.bin_dir = bin_dir or binaries_dir()
+        self.bind_address = bind_address
+        self.aggregator_routing = aggregator_routing
+        self.node_lifecycle = node_lifecycle
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sidecarctl-cp-"))
         self.want_kcm = controller_manager and (self.bin_dir / "kube-controller-manager").exists()
@@ -93,7 +115,11 @@ class ControlPlane:
         serving_ca = make_ca("sidecarctl-test-serving-ca", lifetime=week)
         client_ca = make_ca("sidecarctl-test-client-ca", lifetime=week)
         serving = make_leaf(
-            serving_ca, dns=("localhost", "kubernetes"), ips=("127.0.0.1",), lifetime=week, cn="kube-apiserver"
+            serving_ca,
+            dns=("localhost", "kubernetes"),
+            ips=tuple(dict.fromkeys(("127.0.0.1", self.bind_address))),
+            lifetime=week,
+            cn="kube-apiserver",
         )
         admin = make_leaf(
             client_ca, dns=(), ips=(), lifetime=week, cn="admin", client=True, organizations=("system:masters",)
@@ -173,6 +199,10 @@ class ControlPlane:
         ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         return ctx
 
+    def get(self, path: str) -> tuple[int, bytes]:
+        """GET `path` as the admin user: (status, body), also for 4xx/5xx answers."""
+        return self._get(path)
+
     def _get(self, path: str) -> tuple[int, bytes]:
         try:
             with urllib.request.urlopen(self.url + path, context=self._admin_ssl(), timeout=5) as r:
@@ -220,7 +250,7 @@ class ControlPlane:
         self._wait("etcd", etcd_ok, 30)
 
         self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{self.bind_address}:{self.port}"
         self._spawn(
             "kube-apiserver",
             [
@@ -228,8 +258,9 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 f"--etcd-prefix=/registry-{etcd_port}",
                 f"--secure-port={self.port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
+                *(["--enable-aggregator-routing=true"] if self.aggregator_routing else []),
                 # The default endpoint reconciler refuses loopback addresses.
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={pki}",
@@ -267,8 +298,7 @@ class ControlPlane:
                     f"--service-account-private-key-file={pki / 'sa.key'}",
                     f"--root-ca-file={pki / 'serving-ca.crt'}",
                     "--use-service-account-credentials=false",
-                    # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
-                    "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller",
+                    *self._kcm_controllers(),
                     "--concurrent-gc-syncs=5",
                     "--v=0",
                 ],
@@ -278,6 +308,13 @@ class ControlPlane:
                 return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
 
             self._wait("kube-controller-manager", sa_ready, 60)
+
+    def _kcm_controllers(self) -> list[str]:
+        if self.node_lifecycle:
+            # Real kubelets post heartbeats; a short monitor period lifts a new node's taint quickly.
+            return ["--controllers=*,-node-ipam-controller", "--node-monitor-period=1s"]
+        # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
+        return ["--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller"]
 
     @staticmethod
     def _stop_one(proc: subprocess.Popen[bytes]) -> None:
