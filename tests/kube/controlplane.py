@@ -83,6 +83,7 @@ class ControlPlane:
         bind_address: str = "127.0.0.1",
         aggregator_routing: bool = False,
         node_lifecycle: bool = False,
+        term_timeout: float = 10.0,
     ):
         """The defaults serve the tiers without nodes. A real node (tests/kube/node.py) needs more:
 
@@ -93,11 +94,14 @@ class ControlPlane:
         - `node_lifecycle`: the controller-manager runs the node lifecycle controllers, which a
           real kubelet's heartbeats keep happy; without them a new node keeps its `not-ready`
           taint and the scheduler never places a pod on it.
+        - `term_timeout`: how long each process may take after SIGTERM before SIGKILL. After serving a
+          real kubelet, kube-apiserver 1.37 takes the whole 10 s to exit; nothing of it is kept.
         """
         self.bin_dir = bin_dir or binaries_dir()
         self.bind_address = bind_address
         self.aggregator_routing = aggregator_routing
         self.node_lifecycle = node_lifecycle
+        self.term_timeout = term_timeout
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sidecarctl-cp-"))
         self.want_kcm = controller_manager and (self.bin_dir / "kube-controller-manager").exists()
@@ -316,12 +320,11 @@ class ControlPlane:
         # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
         return ["--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller"]
 
-    @staticmethod
-    def _stop_one(proc: subprocess.Popen[bytes]) -> None:
+    def _stop_one(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
+                proc.wait(timeout=self.term_timeout)
             except ProcessLookupError:
                 pass
             except subprocess.TimeoutExpired:
