@@ -101,6 +101,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def lock_path() -> Path:
+    """Held by a node's process and its reaper until the node is gone: one node per machine."""
+    return images.cache_root() / "node.lock"
+
+
 def node_binaries() -> Path:
     """kubelet, kube-scheduler and helm (built beside the control plane by build-control-plane.sh --node)."""
     proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--node"], capture_output=True, text=True, check=False)
@@ -186,7 +191,7 @@ class RealNode:
         self._reaper.stdin.flush()
 
     def _lock(self, timeout: float) -> None:
-        path = images.cache_root() / "node.lock"
+        path = lock_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + timeout
@@ -534,8 +539,8 @@ def node_cluster(*, log_dir: Path | None = None) -> Iterator[tuple[ControlPlane,
         node.stop()
 
 
-if __name__ == "__main__":  # manual use: python -m tests.kube.node
-    with node_cluster(log_dir=Path(os.environ["NODE_LOG_DIR"]) if "NODE_LOG_DIR" in os.environ else None) as (plane, n):
+if __name__ == "__main__":  # manual use: python -m tests.kube.node [LOG_DIR]; stop with Ctrl-C
+    with node_cluster(log_dir=Path(sys.argv[1]) if len(sys.argv) > 1 else None) as (plane, n):
         print(f"export KUBECONFIG={plane.kubeconfig}  # node {n.name}, timings {n.timings}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
