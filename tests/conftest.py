@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kuberuntime import kubeapi
+from tests.kube import node
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.fakekubelet import FakeKubelet
@@ -31,6 +32,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if "/tests/node/" in str(item.path):
             item.add_marker(pytest.mark.node)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The one line saying whether the real-node tier (tests/node) can run on this machine."""
+    reason = node.unavailable_reason()
+    if reason is None:
+        return "real-node tier: this machine can run a node"
+    return f"real-node tier: {'fails under CI=true' if IN_CI else 'skipped'}: {reason}"
 
 
 @pytest.hookimpl(wrapper=True)
