@@ -155,14 +155,19 @@ def test_api_server_calls_the_webhooks_through_the_service(cluster: Cluster, ins
     }
     api.create(SS_PATH, sidecarset)
     # Only the webhook can know about other SidecarSets: a second one injecting a container of the
-    # same name into the same pods must be refused by /validate-sidecarset.
+    # same name into the same pods must be refused by /validate-sidecarset, once the manager's store
+    # has the first one (a dry run calls the webhook and creates nothing).
     rival = {**sidecarset, "metadata": {"name": f"{name}-rival"}}
-    try:
-        api.create(SS_PATH, rival)
-        api.delete(f"{SS_PATH}/{name}-rival")
-        raise AssertionError("a conflicting SidecarSet was admitted: /validate-sidecarset was not called")
-    except ApiError as e:
-        assert e.status in (400, 403, 422) and "validate.sidecarctl.io" in str(e), e
+
+    def rival_refused() -> bool:
+        try:
+            api.request("POST", f"{SS_PATH}?dryRun=All", rival)
+        except ApiError as e:
+            assert e.status in (400, 403, 422), e
+            return "validate.sidecarctl.io" in str(e)
+        return False
+
+    wait_for(rival_refused, timeout=30, interval=0.2, what="conflicting SidecarSet refused by the webhook")
     try:
         api.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
 
