@@ -169,12 +169,12 @@ class RealNode:
         self.name = name or f"node-{secrets.token_hex(3)}"
         self.token = secrets.token_hex(4)
         self.bin_dir = bin_dir
-        self.workdir = Path(tempfile.mkdtemp(prefix="sidecarctl-node-"))
-        self.log_dir = log_dir or self.workdir / "logs"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_dir = log_dir
+        self.workdir = Path("/nonexistent")  # made by prepare(), once the reaper can remove it
+        self.log_dir = log_dir or self.workdir
         self.bridge = f"scn{self.token[:8]}"
         self.cgroup_root = f"/sidecarctl-node-{self.token}"
-        self.socket = self.workdir / "containerd" / "containerd.sock"
+        self.socket = self.workdir
         self.subnet: ipaddress.IPv4Network | None = None
         self.gateway = ""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -215,6 +215,10 @@ class RealNode:
             self.bin_dir = node_binaries()
         self._lock(lock_timeout)
         assert self._lock_fd is not None
+        self.workdir = Path(tempfile.mkdtemp(prefix="sidecarctl-node-"))
+        self.log_dir = self._log_dir or self.workdir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.socket = self.workdir / "containerd" / "containerd.sock"
         with (self.log_dir / "reaper.log").open("ab") as rlog:
             self._reaper = subprocess.Popen(
                 [sys.executable, str(REAPER), str(self.log_dir / "reaper.log")],
@@ -510,6 +514,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 reaper.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise NodeError(f"node clean-up not done after {timeout}s:\n{self.log_tail('reaper')}") from None
+            finally:
+                if reaper.stdout is not None:
+                    reaper.stdout.close()
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
@@ -523,9 +530,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 @contextlib.contextmanager
 def node_cluster(*, log_dir: Path | None = None) -> Iterator[tuple[ControlPlane, RealNode]]:
     """A control plane that pods can reach, and one real node registered with it."""
-    node = RealNode(log_dir=log_dir).prepare()
+    node = RealNode(log_dir=log_dir)
     cp: ControlPlane | None = None
     try:
+        node.prepare()
         cp = ControlPlane(bind_address=node.gateway, aggregator_routing=True, node_lifecycle=True, term_timeout=1.0)
         node.remove_with_node(cp.workdir)
         started = time.monotonic()
