@@ -1,7 +1,7 @@
 """Session fixtures: the background loop, the real control plane, API clients, the fake kubelet.
 
-Everything under tests/e2e/ is marked `e2e`. Under CI=true an e2e test that skips is reported
-as a failure: the end-to-end tier must really run there.
+Everything under tests/e2e/ is marked `e2e`, everything under tests/node/ `node`. Under CI=true
+a test of either tier that skips is reported as a failure: those tiers must really run there.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kuberuntime import kubeapi, kubeconfig
+from tests.kube import node
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.fakekubelet import FakeKubelet
@@ -29,6 +30,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/tests/e2e/" in str(item.path):
             item.add_marker(pytest.mark.e2e)
+        if "/tests/node/" in str(item.path):
+            item.add_marker(pytest.mark.node)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The one line saying whether the real-node tier (tests/node) can run on this machine."""
+    reason = node.unavailable_reason()
+    if reason is None:
+        return "real-node tier: this machine can run a node"
+    return f"real-node tier: {'fails under CI=true' if IN_CI else 'skipped'}: {reason}"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -36,9 +47,10 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report: pytest.TestReport = yield
-    if IN_CI and report.skipped and item.get_closest_marker("e2e") is not None:
+    tier = next((m for m in ("e2e", "node") if item.get_closest_marker(m) is not None), None)
+    if IN_CI and report.skipped and tier is not None:
         report.outcome = "failed"
-        report.longrepr = f"e2e test skipped under CI=true (not allowed): {report.longrepr}"
+        report.longrepr = f"{tier} test skipped under CI=true (not allowed): {report.longrepr}"
     return report
 
 

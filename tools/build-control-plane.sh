@@ -3,6 +3,11 @@
 # the demo and the manifest tests) from the
 # Go module proxy into a per-machine cache, once. Prints the directory holding the binaries.
 #
+# With --node it also builds what the real-node tier needs into the same directory: kubelet and
+# kube-scheduler (same wrapper module, so the same Kubernetes dependency versions) and helm (its
+# own wrapper, tools/helmbin, so minimal version selection cannot move Kubernetes' dependencies).
+# KUBEBUILDER_ASSETS then still provides the control plane, but the node binaries come from here.
+#
 # Why from modules: prebuilt release downloads are not reachable from every build machine,
 # while the Go module proxy is. The wrappers in tools/k8sbin and tools/etcdbin pin versions
 # (their go.mod/go.sum); nothing from Kubernetes or etcd is kept in this repository.
@@ -13,9 +18,15 @@ set -euo pipefail
 
 K8S_VERSION=1.37.2
 ETCD_VERSION=3.6.16
+HELM_VERSION=4.3.2
 here=$(cd "$(dirname "$0")" && pwd)
 
-if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+node=false
+if [[ "${1:-}" == "--node" ]]; then
+  node=true
+fi
+
+if [[ -n "${KUBEBUILDER_ASSETS:-}" && $node == false ]]; then
   for b in etcd kube-apiserver; do
     if [[ ! -x "$KUBEBUILDER_ASSETS/$b" ]]; then
       echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no executable $b" >&2
@@ -28,8 +39,12 @@ fi
 
 cache_root=${SIDECARCTL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl}
 out="$cache_root/k8s/v$K8S_VERSION-etcd$ETCD_VERSION"
+wanted=(etcd kube-apiserver kube-controller-manager kubectl)
+if [[ $node == true ]]; then
+  wanted+=(kubelet kube-scheduler "helm-v$HELM_VERSION")
+fi
 complete() {
-  for b in etcd kube-apiserver kube-controller-manager kubectl; do
+  for b in "${wanted[@]}"; do
     [[ -x "$out/$b" ]] || return 1
   done
 }
@@ -75,7 +90,11 @@ if [[ ! -x "$out/etcd" ]]; then
   mv "$out/etcd.tmp" "$out/etcd"
 fi
 
-for cmd in kube-apiserver kube-controller-manager kubectl; do
+k8s_cmds=(kube-apiserver kube-controller-manager kubectl)
+if [[ $node == true ]]; then
+  k8s_cmds+=(kubelet kube-scheduler)
+fi
+for cmd in "${k8s_cmds[@]}"; do
   [[ -x "$out/$cmd" ]] && continue
   echo "building $cmd v$K8S_VERSION into $out" >&2
   (cd "$here/k8sbin" && go build -trimpath -tags selinux,notest,grpcnotrace \
@@ -83,5 +102,17 @@ for cmd in kube-apiserver kube-controller-manager kubectl; do
   mv "$out/$cmd.tmp" "$out/$cmd"
 done
 
-echo "control plane built in $(( $(date +%s) - start ))s: $(du -sh "$out" | cut -f1)" >&2
+if [[ $node == true && ! -x "$out/helm-v$HELM_VERSION" ]]; then
+  echo "building helm v$HELM_VERSION into $out" >&2
+  hv=helm.sh/helm/v${HELM_VERSION%%.*}/internal/version
+  (cd "$here/helmbin" && go build -trimpath \
+    -ldflags "-s -w -X $hv.version=v$HELM_VERSION -X $hv.metadata= -X $hv.gitTreeState=clean" \
+    -o "$out/helm.tmp" "helm.sh/helm/v${HELM_VERSION%%.*}/cmd/helm")
+  mv "$out/helm.tmp" "$out/helm-v$HELM_VERSION"
+fi
+if [[ $node == true ]]; then
+  ln -sfn "helm-v$HELM_VERSION" "$out/helm"
+fi
+
+echo "binaries built in $(( $(date +%s) - start ))s: $(du -sh "$out" | cut -f1)" >&2
 echo "$out"

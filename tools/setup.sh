@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the tests and the demo need, once: the venv with pinned Python deps, and the test
-# control plane binaries (built from Go modules into ~/.cache/sidecarctl, or $KUBEBUILDER_ASSETS).
+# Installs what the tests and the demo need, once: the venv with pinned Python deps, the test
+# control plane binaries (built from Go modules into ~/.cache/sidecarctl, or $KUBEBUILDER_ASSETS),
+# and as root what the real-node tier needs (tools/setup-node.sh: Debian packages, kubelet, images).
 # Sourced by tools/test.sh and tools/demo.sh; safe to run again (it does nothing when up to date).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,3 +18,7 @@ if [[ ! -e "$stamp" ]]; then
   touch "$stamp"
 fi
 bash tools/build-control-plane.sh >/dev/null
+# The real-node tier (tests/node) needs root; without it that tier says so in one line.
+if [[ $(id -u) -eq 0 ]]; then
+  bash tools/setup-node.sh
+fi

@@ -74,8 +74,34 @@ rules:
 class ControlPlane:
     """etcd, kube-apiserver and (when built) kube-controller-manager, started and stopped together."""
 
-    def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, controller_manager: bool = True):
+    def __init__(
+        self,
+        *,
+        bin_dir: Path | None = None,
+        workdir: Path | None = None,
+        controller_manager: bool = True,
+        bind_address: str = "127.0.0.1",
+        aggregator_routing: bool = False,
+        node_lifecycle: bool = False,
+        term_timeout: float = 10.0,
+    ):
+        """The defaults serve the tiers without nodes. A real node (tests/kube/node.py) needs more:
+
+        - `bind_address`: the address kube-apiserver serves on, advertises and names in its serving
+          certificate; pods reach a node's bridge IP, never the host's loopback.
+        - `aggregator_routing`: the API server dials a Service-backed webhook at the endpoint
+          (pod) IPs of the Service, so webhooks work without kube-proxy.
+        - `node_lifecycle`: the controller-manager runs the node lifecycle controllers, which a
+          real kubelet's heartbeats keep happy; without them a new node keeps its `not-ready`
+          taint and the scheduler never places a pod on it.
+        - `term_timeout`: how long each process may take after SIGTERM before SIGKILL. After serving a
+          real kubelet, kube-apiserver 1.37 takes the whole 10 s to exit; nothing of it is kept.
+        """
         self.bin_dir = bin_dir or binaries_dir()
+        self.bind_address = bind_address
+        self.aggregator_routing = aggregator_routing
+        self.node_lifecycle = node_lifecycle
+        self.term_timeout = term_timeout
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sidecarctl-cp-"))
         self.want_kcm = controller_manager and (self.bin_dir / "kube-controller-manager").exists()
@@ -93,7 +119,11 @@ class ControlPlane:
         serving_ca = make_ca("sidecarctl-test-serving-ca", lifetime=week)
         client_ca = make_ca("sidecarctl-test-client-ca", lifetime=week)
         serving = make_leaf(
-            serving_ca, dns=("localhost", "kubernetes"), ips=("127.0.0.1",), lifetime=week, cn="kube-apiserver"
+            serving_ca,
+            dns=("localhost", "kubernetes"),
+            ips=tuple(dict.fromkeys(("127.0.0.1", self.bind_address))),
+            lifetime=week,
+            cn="kube-apiserver",
         )
         admin = make_leaf(
             client_ca, dns=(), ips=(), lifetime=week, cn="admin", client=True, organizations=("system:masters",)
@@ -173,6 +203,10 @@ class ControlPlane:
         ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         return ctx
 
+    def get(self, path: str) -> tuple[int, bytes]:
+        """GET `path` as the admin user: (status, body), also for 4xx/5xx answers."""
+        return self._get(path)
+
     def _get(self, path: str) -> tuple[int, bytes]:
         try:
             with urllib.request.urlopen(self.url + path, context=self._admin_ssl(), timeout=5) as r:
@@ -220,7 +254,7 @@ class ControlPlane:
         self._wait("etcd", etcd_ok, 30)
 
         self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{self.bind_address}:{self.port}"
         self._spawn(
             "kube-apiserver",
             [
@@ -228,8 +262,9 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 f"--etcd-prefix=/registry-{etcd_port}",
                 f"--secure-port={self.port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
+                *(["--enable-aggregator-routing=true"] if self.aggregator_routing else []),
                 # The default endpoint reconciler refuses loopback addresses.
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={pki}",
@@ -267,8 +302,7 @@ class ControlPlane:
                     f"--service-account-private-key-file={pki / 'sa.key'}",
                     f"--root-ca-file={pki / 'serving-ca.crt'}",
                     "--use-service-account-credentials=false",
-                    # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
-                    "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller",
+                    *self._kcm_controllers(),
                     "--concurrent-gc-syncs=5",
                     "--v=0",
                 ],
@@ -279,12 +313,18 @@ class ControlPlane:
 
             self._wait("kube-controller-manager", sa_ready, 60)
 
-    @staticmethod
-    def _stop_one(proc: subprocess.Popen[bytes]) -> None:
+    def _kcm_controllers(self) -> list[str]:
+        if self.node_lifecycle:
+            # Real kubelets post heartbeats; a short monitor period lifts a new node's taint quickly.
+            return ["--controllers=*,-node-ipam-controller", "--node-monitor-period=1s"]
+        # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
+        return ["--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller"]
+
+    def _stop_one(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
+                proc.wait(timeout=self.term_timeout)
             except ProcessLookupError:
                 pass
             except subprocess.TimeoutExpired:
