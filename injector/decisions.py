@@ -22,6 +22,9 @@ from kuberuntime.clock import now_rfc3339
 from sidecarsets import names, pins, validation
 from sidecarsets.store import TemplateStore
 
+# Partial revision pins draw per pod; from a generator of our own, not the shared `random` state.
+_DRAWS = random.Random()
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -95,7 +98,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         _labels(review.object),
         namespace=namespace,
         namespace_labels=labels,
-        rand=random.random,
+        rand=_DRAWS.random,
     )
     if denied is not None:
         return Decision("denied", admission.response(review, denied=denied))

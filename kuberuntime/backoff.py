@@ -11,6 +11,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+# Jitter from a generator of our own: drawing from the `random` module's shared state would change
+# what other code (a test framework, say) sees from it.
+JITTER = random.Random()
+
 
 def delay(
     failures: int,
@@ -18,7 +22,7 @@ def delay(
     base: float,
     cap: float,
     jitter: tuple[float, float] = (1.0, 1.0),
-    rand: Callable[[], float] = random.random,
+    rand: Callable[[], float] = JITTER.random,
 ) -> float:
     """The wait after `failures` consecutive failures (0 gives about `base`)."""
     low, high = jitter
@@ -35,7 +39,7 @@ class Backoff:
         base: float,
         cap: float,
         jitter: tuple[float, float] = (1.0, 1.0),
-        rand: Callable[[], float] = random.random,
+        rand: Callable[[], float] = JITTER.random,
     ) -> None:
         if base <= 0 or cap < base:
             raise ValueError(f"need 0 < base <= cap, got base={base} cap={cap}")

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import aiohttp
 
 from kuberuntime import api
-from kuberuntime.backoff import Backoff
+from kuberuntime.backoff import JITTER, Backoff
 from kuberuntime.clock import sleep_or_stop
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import WATCH_RESTARTS
@@ -156,7 +155,7 @@ class Informer(Generic[T]):
                 if need_list:
                     await self._list()
                     need_list = False
-                timeout = self.watch_timeout + random.randint(0, max(1, self.watch_timeout // 5))
+                timeout = self.watch_timeout + JITTER.randint(0, max(1, self.watch_timeout // 5))
                 async for event in self.client.watch(
                     self.path, resource_version=self.resource_version, timeout_seconds=timeout, params=self.params
                 ):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from kuberuntime import api
+from kuberuntime.backoff import JITTER
 from kuberuntime.clock import micro_time, utc_now
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import IS_LEADER
@@ -95,7 +95,7 @@ class LeaderElector:
         retry_period: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = utc_now,
-        rand: Callable[[], float] = random.random,
+        rand: Callable[[], float] = JITTER.random,
     ) -> None:
         if not identity:
             raise ValueError("leader election identity must not be empty")

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 from kuberuntime import backoff
+from kuberuntime.backoff import JITTER
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class WorkQueue:
         base_delay: float = 0.005,
         max_delay: float = 60.0,
         jitter: float = 0.1,
-        rand: Callable[[], float] = random.random,
+        rand: Callable[[], float] = JITTER.random,
     ) -> None:
         if base_delay <= 0 or max_delay < base_delay:
             raise ValueError(f"need 0 < base_delay <= max_delay, got base_delay={base_delay} max_delay={max_delay}")

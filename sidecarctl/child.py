@@ -38,7 +38,8 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the supervisor died before prctl took effect
+    # The supervisor died before prctl took effect (it may itself be PID 1, in a container).
+    if str(os.getppid()) != os.environ.get("SIDECARCTL_SUPERVISOR_PID", str(os.getppid())):
         sys.exit(1)
 
 

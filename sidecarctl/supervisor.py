@@ -103,6 +103,7 @@ class Supervisor:
             **MALLOC_ENV,
             "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
             "SIDECARCTL_RUN_DIR": str(self.run_dir),
+            "SIDECARCTL_SUPERVISOR_PID": str(os.getpid()),
             "SIDECARCTL_CHILD_OPTIONS": orjson.dumps(flat).decode(),
         }
         child = [sys.executable, "-m", "sidecarctl.child"]
