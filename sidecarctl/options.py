@@ -31,7 +31,13 @@ def opt(default: Any, help: str, *, flag: str | None = None, parse: Callable[[st
 @dataclass(frozen=True)
 class ServingOptions:
     webhook_bind: str = opt("0.0.0.0:9443", "HTTPS address for /inject and /validate-sidecarset")
-    probe_bind: str = opt("0.0.0.0:8080", "plain HTTP address for /metrics, /healthz, /readyz")
+    probe_bind: str = opt(
+        "0.0.0.0:8080", "plain HTTP address for /healthz, /readyz (and /metrics unless --metrics-bind)"
+    )
+    metrics_bind: str = opt("", "serve /metrics here instead of on the probe port (with --metrics-secure: over HTTPS)")
+    metrics_secure: bool = opt(
+        False, "/metrics over HTTPS, callers authenticated and authorized by the API server (TokenReview, SAR)"
+    )
     webhook_workers: int = opt(0, "admission worker processes; 0: as many as CPUs this process may use")
     enable_http2: bool = opt(False, "offer HTTP/2 on the webhook port (off: HTTP/1.1 only, as kubebuilder advises)")
 

@@ -22,11 +22,17 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from kuberuntime.authn import Verdict
+
 Check = Callable[[], Awaitable[tuple[bool, str]]]
+Authorizer = Callable[[str | None], Awaitable[Verdict]]
 
 
-def create_probe_app(*, ready: Check, live: Check | None = None, registry: CollectorRegistry = REGISTRY) -> Starlette:
-    """`registry`: where /metrics reads from (the supervisor passes one that reads every process)."""
+def create_probe_app(
+    *, ready: Check, live: Check | None = None, registry: CollectorRegistry | None = REGISTRY
+) -> Starlette:
+    """`registry`: where /metrics reads from (the supervisor passes one that reads every process);
+    None leaves /metrics off this port (it is served on the secure metrics port instead)."""
 
     async def healthz(request: Request) -> Response:
         if live is not None:
@@ -39,22 +45,37 @@ def create_probe_app(*, ready: Check, live: Check | None = None, registry: Colle
         ok, why = await ready()
         return PlainTextResponse((why or "ok") + "\n", status_code=200 if ok else 503)
 
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz)]
+    if registry is not None:
+        routes.append(Route("/metrics", metrics_endpoint(registry)))
+    return Starlette(routes=routes)
+
+
+def metrics_endpoint(
+    registry: CollectorRegistry, auth: Authorizer | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """/metrics; with `auth`, only for callers the API server authenticates and authorizes."""
+
     async def metrics(request: Request) -> Response:
+        if auth is not None:
+            verdict = await auth(request.headers.get("authorization"))
+            if verdict.status != 200:
+                status = 503 if verdict.status == 500 else verdict.status
+                return PlainTextResponse(verdict.message + "\n", status_code=status)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(
-        routes=[
-            Route("/healthz", healthz),
-            Route("/readyz", readyz),
-            Route("/metrics", metrics),
-        ]
-    )
+    return metrics
 
 
-async def serve_plain(app: Any, bind: str, stop: asyncio.Event) -> None:
-    """The probe port: plain HTTP/1.1, graceful on stop."""
+def create_metrics_app(registry: CollectorRegistry, auth: Authorizer) -> Starlette:
+    """The secure metrics port: /metrics only, behind delegated authentication and authorization."""
+    return Starlette(routes=[Route("/metrics", metrics_endpoint(registry, auth))])
+
+
+async def serve_plain(app: Any, bind: str, stop: asyncio.Event, sock: socket.socket | None = None) -> None:
+    """The probe port: plain HTTP/1.1, graceful on stop; on `sock` when given (already bound)."""
     config = Config()
-    config.bind = [bind]
+    config.bind = [bind] if sock is None else [f"fd://{sock.fileno()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 2.0

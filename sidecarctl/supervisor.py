@@ -30,10 +30,14 @@ import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from kuberuntime import kubeconfig
+from certwatcher.reloader import CertReloader
+from certwatcher.tls import HTTP1_ONLY
+from injector.server import Limits, Listener
+from kuberuntime import kubeapi, kubeconfig
+from kuberuntime.authn import DelegatedAuth
 from kuberuntime.backoff import Backoff
 from sidecarctl.options import ManagerOptions
-from sidecarctl.probes import create_probe_app, listen, serve_plain, tls_self_check
+from sidecarctl.probes import create_metrics_app, create_probe_app, listen, serve_plain, tls_self_check
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,10 @@ class Supervisor:
         ]
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=str(self.metrics_dir))  # type: ignore[no-untyped-call]
+        serving = opts.serving
+        if serving.metrics_secure and not serving.metrics_bind:
+            raise ValueError("--metrics-secure needs --metrics-bind (for example 0.0.0.0:8443)")
+        self.metrics_sock = listen(serving.metrics_bind) if serving.metrics_bind else None
 
     # -- children --------------------------------------------------------------------------------
     def _start(self, child: Child) -> None:
@@ -190,8 +198,31 @@ class Supervisor:
                 return False, f"{child.name} has been down for {now - child.down_since:.0f}s"
         return True, "ok"
 
+    async def _serve_metrics(self, stop: asyncio.Event) -> None:
+        """/metrics on its own port: plain, or over TLS behind the API server's TokenReview and SAR."""
+        assert self.metrics_sock is not None
+        if not self.opts.serving.metrics_secure:
+            await serve_plain(
+                create_probe_app(ready=self.readiness, registry=self.registry), "", stop, self.metrics_sock
+            )
+            return
+        client = kubeapi.KubeClient(kubeconfig.load_config(self.opts.kubeconfig))
+        auth = DelegatedAuth(client)
+        reloader = CertReloader(self.cert_dir, serving=False, alpn=HTTP1_ONLY)
+        reloader.reload_now()
+        loop_task = asyncio.create_task(reloader.run(stop))
+        try:
+            app = create_metrics_app(self.registry, auth.check)
+            await Listener(app, self.metrics_sock, reloader.front_context, Limits(max_connections=256)).serve(stop)
+        finally:
+            await asyncio.gather(loop_task, return_exceptions=True)
+            await client.close()
+
     async def run(self, stop: asyncio.Event) -> None:
-        probes = create_probe_app(ready=self.readiness, live=self.liveness, registry=self.registry)
+        metrics_here = self.metrics_sock is None
+        probes = create_probe_app(
+            ready=self.readiness, live=self.liveness, registry=self.registry if metrics_here else None
+        )
         log.info(
             "manager started",
             extra={"object": f"webhook={self.opts.serving.webhook_bind} workers={self.workers} run_dir={self.run_dir}"},
@@ -200,6 +231,8 @@ class Supervisor:
             asyncio.create_task(self._supervise(stop), name="supervise"),
             asyncio.create_task(serve_plain(probes, self.opts.serving.probe_bind, stop), name="probes"),
         ]
+        if self.metrics_sock is not None:
+            tasks.append(asyncio.create_task(self._serve_metrics(stop), name="metrics"))
         try:
             await stop.wait()
         finally:

@@ -17,8 +17,11 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import ssl
 import subprocess
 import tempfile
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -289,14 +292,21 @@ def _bundle_synced(kube: Kube) -> bool:
     return True
 
 
-def _start(cluster: Cluster, kubeconfig: Path, port: int) -> ManagerProcess:
+def _start(cluster: Cluster, kubeconfig: Path, port: int, metrics_port: int) -> ManagerProcess:
     cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-rbac-certs-"))
     m = start_process(
         cluster.cp,
         cert_dir,
         identity="rbac-audit",
         webhook_port=port,
-        extra=(f"--kubeconfig={kubeconfig}", "--self-signed", "--extra-ip=127.0.0.1", "--log-format=text"),
+        extra=(
+            f"--kubeconfig={kubeconfig}",
+            "--self-signed",
+            "--extra-ip=127.0.0.1",
+            "--log-format=text",
+            f"--metrics-bind=127.0.0.1:{metrics_port}",
+            "--metrics-secure",
+        ),
     )
     try:
         wait_ready(m, timeout=30)
@@ -304,6 +314,32 @@ def _start(cluster: Cluster, kubeconfig: Path, port: int) -> ManagerProcess:
         m.kill()
         raise AssertionError(f"manager not ready:\n{m.log_tail()}") from None
     return m
+
+
+def _scrape(kube: Kube, port: int, token: str | None) -> int:
+    """GET /metrics on the secure port, trusting the CA of the self-signed Secret; the HTTP status."""
+    ca = base64.b64decode(kube.get(SECRET_PATH)["data"]["ca.crt"]).decode()
+    ctx = ssl.create_default_context(cadata=ca)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=ctx, timeout=5) as r:
+            assert b"sidecarctl_serving_cert_expiry_timestamp_seconds" in r.read()
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _sa_token(kube: Kube, namespace: str, name: str) -> str:
+    kube.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+    )
+    token: str = kube.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]
+    return token
 
 
 def _stop(m: ManagerProcess) -> None:
@@ -356,9 +392,32 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
     )["status"]["token"]
     kubeconfig = cp.token_kubeconfig(tmp_path / "sidecarctl.kubeconfig", token)
 
-    m = _start(cluster, kubeconfig, port)
+    metrics_port = free_port()
+    m = _start(cluster, kubeconfig, port, metrics_port)
     try:
         assert kube.get(SECRET_PATH)["data"]["tls.crt"], "self-signed Secret created"
+        # /metrics only for callers the API server authenticates and allows `get /metrics`.
+        reader, stranger = _sa_token(kube, "default", "scraper"), _sa_token(kube, "default", "stranger")
+        kube.create(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "scraper-reads-sidecarctl-metrics"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "sidecarctl-metrics-reader",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": "default"}],
+            },
+        )
+        assert _scrape(kube, metrics_port, None) == 401
+        assert _scrape(kube, metrics_port, "not-a-token") == 401
+        assert _scrape(kube, metrics_port, stranger) == 403
+        eventually(
+            lambda: _scrape(kube, metrics_port, reader) == 200, timeout=10, what="the bound scraper reads /metrics"
+        )
         eventually(lambda: _bundle_synced(kube), timeout=20, what="caBundle synced in both configurations")
         eventually(lambda: kube.get(LEASE_PATH)["spec"].get("holderIdentity") == "rbac-audit", timeout=20)
 
@@ -428,7 +487,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
     # A restart against a damaged Secret repairs it in place (update, not create).
     junk = base64.b64encode(b"not a certificate").decode()
     damaged = kube.patch(SECRET_PATH, [{"op": "replace", "path": "/data/tls.crt", "value": junk}], patch_type="json")
-    m = _start(cluster, kubeconfig, port)
+    m = _start(cluster, kubeconfig, port, free_port())
     try:
         repaired = kube.get(SECRET_PATH)
         assert b"BEGIN CERTIFICATE" in base64.b64decode(repaired["data"]["tls.crt"])

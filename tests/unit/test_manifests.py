@@ -143,6 +143,8 @@ def test_default_holds_exactly_the_install_objects(default: dict[tuple[str, str,
         ("Deployment", MANAGER_NS, "sidecarctl"),
         ("PodDisruptionBudget", MANAGER_NS, "sidecarctl"),
         ("Service", MANAGER_NS, "sidecarctl-webhook"),
+        ("Service", MANAGER_NS, "sidecarctl-metrics"),
+        ("ClusterRole", "", "sidecarctl-metrics-reader"),
         ("MutatingWebhookConfiguration", "", names.MUTATING_WEBHOOK_CONFIG),
         ("ValidatingWebhookConfiguration", "", names.VALIDATING_WEBHOOK_CONFIG),
     }
@@ -196,6 +198,8 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         ("", "pods/status", "patch", ()),
         ("", "events", "create", ()),
         ("", "events", "patch", ()),
+        ("authentication.k8s.io", "tokenreviews", "create", ()),  # --metrics-secure
+        ("authorization.k8s.io", "subjectaccessreviews", "create", ()),
         (names.GROUP, names.PLURAL, "list", ()),
         (names.GROUP, names.PLURAL, "watch", ()),
         (names.GROUP, f"{names.PLURAL}/status", "patch", ()),
@@ -496,3 +500,20 @@ def test_demo_deployment_gets_both_sample_sidecarsets(tmp_path: Path, capsys: py
     assert [(c["metadata"]["name"], c["metadata"]["namespace"]) for c in config_maps] == [
         (config_volume["configMap"]["name"], deployment["metadata"]["namespace"])
     ], "the proxy's config volume must resolve in the demo namespace"
+
+
+def test_the_metrics_reader_role_grants_get_on_metrics_only(default: dict[tuple[str, str, str], Obj]) -> None:
+    reader = one(default, "ClusterRole", "sidecarctl-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+
+def test_metrics_are_served_secure_on_their_own_port(
+    default: dict[tuple[str, str, str], Obj], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = one(default, "Deployment", "sidecarctl", MANAGER_NS)
+    args = manager_args(deployment, monkeypatch)
+    assert args.metrics_secure is True and port_number(manager_container(deployment), "metrics") == 8443
+    assert args.metrics_bind.endswith(":8443")
+    service = one(default, "Service", "sidecarctl-metrics", MANAGER_NS)
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert "sidecarctl-metrics.sidecarctl-system.svc" in args.extra_dns, "the serving certificate names the Service"
