@@ -182,6 +182,7 @@ def _annotations(
     first_app = next((str(c["name"]) for c in apps.containers if c["name"] not in sidecar_names), None)
     if names.ANN_DEFAULT_CONTAINER not in out and first_app is not None:
         out[names.ANN_DEFAULT_CONTAINER] = first_app
+    out[names.ANN_INJECTED_BY] = names.INJECTED_BY_WEBHOOK
     return out
 
 

@@ -57,7 +57,7 @@ def with_entries(
         if ss is None:
             parts.append(f"{_dumps(name)}:{_dumps(hash_map[name])}")
         else:
-            head, tail = _entry_text(ss, without_image=without_image)
+            head, tail = entry_text(ss, without_image=without_image)
             parts.append(head + stamp + tail)
     # json.dumps of the whole map writes exactly these parts, joined.
     return "{" + ",".join(parts) + "}"
@@ -69,7 +69,7 @@ _MAX_ENTRY_TEXTS = 4096
 _STAMP_PLACEHOLDER = ""
 
 
-def _entry_text(ss: SidecarSet, *, without_image: bool) -> tuple[str, str]:
+def entry_text(ss: SidecarSet, *, without_image: bool) -> tuple[str, str]:
     """`"name":{"updateTimestamp":` and the rest of the entry, as `_dumps` writes them.
 
     Only the timestamp differs from pod to pod, so the rest is written once per SidecarSet version.

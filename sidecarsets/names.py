@@ -26,6 +26,12 @@ ANN_HASH_WITHOUT_IMAGE = "sidecarctl.io/sidecarset-hash-without-image"
 ANN_INJECTED_LIST = "sidecarctl.io/sidecarset-injected-list"
 ANN_INPLACE_STATE = "sidecarctl.io/inplace-update-state"
 ANN_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
+# How a pod got its sidecars: "policy" (a MutatingAdmissionPolicy) or "webhook" (/inject, or the CLI).
+ANN_INJECTED_BY = "sidecarctl.io/injected-by"
+INJECTED_BY_POLICY = "policy"
+INJECTED_BY_WEBHOOK = "webhook"
+# SidecarSet status condition: whether MutatingAdmissionPolicies inject it, or why the webhook must.
+CONDITION_POLICY_INJECTION = "PolicyInjection"
 
 # SidecarSet-side annotations, as Kruise keeps them on the SidecarSet object.
 SS_ANN_HASH = "sidecarctl.io/sidecarset-hash"
