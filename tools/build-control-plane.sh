@@ -14,6 +14,8 @@
 #
 # KUBEBUILDER_ASSETS, when set to a directory holding etcd and kube-apiserver, wins and
 # nothing is built.
+#
+# With --dir it only prints the cache directory (whatever it holds so far) and builds nothing.
 set -euo pipefail
 
 K8S_VERSION=1.37.2
@@ -24,6 +26,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 node=false
 if [[ "${1:-}" == "--node" ]]; then
   node=true
+fi
+
+cache_root=${SIDECARCTL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl}
+out="$cache_root/k8s/v$K8S_VERSION-etcd$ETCD_VERSION"
+if [[ "${1:-}" == "--dir" ]]; then
+  echo "$out"
+  exit 0
 fi
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" && $node == false ]]; then
@@ -37,8 +46,6 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" && $node == false ]]; then
   exit 0
 fi
 
-cache_root=${SIDECARCTL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl}
-out="$cache_root/k8s/v$K8S_VERSION-etcd$ETCD_VERSION"
 wanted=(etcd kube-apiserver kube-controller-manager kubectl)
 if [[ $node == true ]]; then
   wanted+=(kubelet kube-scheduler "helm-v$HELM_VERSION")
