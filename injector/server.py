@@ -161,6 +161,22 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         loop.remove_reader(fd)
 
 
+class _Writer(asyncio.StreamWriter):
+    """A StreamWriter whose close ends quietly however the peer behaves.
+
+    When hypercorn closes a connection (a request it will not keep alive, a bound that was hit) it
+    sends close_notify and waits for the TLS shutdown; a client that had already sent its next
+    request makes that wait raise `SSLError: APPLICATION_DATA_AFTER_CLOSE_NOTIFY`, which hypercorn
+    does not expect and logs as a traceback per connection. The connection is closed either way.
+    """
+
+    async def wait_closed(self) -> None:
+        try:
+            await super().wait_closed()
+        except (ssl.SSLError, OSError) as e:
+            log.debug("webhook connection closed uncleanly by the peer: %s", e)
+
+
 class Listener:
     """Serves `app` over TLS on an already listening socket (possibly shared with other processes)."""
 
@@ -264,7 +280,7 @@ class Listener:
             _closed("handshake_failed")
             return
         assert isinstance(transport, asyncio.Transport)
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        writer = _Writer(transport, protocol, reader, loop)
         ssl_object = writer.get_extra_info("ssl_object")
         http2 = ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
         guard: _Guard | None = None
