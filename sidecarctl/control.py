@@ -22,6 +22,9 @@ from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
 from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
 from certwatcher.tls import ServingPair
+from injector.policy import plan as policy_plan
+from injector.policy.support import BINDINGS, POLICIES
+from injector.policy.sync import MANAGED_SELECTOR, MWC_PATH, PolicySync
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.backoff import Backoff
 from kuberuntime.clock import sleep_or_stop
@@ -45,6 +48,25 @@ def _identity(obj: JsonObj) -> JsonObj:
     return obj
 
 
+def _both(*handlers: Handler) -> Handler:
+    def handle(kind: str, old: Any, new: Any) -> None:
+        for h in handlers:
+            h(kind, old, new)
+
+    return handle
+
+
+def _policy_condition(sync: PolicySync) -> Callable[[str], list[dict[str, str]]]:
+    def conditions(name: str) -> list[dict[str, str]]:
+        route = sync.routes.get(name)
+        if route is None:
+            return []
+        status, reason, message = route.condition()
+        return [{"type": names.CONDITION_POLICY_INJECTION, "status": status, "reason": reason, "message": message}]
+
+    return conditions
+
+
 def _merges(opts: ManagerOptions) -> bool:
     """Whether caBundle keeps valid CAs our ca.crt lacks (sidecarctl.options: --ca-bundle-policy)."""
     policy = opts.ca_bundle.ca_bundle_policy
@@ -59,6 +81,7 @@ class Term:
     """One leadership term: its controller and the watches that feed it, discarded at its end."""
 
     controller: Controller
+    policies: PolicySync
     informers: list[Informer[Any]]
 
     @property
@@ -140,6 +163,15 @@ class ControlRole:
             transform=_identity,
             label_selector=names.REVISION_LABEL_SIDECARSET,
         )
+        may_write = None if self.elector is None else self.elector.confirm
+        sync = PolicySync(
+            self.client,
+            mode=policy_plan.Mode(self.opts.injection.injection),
+            manager_namespace=self.opts.namespace,
+            webhook_config=self.opts.ca_bundle.mutating_config,
+            settle=self.opts.injection.policy_settle,
+            may_write=may_write,
+        )
         controller = Controller(
             self.client,
             namespace=self.opts.namespace,
@@ -147,13 +179,40 @@ class ControlRole:
             revisions=lambda: rev_informer.store.values(),
             recorder=self.recorder,
             workers=self.opts.controller.workers,
-            may_write=None if self.elector is None else self.elector.confirm,
+            may_write=may_write,
+            conditions=_policy_condition(sync),
         )
+        sync.on_routes = controller.refresh
         ns_informer.handler = controller.on_namespace
+        ss_handler = _both(controller.on_sidecarset, sync.on_sidecarset)
         informers: list[Informer[Any]] = [
-            Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=controller.on_sidecarset),
+            Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=ss_handler),
             ns_informer,
             rev_informer,
+            Informer(
+                self.client,
+                POLICIES,
+                name="policies",
+                transform=_identity,
+                handler=sync.on_policy,
+                label_selector=MANAGED_SELECTOR,
+            ),
+            Informer(
+                self.client,
+                BINDINGS,
+                name="policybindings",
+                transform=_identity,
+                handler=sync.on_binding,
+                label_selector=MANAGED_SELECTOR,
+            ),
+            Informer(
+                self.client,
+                MWC_PATH,
+                name="webhookconfig",
+                transform=_identity,
+                handler=sync.on_webhook_config,
+                field_selector=f"metadata.name={self.opts.ca_bundle.mutating_config}",
+            ),
             Informer[PodProjection](
                 self.client,
                 "/api/v1/pods",
@@ -165,7 +224,7 @@ class ControlRole:
                 page_size=100,
             ),
         ]
-        return Term(controller, informers)
+        return Term(controller, sync, informers)
 
     async def _lead(self, lost: asyncio.Event) -> None:
         """Runs while this replica holds the Lease; everything it built is dropped when it ends."""
@@ -179,7 +238,12 @@ class ControlRole:
         try:
             for inf in term.informers:
                 await inf.synced.wait()
-            await term.controller.run(stop)
+            sync = asyncio.create_task(term.policies.run(stop), name="policy-sync")
+            try:
+                await term.controller.run(stop)
+            finally:
+                sync.cancel()
+                await asyncio.gather(sync, return_exceptions=True)
         finally:
             stop.set()
             for task in watches:

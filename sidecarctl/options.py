@@ -120,6 +120,25 @@ class ControllerOptions:
     workers: int = opt(3, "SidecarSet reconcile workers")
 
 
+INJECTION_MODES = ("auto", "webhook", "policy")
+
+
+@dataclass(frozen=True)
+class InjectionOptions:
+    injection: str = opt(
+        "auto",
+        "auto: MutatingAdmissionPolicies inject every SidecarSet they can express and the webhook the rest; "
+        "webhook: the webhook injects every pod; policy: policies only (a SidecarSet a policy cannot serve is refused)",
+    )
+    policy_settle: float = opt(
+        2.0, "seconds a new or changed policy is given to be enforced before the webhook stops taking its pods"
+    )
+
+    def __post_init__(self) -> None:
+        if self.injection not in INJECTION_MODES:
+            raise ValueError(f"--injection {self.injection!r}: use auto, webhook or policy")
+
+
 @dataclass(frozen=True)
 class LogOptions:
     log_level: str = opt("info", "debug, info, warning, error")
@@ -133,6 +152,7 @@ GROUPS: dict[str, type[Any]] = {
     "ca_bundle": CABundleOptions,
     "leader": LeaderOptions,
     "controller": ControllerOptions,
+    "injection": InjectionOptions,
 }
 
 
@@ -152,6 +172,7 @@ class ManagerOptions:
     ca_bundle: CABundleOptions = field(default_factory=CABundleOptions)
     leader: LeaderOptions = field(default_factory=LeaderOptions)
     controller: ControllerOptions = field(default_factory=ControllerOptions)
+    injection: InjectionOptions = field(default_factory=InjectionOptions)
 
     @classmethod
     def build(cls, **flat: Any) -> ManagerOptions:

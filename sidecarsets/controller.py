@@ -55,6 +55,7 @@ class Controller:
         clock: Callable[[], str] = now_rfc3339,
         may_write: Callable[[], Awaitable[bool]] | None = None,
         failures: PodFailures | None = None,
+        conditions: Callable[[str], Iterable[Mapping[str, str]]] | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -66,6 +67,8 @@ class Controller:
         # Asked before every batch of writes: False once another replica holds the Lease.
         self.may_write = may_write
         self.failures = failures or PodFailures()
+        # Conditions other parts own (PolicyInjection, from the policy sync), written with the status.
+        self.conditions = conditions
         self.queue = WorkQueue()
         # Read tolerantly: a SidecarSet written before validation existed is still counted and reported.
         self.sidecarsets: dict[str, SidecarSet] = {}
@@ -86,6 +89,12 @@ class Controller:
         old_gen = ((old or {}).get("metadata") or {}).get("generation")
         if old is None or old_gen != new.get("metadata", {}).get("generation"):
             self.queue.add(name)
+
+    def refresh(self, which: Iterable[str]) -> None:
+        """Reconcile these SidecarSets again (something their status reports has changed)."""
+        for name in which:
+            if name in self.sidecarsets:
+                self.queue.add(name)
 
     def on_namespace(self, kind: str, old: Any, new: Any) -> None:
         if old != new:
@@ -165,6 +174,8 @@ class Controller:
         new_status = status.compute_status(
             ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
         )
+        for condition in self.conditions(name) if self.conditions is not None else ():
+            status.set_condition(new_status, ss.status, condition, now=self.clock())
         if status.status_changed(ss.status, new_status):
             if not await self._writable():
                 return None

@@ -95,6 +95,20 @@ def compute_status(
     return status
 
 
+def set_condition(
+    status: JsonObj, old_status: Mapping[str, Any] | None, condition: Mapping[str, str], *, now: str
+) -> None:
+    """Put `condition` (type, status, reason, message) in `status`, keeping its lastTransitionTime
+    from `old_status` while its status is unchanged (as metav1.Condition)."""
+    kind = condition["type"]
+    old = next(
+        (c for c in (old_status or {}).get("conditions") or [] if isinstance(c, dict) and c.get("type") == kind), None
+    )
+    since = old.get("lastTransitionTime") if old and old.get("status") == condition["status"] else None
+    others = [c for c in status.get("conditions") or [] if c.get("type") != kind]
+    status["conditions"] = [*others, {**condition, "lastTransitionTime": since or now}]
+
+
 def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
     """Missing counters read as 0 and null fields as absent, as the API server round-trips them."""
     out = {k: v for k, v in status.items() if v is not None}

@@ -553,6 +553,25 @@ def status_schema() -> Schema:
             "updatedReadyPods": count("Matched pods that are both updated and ready."),
             "latestRevision": {"type": "string", "description": "Name of the newest ControllerRevision."},
             "collisionCount": count("Hash collisions met while naming ControllerRevisions."),
+            "conditions": {
+                "type": "array",
+                "description": "PolicyInjection: True when a MutatingAdmissionPolicy injects this SidecarSet "
+                "(no webhook call), False with the reason the webhook serves it.",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+                "items": {
+                    "type": "object",
+                    "required": ["type", "status"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                        "reason": {"type": "string"},
+                        "message": {"type": "string"},
+                        "lastTransitionTime": {"type": "string", "format": "date-time"},
+                        "observedGeneration": {"type": "integer", "format": "int64"},
+                    },
+                },
+            },
         },
     }
 
@@ -628,6 +647,12 @@ def crd(inl: Inliner) -> Schema:
                             "type": "integer",
                             "jsonPath": ".status.readyPods",
                             "description": "The number of pods matched and ready.",
+                        },
+                        {
+                            "name": "POLICY",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="PolicyInjection")].status',
+                            "description": "True: injected by a MutatingAdmissionPolicy, without a webhook call.",
                         },
                         {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

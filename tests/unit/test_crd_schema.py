@@ -309,6 +309,7 @@ def test_printer_columns() -> None:
         "MATCHED": ("integer", ".status.matchedPods"),
         "UPDATED": ("integer", ".status.updatedPods"),
         "READY": ("integer", ".status.readyPods"),
+        "POLICY": ("string", '.status.conditions[?(@.type=="PolicyInjection")].status'),
         "AGE": ("date", ".metadata.creationTimestamp"),
     }
 

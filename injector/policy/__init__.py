@@ -1,0 +1,7 @@
+"""Injection inside the API server: SidecarSets compiled to MutatingAdmissionPolicies.
+
+`generate` turns an overlap group of SidecarSets into one JSONPatch policy and its binding (or
+says which feature needs the webhook); `plan` decides, for all SidecarSets, which are served by
+policies, which by the webhook and why, and the condition that narrows the webhook to the pods
+only it can serve; `sync` keeps that plan in the API server.
+"""

@@ -1,0 +1,93 @@
+"""CEL text built from JSON values and label selectors, for the generated policies.
+
+Literals are typed `dyn` throughout: CEL list and map literals must be homogeneous, and a
+container's fields mix strings, numbers, lists and objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+VARIABLES = "variables."
+# A pod's labels and annotations, present or not (outside `variables`: matchConditions cannot read them).
+LABELS = "(has(object.metadata.labels) ? object.metadata.labels : {})"
+ANNOTATIONS = "(has(object.metadata.annotations) ? object.metadata.annotations : {})"
+
+
+def string(value: str) -> str:
+    """A CEL string literal."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def strings(values: Iterable[str]) -> str:
+    return "[" + ", ".join(string(v) for v in values) + "]"
+
+
+def literal(value: Any) -> str:
+    """A JSON value as a CEL literal (lists are list(dyn), maps map(string, dyn))."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(f"dyn({literal(x)})" for x in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{string(str(k))}: dyn({literal(x)})" for k, x in value.items()) + "}"
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def pointer(key: str) -> str:
+    """One JSON Pointer segment (RFC 6901): `~` and `/` escaped."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def selector(sel: Mapping[str, Any] | None, labels: str) -> str:
+    """A LabelSelector as a CEL boolean over the label-map expression `labels`; None matches nothing."""
+    if sel is None:
+        return "false"
+    terms = []
+    for key, value in (sel.get("matchLabels") or {}).items():
+        terms.append(f"({string(key)} in {labels} && {labels}[{string(key)}] == {string(value)})")
+    for expr in sel.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In":
+            terms.append(f"({string(key)} in {labels} && {labels}[{string(key)}] in {strings(values)})")
+        elif op == "NotIn":
+            terms.append(f"(!({string(key)} in {labels}) || !({labels}[{string(key)}] in {strings(values)}))")
+        elif op == "Exists":
+            terms.append(f"({string(key)} in {labels})")
+        elif op == "DoesNotExist":
+            terms.append(f"!({string(key)} in {labels})")
+        else:
+            return "false"
+    return " && ".join(terms) or "true"
+
+
+def as_expressions(sel: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """A LabelSelector as matchExpressions only (a binding's selectors accept both; one form is simpler)."""
+    sel = sel or {}
+    out: list[dict[str, Any]] = [
+        {"key": k, "operator": "In", "values": [v]} for k, v in (sel.get("matchLabels") or {}).items()
+    ]
+    return out + [dict(e) for e in sel.get("matchExpressions") or []]
+
+
+def inline_variables(expr: str, variables: Iterable[tuple[str, str]]) -> str:
+    """`expr` with every `variables.NAME` replaced by its definition (matchConditions cannot read them)."""
+    defined = dict(variables)
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(defined, key=len, reverse=True):
+            if VARIABLES + name in expr:
+                expr = expr.replace(VARIABLES + name, "(" + defined[name] + ")")
+                changed = True
+    return expr

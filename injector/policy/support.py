@@ -1,0 +1,129 @@
+"""Whether this API server enforces MutatingAdmissionPolicies, found by trying one.
+
+Discovery answers whether the API exists (Kubernetes 1.36 and later serve
+`admissionregistration.k8s.io/v1` policies), but not whether they are enforced: with the
+MutatingAdmissionPolicy admission plugin disabled, discovery is unchanged and policies are stored
+and silently ignored, so narrowing the webhook would admit pods without their sidecars. The
+canary settles it: a policy that only mutates ConfigMaps labelled `sidecarctl.io/policy-probe` in
+the manager's namespace, and a dry-run create of one such ConfigMap that must come back mutated.
+A new policy takes up to about a second to be enforced (the API server recompiles its policies on
+a one-second tick), so the probe retries for a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from injector.policy.generate import MANAGED_BY, POLICY_API
+from kuberuntime import api
+from kuberuntime.jsontypes import JsonObj
+
+log = logging.getLogger(__name__)
+
+GROUP_VERSION = "/apis/admissionregistration.k8s.io/v1"
+POLICIES = f"{GROUP_VERSION}/mutatingadmissionpolicies"
+BINDINGS = f"{GROUP_VERSION}/mutatingadmissionpolicybindings"
+CANARY = "sidecarctl-canary"
+PROBE_LABEL = "sidecarctl.io/policy-probe"
+NOT_SERVED = "this API server does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes older than 1.36)"
+NOT_ENFORCED = (
+    "this API server stores MutatingAdmissionPolicies but does not enforce them "
+    "(the MutatingAdmissionPolicy admission plugin is disabled)"
+)
+
+
+def canary_policy() -> JsonObj:
+    return {
+        "apiVersion": POLICY_API,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": CANARY, "labels": {**MANAGED_BY, PROBE_LABEL: "true"}},
+        "spec": {
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}
+                ],
+                "objectSelector": {"matchLabels": {PROBE_LABEL: "true"}},
+            },
+            "mutations": [
+                {
+                    "patchType": "JSONPatch",
+                    "jsonPatch": {"expression": '[JSONPatch{op: "add", path: "/data", value: {"served": "true"}}]'},
+                }
+            ],
+        },
+    }
+
+
+def canary_binding(namespace: str) -> JsonObj:
+    return {
+        "apiVersion": POLICY_API,
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": CANARY, "labels": {**MANAGED_BY, PROBE_LABEL: "true"}},
+        "spec": {
+            "policyName": CANARY,
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
+    }
+
+
+async def _put(client: api.Client, path: str, body: JsonObj) -> None:
+    """Create `body`, or replace what is stored under its name."""
+    name = body["metadata"]["name"]
+    try:
+        current = await client.get(f"{path}/{name}")
+    except api.NotFound:
+        await client.create(path, body)
+        return
+    if current.get("spec") != body["spec"]:
+        replacement = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
+        }
+        await client.update(f"{path}/{name}", replacement)
+
+
+class SupportProbe:
+    """`await probe.check()`: None when policies are enforced, else the reason they cannot be used."""
+
+    def __init__(self, client: api.Client, *, namespace: str, timeout: float = 6.0, interval: float = 0.25) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.timeout = timeout
+        self.interval = interval
+
+    async def served(self) -> bool:
+        try:
+            listing = await self.client.get(GROUP_VERSION)
+        except api.NotFound:
+            return False
+        resources = {r.get("name") for r in listing.get("resources") or [] if isinstance(r, dict)}
+        return {"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} <= resources
+
+    async def enforced(self) -> bool:
+        await _put(self.client, POLICIES, canary_policy())
+        await _put(self.client, BINDINGS, canary_binding(self.namespace))
+        probe = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"generateName": "sidecarctl-policy-probe-", "labels": {PROBE_LABEL: "true"}},
+        }
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        deadline = time.monotonic() + self.timeout
+        while True:
+            got = await self.client.create(path, probe, params={"dryRun": "All"})
+            if (got.get("data") or {}).get("served") == "true":
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(self.interval)
+
+    async def check(self) -> str | None:
+        if not await self.served():
+            return NOT_SERVED
+        if not await self.enforced():
+            return NOT_ENFORCED
+        return None
