@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from injector.policy import bookkeeping, cel, podfields
 from kuberuntime.jsontypes import JsonObj
@@ -36,6 +37,15 @@ V = cel.VARIABLES
 POLICY_API = "admissionregistration.k8s.io/v1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sidecarctl"}
 ANN_MEMBERS = "sidecarctl.io/sidecarsets"
+
+
+def covers(want: Any, have: Any) -> bool:
+    """`have` holds every field of `want` with its value (the API server adds defaults of its own)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and covers(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(covers, want, have))
+    return bool(want == have)
 
 
 class NeedsWebhook(Exception):

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 
-from injector.policy.generate import MANAGED_BY, POLICY_API
+from injector.policy.generate import MANAGED_BY, POLICY_API, covers
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 
@@ -78,7 +78,7 @@ async def _put(client: api.Client, path: str, body: JsonObj) -> None:
     except api.NotFound:
         await client.create(path, body)
         return
-    if current.get("spec") != body["spec"]:
+    if not covers(body["spec"], current.get("spec")):
         replacement = {
             **body,
             "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},

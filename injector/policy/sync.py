@@ -25,12 +25,11 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import orjson
 
 from injector.policy import plan as planning
-from injector.policy.generate import Generated
+from injector.policy.generate import Generated, covers
 from injector.policy.support import BINDINGS, CANARY, POLICIES, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import now_rfc3339
@@ -56,15 +55,6 @@ RECHECK_SECONDS = 600.0
 
 def _name(obj: JsonObj | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("name") or "")
-
-
-def covers(want: Any, have: Any) -> bool:
-    """`have` holds every field of `want` with its value (the API server adds defaults of its own)."""
-    if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and covers(v, have[k]) for k, v in want.items())
-    if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(map(covers, want, have))
-    return bool(want == have)
 
 
 class PolicySync:
@@ -276,8 +266,10 @@ class PolicySync:
     async def _write(self, g: Generated, policy: JsonObj, binding: JsonObj) -> bool:
         """Store the pair (policy first: a binding to a missing policy matches nothing); False if refused."""
         try:
-            await self._put(POLICIES, policy, self.policies.get(g.name))
-            await self._put(BINDINGS, binding, self.bindings.get(g.name))
+            if not covers(policy, self.policies.get(g.name)):
+                await self._put(POLICIES, policy, self.policies.get(g.name))
+            if not covers(binding, self.bindings.get(g.name)):
+                await self._put(BINDINGS, binding, self.bindings.get(g.name))
         except api.Invalid as e:
             message = f"the API server refused its MutatingAdmissionPolicy: {e.message[:300]}"
             log.warning("policy %s refused, its SidecarSets stay on the webhook: %s", g.name, e.message[:300])

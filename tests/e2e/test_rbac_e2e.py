@@ -58,6 +58,8 @@ MANAGER_NS = names.DEFAULT_MANAGER_NAMESPACE
 SA = "sidecarctl"
 SA_USER = f"system:serviceaccount:{MANAGER_NS}:{SA}"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
 REVISIONS_PATH = f"/apis/apps/v1/namespaces/{MANAGER_NS}/controllerrevisions"
 SECRET_PATH = f"/api/v1/namespaces/{MANAGER_NS}/secrets/sidecarctl-webhook-certs"
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller"
@@ -73,8 +75,9 @@ INSTALLED_KINDS = (
     "ValidatingWebhookConfiguration",
 )
 
-# RBAC never sees a name on these verbs, so a resourceNames rule cannot grant them.
-NAMELESS_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
+# RBAC never sees a name on these verbs, so a resourceNames rule cannot grant them. A list or watch
+# has one only with the field selector metadata.name=<name> (the API server takes it as the name).
+NAMELESS_VERBS = frozenset({"create", "deletecollection"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +201,9 @@ def test_grant_matching_follows_rbac_semantics() -> None:
     assert not Grant("create", "", "secrets", frozenset({"certs"}), "ns", "r").covers(
         Use("create", "", "secrets", "ns", "")
     ), "resourceNames never grants create"
+    named_watch = Grant("watch", "", "secrets", frozenset({"certs"}), "ns", "r")
+    assert named_watch.covers(Use("watch", "", "secrets", "ns", "certs")), "a watch of metadata.name=certs"
+    assert not named_watch.covers(Use("watch", "", "secrets", "ns", "")), "a watch of them all"
     cluster = Grant("patch", "", "pods", frozenset(), None, "r")
     assert cluster.covers(Use("patch", "", "pods", "any", "p"))
     assert not cluster.covers(Use("patch", "", "pods/status", "any", "p"))
@@ -471,6 +477,29 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         eventually(lambda: len(history()) == 2, timeout=20, what="history truncated to revisionHistoryLimit 2")
         assert first in history(), "the revision the pods still run is kept"
 
+        # The policy injecting the SidecarSet: a hand edit of its binding is put back (update); paused,
+        # the SidecarSet needs no policy, and the manager deletes it and its binding.
+        binding_path = f"{BINDINGS}/sidecarctl-{ss_name}"
+        kept = eventually(lambda: kube.get_or_none(binding_path), timeout=20, what="the policy binding")
+        edit = [{"op": "replace", "path": "/spec/matchResources/objectSelector", "value": {}}]
+        kube.patch(binding_path, edit, patch_type="json")
+        eventually(
+            lambda: (
+                kube.get(binding_path)["spec"]["matchResources"]["objectSelector"]
+                == kept["spec"]["matchResources"]["objectSelector"]
+            ),
+            timeout=20,
+            what="the hand-edited binding put back",
+        )
+        kube.patch(f"{SS_PATH}/{ss_name}", {"spec": {"injectionStrategy": {"paused": True}}})
+        eventually(
+            lambda: (
+                kube.get_or_none(f"{POLICIES}/sidecarctl-{ss_name}") is None and kube.get_or_none(binding_path) is None
+            ),
+            timeout=20,
+            what="the paused SidecarSet's policy deleted",
+        )
+
         events = [
             e
             for e in kube.get("/api/v1/namespaces/default/events")["items"]
@@ -501,7 +530,10 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
     print(f"\nrequests of {SA_USER}:\n{report}")
     assert uses, "no request of the ServiceAccount in the audit log"
     assert not denied, "denied requests:\n" + "\n".join(f"{e['verb']} {e['requestURI']}" for e in denied)
-    assert not non_resource, f"non-resource requests: {non_resource}"
+    # Discovery (whether MutatingAdmissionPolicy is served) is open to every authenticated user
+    # (ClusterRole system:discovery); nothing else outside resources.
+    discovery = {"get /apis/admissionregistration.k8s.io/v1"}
+    assert set(non_resource) <= discovery, f"non-resource requests: {non_resource}"
     not_granted = [u for u in uses if not any(g.covers(u) for g in grants)]
     assert not not_granted, f"used but not granted: {not_granted}\n{report}"
     unused = [g.describe() for g in grants if not any(g.covers(u) for u in uses)]
