@@ -85,7 +85,7 @@ def create_webhook_app(
         return await decisions.inject(review, store, cfg)
 
     async def validate(review: admission.Review) -> Decision:
-        return await decisions.validate(review, store)
+        return await decisions.validate(review, store, cfg)
 
     inject_handler = parsing(inject)
     if cfg.replay is not None:

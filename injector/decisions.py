@@ -17,6 +17,7 @@ import orjson
 
 from injector import admission, engine
 from injector.namespaces import LookupFailed
+from injector.policy import servable
 from injector.replay import ReplayCache
 from kuberuntime.clock import now_rfc3339
 from sidecarsets import names, pins, validation
@@ -44,6 +45,8 @@ class WebhookSettings:
     clock: Callable[[], str] = field(default=now_rfc3339)
     # Identical pods admitted within a second are answered from a cache (None turns it off).
     replay: ReplayCache | None = field(default_factory=ReplayCache)
+    # --injection=policy: there is no pod webhook, so a SidecarSet no policy can serve is refused.
+    policy_only: bool = False
 
 
 class NamespaceUnknown(Exception):
@@ -117,7 +120,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
     return Decision("injected" if outcome.patch else "skipped", body, pins.answer_is_replayable(snapshot, labels))
 
 
-async def validate(review: admission.Review, store: TemplateStore) -> Decision:
+async def validate(review: admission.Review, store: TemplateStore, settings: WebhookSettings | None = None) -> Decision:
     admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
     if review.operation not in ("CREATE", "UPDATE"):
         return Decision("allowed", admission.response(review))
@@ -139,6 +142,12 @@ async def validate(review: admission.Review, store: TemplateStore) -> Decision:
     problem = pins.pin_problem(review.object, snapshot.revisions.values())
     if problem is not None:
         errors.append(problem)
+    if not errors and settings is not None and settings.policy_only:
+        unservable = servable.why_not(review.object, snapshot.sidecarsets, manager_namespace=settings.manager_namespace)
+        if unservable is not None:
+            errors.append(
+                f"the manager runs with --injection=policy and no MutatingAdmissionPolicy can serve it: {unservable}"
+            )
     if errors:
         message = "SidecarSet rejected: " + "; ".join(errors)
         return Decision("denied", admission.response(review, denied=message, code=422))

@@ -8,6 +8,7 @@ default and help come from its field, so they are written once.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import os
 import sys
@@ -89,7 +90,8 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecarctl.supervisor import run_forever  # heavy imports only for this command
+    from sidecarctl import preflight  # heavy imports only for this command
+    from sidecarctl.supervisor import run_forever
 
     logs.setup(args.log_level, args.log_format)
     os.environ.update(SIDECARCTL_LOG_LEVEL=args.log_level, SIDECARCTL_LOG_FORMAT=args.log_format)  # for the children
@@ -98,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
     flat = {f.name: getattr(args, f.name) for f in option_fields() if f.name not in ("log_level", "log_format")}
     try:
         opts = ManagerOptions.build(**flat)
+        problem = asyncio.run(preflight.policy_mode_problem(opts))
+        if problem is not None:
+            print(f"sidecarctl run: error: {problem}", file=sys.stderr)
+            return 2
         return int(run_forever(opts))
     except ValueError as e:  # a bad option combination, found while wiring the manager
         print(f"sidecarctl run: error: {e}", file=sys.stderr)

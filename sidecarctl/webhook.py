@@ -78,6 +78,7 @@ class WebhookRole:
         settings = WebhookSettings(
             manager_namespace=opts.namespace,
             namespace_lookup=NamespaceLookup(self.client, timeout=budgets.namespace_lookup_timeout),
+            policy_only=opts.injection.injection == "policy",
         )
         body = BodyLimits(
             timeout=budgets.body_timeout,

@@ -186,9 +186,11 @@ class Generator:
                 key = rest[:-2]
                 where = labels if section.endswith("labels") else anns
                 source = f'({cel.string(key)} in {where} ? string({where}[{cel.string(key)}]) : "")'
+            # As the engine: in the (sorted) order of the names, each var's last definition in the source.
             parts.append(
                 f"object.spec.containers.filter(c, c.name == {source}).map(c, has(c.env) ? "
-                f"c.env.filter(e, e.name in {cel.strings(te.env_names)}) : []).flatten().map(e, {podfields.env('e')})"
+                f"{cel.strings(te.env_names)}.map(n, c.env.filter(e, e.name == n)).filter(l, size(l) > 0)"
+                f".map(l, l[size(l) - 1]) : []).flatten().map(e, {podfields.env('e')})"
             )
         return parts
 

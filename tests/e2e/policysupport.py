@@ -1,0 +1,152 @@
+"""A control plane of its own with `sidecarctl run` in one injection mode, for the policy tiers.
+
+The session's manager runs in process and cannot be SIGKILLed, and two managers in different
+modes cannot share an API server (both would keep the same policies). So the differential tier
+and the manager-down test each start a kube-apiserver + etcd of their own, install the CRD and
+the webhook configurations of config/ (pointed at a loopback URL), and run the real manager
+process tree against it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kuberuntime import api, kubeapi, kubeconfig
+from sidecarsets import names
+from tests.kube.client import Kube, eventually
+from tests.kube.controlplane import REPO, ControlPlane, free_port
+from tests.kube.loop import BackgroundLoop
+from tests.kube.managerharness import (
+    MANAGER_NS,
+    MWC_PATH,
+    VWC_PATH,
+    ManagerProcess,
+    start_process,
+    wait_ready,
+    webhook_configs,
+    write_cert_dir,
+)
+
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller"
+
+
+@dataclass
+class PrivateCluster:
+    cp: ControlPlane
+    kube: Kube
+    client: kubeapi.KubeClient
+    injection: str
+    port: int
+    cert_dir: Path
+    extra: tuple[str, ...]
+    manager: ManagerProcess | None = None
+
+    def start_manager(self) -> ManagerProcess:
+        m = start_process(
+            self.cp,
+            self.cert_dir,
+            identity=f"policy-{self.injection}",
+            webhook_port=self.port,
+            extra=(f"--injection={self.injection}", "--log-format=text", *self.extra),
+        )
+        try:
+            wait_ready(m, timeout=40)
+        except AssertionError:
+            m.kill()
+            raise
+        self.manager = m
+        eventually(
+            lambda: (self.kube.get(LEASE_PATH)["spec"].get("holderIdentity") or "").startswith("policy-"),
+            timeout=30,
+            what="the manager leads",
+        )
+        return m
+
+    def namespace(self, name: str, labels: dict[str, str]) -> None:
+        """A namespace with these labels and its default ServiceAccount (no controller-manager here)."""
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        try:
+            self.kube.create("/api/v1/namespaces", body)
+        except api.Conflict:
+            self.kube.patch(f"/api/v1/namespaces/{name}", {"metadata": {"labels": labels}})
+        with contextlib.suppress(api.Conflict):
+            self.kube.create(
+                f"/api/v1/namespaces/{name}/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+            )
+
+
+def _install(kube: Kube, url: str) -> None:
+    crds = [d for p in sorted((REPO / "config" / "crd").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
+    for obj in crds:
+        if obj and obj.get("kind") == "CustomResourceDefinition":
+            kube.apply(CRD_PATH, obj)
+
+    def established() -> bool:
+        got = kube.get(f"{CRD_PATH}/{names.PLURAL}.{names.GROUP}")
+        return any(c["type"] == "Established" and c["status"] == "True" for c in got["status"].get("conditions") or [])
+
+    eventually(established, timeout=30, what="CRD Established")
+    with contextlib.suppress(api.Conflict):
+        kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
+    mwc, vwc = webhook_configs(url, mutating=names.MUTATING_WEBHOOK_CONFIG, validating=names.VALIDATING_WEBHOOK_CONFIG)
+    kube.apply(MWC_PATH, mwc)
+    kube.apply(VWC_PATH, vwc)
+
+
+def bundle_synced(kube: Kube) -> bool:
+    hook = kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")["webhooks"][0]
+    return b"BEGIN CERTIFICATE" in base64.b64decode(hook["clientConfig"].get("caBundle", ""))
+
+
+@contextlib.contextmanager
+def private_cluster(
+    aloop: BackgroundLoop, bin_dir: Path, *, injection: str, extra: tuple[str, ...] = ()
+) -> Iterator[PrivateCluster]:
+    cp = ControlPlane(bin_dir=bin_dir, controller_manager=False).start()
+    client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
+    port = free_port()
+    cert_dir = Path(tempfile.mkdtemp(prefix=f"sidecarctl-{injection}-certs-"))
+    write_cert_dir(cert_dir)
+    cluster = PrivateCluster(cp, Kube(aloop, client), client, injection, port, cert_dir, extra)
+    try:
+        _install(cluster.kube, f"https://127.0.0.1:{port}")
+        cluster.start_manager()
+        eventually(lambda: bundle_synced(cluster.kube), timeout=20, what="caBundle synced")
+        yield cluster
+    finally:
+        if cluster.manager is not None:
+            cluster.manager.kill()
+        aloop.run(client.close())
+        cp.stop()
+
+
+def stored_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A stored pod with what differs between two creates of it masked: name, uid, times, versions,
+    status, who injected it, the time in the hash annotations, the token volume's random suffix."""
+    import json
+    import re
+
+    p = json.loads(json.dumps(pod))
+    meta = p["metadata"]
+    for key in ("namespace", "uid", "creationTimestamp", "resourceVersion", "generateName", "name", "managedFields"):
+        meta.pop(key, None)
+    annotations = meta.get("annotations") or {}
+    annotations.pop(names.ANN_INJECTED_BY, None)
+    for key in (names.ANN_HASH, names.ANN_HASH_WITHOUT_IMAGE):
+        if key in annotations:
+            annotations[key] = re.sub(r'"updateTimestamp":"[^"]*"', '"updateTimestamp":"T"', annotations[key])
+    if not annotations:
+        meta.pop("annotations", None)
+    p.pop("status", None)
+    masked: dict[str, Any] = json.loads(re.sub(r"kube-api-access-[a-z0-9]{5}", "kube-api-access-X", json.dumps(p)))
+    return masked

@@ -1,0 +1,316 @@
+"""Differential tier: every pod x SidecarSet case through the webhook and through the policies.
+
+Two control planes of their own, each with the real `sidecarctl run`: one in `--injection=webhook`
+(every pod through /inject), one in `--injection=policy` (pods injected by the
+MutatingAdmissionPolicies the manager generates; the webhook only for what a policy declines).
+Each case's namespaces and SidecarSets are created in both, its pods are created for real in both,
+and the stored pods must be equal field by field apart from name, uid, timestamps and
+`injected-by` (tests.e2e.policysupport.stored_pod). The corpus: every golden case with a pod
+(tests/golden, workload templates as the pods their controllers would create), the samples of
+config/samples, the benchmark's SidecarSets and pod, and the cases of tests/policy_corpus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from bench import common as bench_common
+from injector.policy.support import POLICIES
+from kuberuntime import api
+from sidecarsets import names
+from tests import golden_cases
+from tests.e2e.policysupport import PrivateCluster, private_cluster, stored_pod
+from tests.kube.client import eventually
+from tests.kube.controlplane import REPO, ControlPlane
+from tests.kube.loop import BackgroundLoop
+from tests.kube.managerharness import VWC_PATH
+
+SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+CORPUS = Path(__file__).resolve().parents[1] / "policy_corpus"
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
+ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
+
+
+@dataclass
+class Case:
+    name: str
+    sidecarsets: list[dict[str, Any]]
+    namespaces: dict[str, dict[str, str]]
+    pods: list[dict[str, Any]]
+    unvalidated: bool = False  # created with validation bypassed (the case shows what happens anyway)
+
+
+def _pods_of(doc: Any) -> list[dict[str, Any]]:
+    if not isinstance(doc, dict):
+        return []
+    if doc.get("kind") == "Pod":
+        return [copy.deepcopy(doc)]
+    if doc.get("kind") == "List":
+        return [p for item in doc.get("items") or [] for p in _pods_of(item)]
+    spec = doc.get("spec") or {}
+    template = spec.get("template") or ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template")
+    if doc.get("kind") not in WORKLOADS or not template:
+        return []
+    meta = copy.deepcopy(template.get("metadata") or {})
+    meta["name"] = f"{doc['metadata']['name']}-x"
+    meta["namespace"] = doc["metadata"].get("namespace", "default")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(template["spec"])}
+    if doc["kind"] in ("Job", "CronJob"):
+        pod["spec"].setdefault("restartPolicy", "Never")
+    return [pod]
+
+
+def _namespaces(pods: list[dict[str, Any]], given: dict[str, dict[str, str]], *, label: bool) -> dict[str, Any]:
+    out = {ns: dict(labels) for ns, labels in given.items()}
+    for pod in pods:
+        out.setdefault(pod["metadata"].get("namespace") or "default", {})
+    if label:
+        out = {ns: {**labels, **ENABLED} for ns, labels in out.items()}
+    return out
+
+
+def _golden() -> list[Case]:
+    out = []
+    for case in golden_cases.cases():
+        pods = [p for doc in case.input_docs for p in _pods_of(doc)]
+        if not pods:
+            continue
+        namespaces = _namespaces(pods, case.namespace_labels, label=case.name != "unlabelled-namespace")
+        out.append(Case(case.name, case.sidecarsets, namespaces, pods, "--no-validate" in case.args))
+    return out
+
+
+def _docs(path: Path) -> list[Any]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _corpus() -> list[Case]:
+    out = []
+    for d in sorted(p for p in CORPUS.iterdir() if p.is_dir()):
+        pods = [p for doc in _docs(d / "input.yaml") for p in _pods_of(doc)]
+        out.append(Case(f"corpus/{d.name}", _docs(d / "sidecarsets.yaml"), _namespaces(pods, {}, label=True), pods))
+    samples = REPO / "config" / "samples"
+    sample_sets = [
+        d for f in ("03-mesh-proxy-sidecarset.yaml", "04-log-agent-sidecarset.yaml") for d in _docs(samples / f)
+    ]
+    demo = [p for doc in _docs(samples / "05-demo-deployment.yaml") for p in _pods_of(doc)]
+    variants = []
+    for i, labels in enumerate(({"log-collection": "disabled"}, {"app.kubernetes.io/name": None}, {})):
+        pod = copy.deepcopy(demo[0])
+        pod["metadata"]["name"] = f"shop-{i}"
+        for k, v in labels.items():
+            if v is None:
+                pod["metadata"]["labels"].pop(k, None)
+            else:
+                pod["metadata"]["labels"][k] = v
+        variants.append(pod)
+    out.append(Case("samples/mesh-proxy+log-agent", sample_sets, _namespaces(variants, {}, label=True), variants))
+    bench_pod = bench_common.deployment_pod(name="shop-bench")
+    bench_pod["metadata"]["namespace"] = "bench-shop"
+    bench_pod["spec"]["volumes"] = [v for v in bench_pod["spec"]["volumes"] if not v["name"].startswith("kube-api")]
+    for c in bench_pod["spec"]["containers"]:
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if not m["name"].startswith("kube-api")]
+    out.append(
+        Case(
+            "bench/three-sidecarsets",
+            bench_common.three_sidecarsets(),
+            _namespaces([bench_pod], {}, label=True),
+            [bench_pod],
+        )
+    )
+    return out
+
+
+CASES = _golden() + _corpus()
+if os.environ.get("SIDECARCTL_POLICY_CASES"):  # a subset, by name, when looking into one
+    CASES = [c for c in CASES if c.name in os.environ["SIDECARCTL_POLICY_CASES"].split(",")]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Paths:
+    webhook: PrivateCluster
+    policy: PrivateCluster
+
+    @property
+    def both(self) -> tuple[PrivateCluster, PrivateCluster]:
+        return self.webhook, self.policy
+
+
+@pytest.fixture(scope="module")
+def paths(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Paths]:
+    with (
+        private_cluster(aloop, control_plane.bin_dir, injection="webhook") as webhook,
+        private_cluster(aloop, control_plane.bin_dir, injection="policy") as policy,
+    ):
+        yield Paths(webhook, policy)
+
+
+@contextlib.contextmanager
+def _unvalidated(cluster: PrivateCluster, skip: bool) -> Iterator[None]:
+    """The SidecarSet webhook out of the way, for the cases that show what happens without it."""
+    if not skip:
+        yield
+        return
+    path = f"{VWC_PATH}/{names.VALIDATING_WEBHOOK_CONFIG}"
+    saved = cluster.kube.get(path)
+    cluster.kube.delete(path)
+    time.sleep(0.3)
+    try:
+        yield
+    finally:
+        meta = {k: v for k, v in saved["metadata"].items() if k in ("name", "labels", "annotations")}
+        cluster.kube.create(VWC_PATH, {**saved, "metadata": meta})
+
+
+def _sidecarset(doc: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in doc["metadata"].items() if k in ("name", "labels", "annotations")}
+    return {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": names.KIND, "metadata": meta, "spec": doc["spec"]}
+
+
+def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
+    """Create the case's SidecarSets in both clusters, oldest first, a second apart when there are
+    several (the engine orders them by creation time, which has whole seconds); returns the ones the
+    policy-mode manager refused, with its message."""
+    refused: dict[str, str] = {}
+    ordered = sorted(
+        enumerate(case.sidecarsets), key=lambda t: (str(t[1]["metadata"].get("creationTimestamp") or ""), t[0])
+    )
+    for i, (_, doc) in enumerate(ordered):
+        if i:
+            time.sleep(1.05)
+        for cluster in paths.both:
+            with _unvalidated(cluster, case.unvalidated):
+                try:
+                    cluster.kube.create(SS_PATH, _sidecarset(doc))
+                except api.ApiError as e:
+                    if cluster is paths.webhook:
+                        raise
+                    refused[doc["metadata"]["name"]] = e.message
+    return refused
+
+
+def _wait_revisions(paths: Paths, case: Case, refused: dict[str, str]) -> None:
+    """Until each SidecarSet has its first revision: both paths then record it in the pods."""
+    for cluster in paths.both:
+        for doc in case.sidecarsets:
+            name = doc["metadata"]["name"]
+            if cluster is paths.policy and name in refused:
+                continue
+            eventually(
+                lambda c=cluster, n=name: (c.kube.get(f"{SS_PATH}/{n}").get("status") or {}).get("latestRevision"),
+                timeout=20,
+                what=f"{name} has a revision",
+            )
+
+
+def _delete_sidecarsets(paths: Paths, case: Case) -> None:
+    for cluster in paths.both:
+        for doc in case.sidecarsets:
+            with contextlib.suppress(api.NotFound):
+                cluster.kube.delete(f"{SS_PATH}/{doc['metadata']['name']}")
+
+    def policies_gone() -> bool:
+        items = paths.policy.kube.get(POLICIES)["items"]
+        return all(p["metadata"]["name"] == "sidecarctl-canary" for p in items)
+
+    eventually(policies_gone, timeout=20, what="the case's policies deleted")
+
+
+def _pod_for(case_index: int, pod: dict[str, Any], j: int) -> dict[str, Any]:
+    p = copy.deepcopy(pod)
+    meta = p["metadata"]
+    meta.pop("namespace", None)
+    if meta.get("name"):
+        meta["name"] = f"{meta['name']}-c{case_index}-{j}"[:63].rstrip("-")
+    elif not meta.get("generateName"):
+        meta["name"] = f"pod-c{case_index}-{j}"
+    return p
+
+
+def _create(cluster: PrivateCluster, ns: str, pod: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+    params = {"dryRun": "All"} if dry_run else {}
+    return cluster.kube.create(f"/api/v1/namespaces/{ns}/pods", pod, **params)
+
+
+def _injected(pod: dict[str, Any]) -> bool:
+    return names.ANN_INJECTED_LIST in (pod["metadata"].get("annotations") or {})
+
+
+def test_every_case_gives_the_same_pod_through_the_webhook_and_through_policies(paths: Paths) -> None:
+    report: list[str] = []
+    failures: list[str] = []
+    counts = {"cases": 0, "pods": 0, "equal": 0, "injected": 0, "by policy": 0, "by webhook": 0, "refused": 0}
+    for ci, case in enumerate(CASES):
+        counts["cases"] += 1
+        for cluster in paths.both:
+            for ns, labels in case.namespaces.items():
+                cluster.namespace(ns, labels)
+        time.sleep(0.3)  # the webhooks' namespace caches
+        refused = _apply_sidecarsets(paths, case)
+        try:
+            _wait_revisions(paths, case, refused)
+            if refused:
+                counts["refused"] += 1
+                report.append(f"{case.name}: refused in policy mode: {refused}")
+                continue
+            _compare_case(paths, ci, case, counts, report, failures)
+        finally:
+            _delete_sidecarsets(paths, case)
+    summary = ", ".join(f"{k} {v}" for k, v in counts.items())
+    print("\n" + "\n".join(report) + f"\n{summary}")
+    assert not failures, "\n\n".join(failures)
+    assert counts["pods"] >= 45 and counts["by policy"] >= 35, summary
+
+
+def _compare_case(
+    paths: Paths, ci: int, case: Case, counts: dict[str, int], report: list[str], failures: list[str]
+) -> None:
+    time.sleep(0.3)  # the webhook's SidecarSet store
+    pods = [(p["metadata"].get("namespace") or "default", _pod_for(ci, p, j)) for j, p in enumerate(case.pods)]
+    through_webhook = [_create(paths.webhook, ns, p) for ns, p in pods]
+
+    # Policies are enforced about a second after they are stored, and the webhook takes their pods
+    # until then: dry-run until the policy injects each pod the webhook injected (a pod the policy
+    # declines stays with the webhook: the wait ends), or, for a case that injects nothing, wait a
+    # full refresh interval.
+    def caught_up() -> bool:
+        for (ns, p), want in zip(pods, through_webhook, strict=True):
+            got = _create(paths.policy, ns, p, dry_run=True)
+            by = (got["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
+            if _injected(want) and (by != names.INJECTED_BY_POLICY or stored_pod(got) != stored_pod(want)):
+                return False
+        return True
+
+    with contextlib.suppress(AssertionError):
+        eventually(caught_up, timeout=8, interval=0.1, what="the policies enforced")
+    if not any(_injected(w) for w in through_webhook):
+        time.sleep(1.3)
+    for (ns, p), want in zip(pods, through_webhook, strict=True):
+        counts["pods"] += 1
+        got = _create(paths.policy, ns, p)
+        a, b = stored_pod(want), stored_pod(got)
+        by = (got["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY, "-")
+        label = f"{case.name} {ns}/{p['metadata'].get('name') or p['metadata'].get('generateName')}"
+        if a != b:
+            diff = jsonpatch.make_patch(a, b).patch
+            failures.append(f"{label} (injected by {by}): the policy path differs from the webhook: {diff}")
+            continue
+        counts["equal"] += 1
+        if _injected(got):
+            counts["injected"] += 1
+            counts[f"by {by}"] = counts.get(f"by {by}", 0) + 1
+        report.append(f"{label}: equal, {'injected by ' + by if _injected(got) else 'not injected'}")
