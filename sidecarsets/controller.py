@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 RESYNC_SECONDS = 30.0
+REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
 
 
 def _rv(value: str) -> int:
@@ -219,6 +220,10 @@ class Controller:
                 message=f"upgrading sidecar images in place to revision {latest}",
             )
         await self._report_failures(ss, plan.upgrades)
+        if any(f"{u.namespace}/{u.name}" in self.failures for u in plan.upgrades):
+            # A refused pod now waits out its backoff, held back from the plan: plan again at once, so
+            # the rollout goes on with the other pods instead of idling until that pod's retry.
+            return REPLAN_SECONDS
         retry = self.failures.next_retry(f"{u.namespace}/{u.name}" for u in plan.upgrades)
         return None if retry is None else retry + 0.05
 

@@ -18,7 +18,7 @@ from kuberuntime import api
 from kuberuntime.events import EventRecorder
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
-from sidecarsets.controller import RESYNC_SECONDS, SS_PATH, Controller
+from sidecarsets.controller import REPLAN_SECONDS, RESYNC_SECONDS, SS_PATH, Controller
 from sidecarsets.podfailures import PodFailures
 from sidecarsets.projection import project
 from tests.kube.builders import injected_pod as pod
@@ -130,6 +130,7 @@ def test_a_pod_changed_behind_the_cache_fails_its_resource_version_test_and_is_r
     stale["metadata"]["labels"]["touched"] = "yes"
     rig.api._store(pod_path("p0"), stale)
     before = upgrades("conflict")
+    assert rig.reconcile() == REPLAN_SECONDS, "planned again at once, without the pod"
     retry = rig.reconcile()
     assert retry is not None and 0.4 < retry < 0.7, "the pod backs off on its own, starting near half a second"
     assert upgrades("conflict") == before + 1
@@ -224,6 +225,22 @@ def test_a_pod_whose_patch_is_always_refused_backs_off_is_named_once_and_does_no
     assert envoy_image(rig.pod("p1")) == "envoy:v2" and envoy_image(rig.pod("p2")) == "envoy:v2"
     events = [o for p, o in rig.api.objects.items() if "/events/" in p and o["reason"] == "UpgradeFailed"]
     assert len(events) == 1 and "p0" in events[0]["message"] and "denied by policy" in events[0]["message"]
+
+
+def test_after_a_refused_patch_the_rollout_asks_to_go_on_with_another_pod_at_once() -> None:
+    """The requeue the controller asks for, not a test-driven loop: a refused pod must not make the
+    whole SidecarSet wait out its backoff (the rollout stood still until the next resync)."""
+    clock = [0.0]
+    rig = Rig(V2, pods=3)
+    rig.controller.failures = PodFailures(clock=lambda: clock[0])
+    rig.api.fail("patch", r"/pods/p0$", api.ApiError(422, "Invalid", "denied by policy"), times=None)
+    requeue = rig.reconcile()
+    assert rig.api.calls.count(("patch", pod_path("p0"))) == 1
+    assert requeue is not None and requeue <= 0.1, f"asked to come back after {requeue} s"
+    clock[0] += requeue
+    rig.reconcile()
+    assert rig.patched_pods()[-1] == "p1", "the next plan holds p0 back and takes another pod"
+    assert rig.api.calls.count(("patch", pod_path("p0"))) == 1
 
 
 def test_no_write_once_the_lease_is_held_by_another_replica() -> None:
