@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+import aiohttp
 import orjson
 
 from injector.policy import plan as planning
@@ -144,8 +145,10 @@ class PolicySync:
             self.dirty.clear()
             try:
                 await self.sync_once()
-            except api.ApiError as e:
-                log.warning("policy sync: %s; retrying", e)
+            except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                if stop.is_set():
+                    return
+                log.warning("policy sync: %s; retrying", e or type(e).__name__)
                 self.dirty.set()
                 await asyncio.sleep(1.0)
             except Exception:  # a bug must not end the leader's term: say so and keep the last state

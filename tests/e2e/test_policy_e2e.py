@@ -7,14 +7,19 @@ between the two paths.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
+from injector.metrics import ADMISSIONS
 from injector.policy.support import BINDINGS, POLICIES
 from injector.policy.sync import CONDITION_NAME
 from sidecarsets import names
-from tests.e2e.helpers import SS_PATH, make_pod
+from tests.e2e.helpers import SS_PATH, make_pod, status_of
+from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.managerharness import MWC_PATH, RunningManager
 
@@ -55,6 +60,28 @@ def injected_by(kube: Kube, ns: str, app: str, by: str, **labels: str) -> dict[s
     return eventually(attempt, timeout=20, interval=0.1, what=f"pods injected by {by}")
 
 
+def inject_calls() -> float:
+    """/inject requests this process's manager answered (the session manager runs in process)."""
+    return sum(
+        sample.value
+        for metric in ADMISSIONS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels.get("webhook") == "inject"
+    )
+
+
+def settled(manager: RunningManager) -> None:
+    """Past the time the manager gives a new policy before it narrows the webhook again."""
+    time.sleep(manager.opts.injection.policy_settle + 0.5)
+
+
+def hot(name: str = "proxy", image: str = "proxy:1") -> dict[str, Any]:
+    """A sidecar with upgradeStrategy HotUpgrade: a feature only the webhook serves."""
+    return builders.container(
+        name, image, upgradeStrategy={"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "proxy-empty:1"}
+    )
+
+
 def test_a_policy_served_sidecarset_is_injected_without_the_webhook(
     kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
 ) -> None:
@@ -62,19 +89,183 @@ def test_a_policy_served_sidecarset_is_injected_without_the_webhook(
     name = ss["metadata"]["name"]
     cond = wait_condition(kube, name, "True")
     assert cond["reason"] == "PolicyServed"
+    assert cond["message"] == f"MutatingAdmissionPolicy sidecarctl-{name}"
     policy = kube.get(f"{POLICIES}/sidecarctl-{name}")
     binding = kube.get(f"{BINDINGS}/sidecarctl-{name}")
     for obj in (policy, binding):
         owners = obj["metadata"]["ownerReferences"]
         assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [("SidecarSet", name, ss["metadata"]["uid"])]
+    assert policy["spec"]["failurePolicy"] == "Fail" and policy["spec"]["reinvocationPolicy"] == "Never"
     pod = injected_by(kube, injected_ns, "polshop", "policy")
     assert _names(pod["spec"]["containers"]) == ["proxy", "app"]
     assert _names(pod["spec"]["initContainers"]) == ["proxy-init"]
     assert pod["metadata"]["annotations"][names.ANN_INJECTED_LIST] == name
     # Once the policy has settled the webhook is narrowed: the pod never reaches it.
-    eventually(lambda: webhook_condition(kube) is not None, timeout=20, what="the webhook is narrowed")
-    time.sleep(manager.opts.injection.policy_settle + 0.5)
-    before = manager.manager.webhook.app_state.requests if hasattr(manager.manager.webhook, "app_state") else None
+    settled(manager)
+    before = inject_calls()
     stored = kube.create(PODS.format(injected_ns), make_pod("served", "polshop"))
     assert stored["metadata"]["annotations"][names.ANN_INJECTED_BY] == "policy"
-    del before
+    assert _names(stored["spec"]["containers"]) == ["proxy", "app"]
+    assert inject_calls() == before, "the webhook was called for a pod only a policy serves"
+
+
+def test_a_sidecarset_a_policy_cannot_serve_stays_on_the_webhook(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    ss = sidecarsets("hotshop", containers=[hot()])
+    name = ss["metadata"]["name"]
+    cond = wait_condition(kube, name, "False")
+    assert cond["reason"] == "NeedsWebhook"
+    assert "HotUpgrade" in cond["message"], cond
+    assert kube.get_or_none(f"{POLICIES}/sidecarctl-{name}") is None
+    settled(manager)
+    before = inject_calls()
+    stored = kube.create(PODS.format(injected_ns), make_pod("hot", "hotshop"))
+    assert stored["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook"
+    assert "proxy" in _names(stored["spec"]["containers"])
+    assert inject_calls() > before
+
+
+def test_moving_between_the_policy_and_the_webhook_leaves_no_pod_uninjected(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    """Make before break: pods created all through both moves are every one injected."""
+    ss = sidecarsets("moving")
+    name = ss["metadata"]["name"]
+    wait_condition(kube, name, "True")
+    injected_by(kube, injected_ns, "moving", "policy")
+    seen: list[tuple[str, bool]] = []
+    stop = threading.Event()
+
+    def create() -> None:
+        while not stop.is_set():
+            p = kube.create(PODS.format(injected_ns), make_pod("probe", "moving"), dryRun="All")
+            by = (p["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY, "none")
+            seen.append((by, _names(p["spec"]["containers"]) == ["proxy", "app"]))
+            time.sleep(0.02)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        # A pin to a stored revision (here the current one) is served by the webhook only.
+        revision = eventually(lambda: status_of(kube, name).get("latestRevision"), timeout=10, what="a revision")
+        pin = {"revision": {"revisionName": revision, "policy": "Always"}}
+        for strategy, want, by in ((pin, "False", "webhook"), (None, "True", "policy")):
+            kube.patch(f"{SS_PATH}/{name}", {"spec": {"injectionStrategy": strategy}})
+            wait_condition(kube, name, want)
+            injected_by(kube, injected_ns, "moving", by)
+            settled(manager)
+    finally:
+        stop.set()
+        creator.join()
+    bad = [s for s in seen if not s[1]]
+    paths = {by for by, _ in seen}
+    assert not bad, f"{len(bad)} of {len(seen)} pods not injected during the moves: {bad[:5]}"
+    assert {"policy", "webhook"} <= paths, paths
+    assert len(seen) > 40, len(seen)
+
+
+def test_hand_edits_of_policies_and_the_webhook_condition_are_put_back(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    ss = sidecarsets("edited")
+    name = ss["metadata"]["name"]
+    wait_condition(kube, name, "True")
+    path = f"{POLICIES}/sidecarctl-{name}"
+    kept = eventually(lambda: kube.get_or_none(path), timeout=10, what="the policy")
+    noop = [
+        {"patchType": "JSONPatch", "jsonPatch": {"expression": '[JSONPatch{op: "test", path: "/kind", value: "Pod"}]'}}
+    ]
+    kube.patch(path, {"spec": {"mutations": noop}})
+    eventually(
+        lambda: kube.get(path)["spec"]["mutations"] == kept["spec"]["mutations"], timeout=10, what="the policy restored"
+    )
+    kube.delete(path)
+    eventually(lambda: kube.get_or_none(path) is not None, timeout=10, what="the deleted policy recreated")
+    injected_by(kube, injected_ns, "edited", "policy")
+    settled(manager)
+    condition = eventually(lambda: webhook_condition(kube), timeout=10, what="the webhook narrowed")
+    mwc_path = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
+    mwc = kube.get(mwc_path)
+    index = next(i for i, h in enumerate(mwc["webhooks"]) if h["name"] == names.MUTATING_WEBHOOK_NAME)
+    edit = [
+        {
+            "op": "replace",
+            "path": f"/webhooks/{index}/matchConditions",
+            "value": [{"name": CONDITION_NAME, "expression": "false"}],
+        }
+    ]
+    kube.patch(mwc_path, edit, patch_type="json")
+    eventually(lambda: webhook_condition(kube) == condition, timeout=10, what="the webhook condition restored")
+
+
+def test_a_deleted_sidecarset_loses_its_policy_within_a_second(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    ss = sidecarsets("gone")
+    name = ss["metadata"]["name"]
+    wait_condition(kube, name, "True")
+    injected_by(kube, injected_ns, "gone", "policy")
+    path = f"{POLICIES}/sidecarctl-{name}"
+    t0 = time.monotonic()
+    kube.delete(f"{SS_PATH}/{name}")
+    eventually(lambda: kube.get_or_none(path) is None, timeout=5, interval=0.01, what="the policy deleted")
+    took = time.monotonic() - t0
+    assert kube.get_or_none(f"{BINDINGS}/sidecarctl-{name}") is None
+    assert took < 1.0, f"the policy outlived its SidecarSet by {took:.2f}s"
+
+    def plain() -> bool:
+        p = kube.create(PODS.format(injected_ns), make_pod("probe", "gone"), dryRun="All")
+        return _names(p["spec"]["containers"]) == ["app"]
+
+    # The API server stops enforcing it at its next policy refresh (about a second).
+    eventually(plain, timeout=5, interval=0.05, what="new pods no longer injected")
+    settled(manager)
+    stored = kube.create(PODS.format(injected_ns), make_pod("after", "gone"))
+    assert _names(stored["spec"]["containers"]) == ["app"]
+
+
+def test_an_image_change_while_pods_are_created_gives_each_pod_one_complete_set(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    """10 pods/s for 6 s; the sidecar image changes after 2 s: each pod has the old set or the new one."""
+    ss = sidecarsets(
+        "rolling", containers=[builders.container("proxy", "proxy:1"), builders.container("agent", "agent:1")]
+    )
+    name = ss["metadata"]["name"]
+    wait_condition(kube, name, "True")
+    injected_by(kube, injected_ns, "rolling", "policy")
+    settled(manager)
+    old_hash = builders.model(kube.get(f"{SS_PATH}/{name}")).hash
+    created: list[dict[str, Any]] = []
+    start = time.monotonic()
+    changed = False
+    for i in range(60):
+        time.sleep(max(0.0, start + i * 0.1 - time.monotonic()))
+        if i == 20 and not changed:
+            kube.patch(
+                f"{SS_PATH}/{name}",
+                {
+                    "spec": {
+                        "containers": [builders.container("proxy", "proxy:2"), builders.container("agent", "agent:2")]
+                    }
+                },
+            )
+            changed = True
+        created.append(kube.create(PODS.format(injected_ns), make_pod(f"rolling-{i}", "rolling")))
+    new_hash = builders.model(kube.get(f"{SS_PATH}/{name}")).hash
+    versions = []
+    for pod in created:
+        images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+        entry = orjson.loads(pod["metadata"]["annotations"][names.ANN_HASH])[name]
+        version = {"proxy": images.get("proxy"), "agent": images.get("agent")}
+        assert version in ({"proxy": "proxy:1", "agent": "agent:1"}, {"proxy": "proxy:2", "agent": "agent:2"}), (
+            pod["metadata"]["name"],
+            images,
+        )
+        assert entry["hash"] == (old_hash if version["proxy"] == "proxy:1" else new_hash), pod["metadata"]["name"]
+        assert _names(pod["spec"]["initContainers"]) == ["proxy-init"]
+        versions.append(version["proxy"])
+    assert versions[0] == "proxy:1" and versions[-1] == "proxy:2"
+    # Once a pod has the new set, no later pod has the old one.
+    assert versions == sorted(versions), versions
