@@ -48,7 +48,11 @@ def referenced_vars(sub_path_expr: str) -> set[str]:
 def transferred(
     transfer: Sequence[TransferEnv], *, pod_metadata: Mapping[str, Any], pod_containers: Sequence[JsonObj]
 ) -> tuple[list[JsonObj], list[str]]:
-    """Env vars copied from app containers, in source order, plus a warning per missing source."""
+    """Env vars copied from the pod's containers, plus a warning per missing source.
+
+    As Kruise's GetSidecarTransferEnvs: entry by entry, and within an entry in the order of its
+    (sorted) names; a var the source defines twice is taken as its last definition.
+    """
     by_name = {c.get("name"): c for c in pod_containers}
     out: list[JsonObj] = []
     warnings: list[str] = []
@@ -64,7 +68,8 @@ def transferred(
             warnings.append(f"transferEnv: source container {source!r} is not in the pod; skipped")
             continue
         wanted = entry.env_name_set
-        out.extend([env for env in container.get("env") or [] if env.get("name") in wanted])
+        found = {env.get("name"): env for env in container.get("env") or [] if env.get("name") in wanted}
+        out.extend([found[name] for name in entry.env_names if name in found])
     return out, warnings
 
 

@@ -36,7 +36,9 @@ class TransferEnv:
     """Env vars copied from an app container of the pod into the sidecar.
 
     The source is `source_container_name`, or read from the pod at `source_field_path`
-    (`metadata.name`, `metadata.labels['k']`, `metadata.annotations['k']`).
+    (`metadata.labels['k']` or `metadata.annotations['k']`: the only paths Kruise accepts).
+    `env_names` are `envName` and `envNames` together, sorted and without repeats, as Kruise
+    copies them.
     """
 
     source_container_name: str | None
@@ -54,9 +56,6 @@ class TransferEnv:
         """The source container name for this pod, or None when the pod does not say."""
         if self.source_field_path is None:
             return self.source_container_name
-        if self.source_field_path == "metadata.name":
-            value = pod_metadata.get("name")
-            return value if isinstance(value, str) and value else None
         if self._subscript is None:
             return None
         section_name, key = self._subscript
@@ -195,27 +194,29 @@ def _transfer_env_item(reader: Reader, raw: JsonObj, where: str) -> TransferEnv 
     if source_from:
         ref = reader.object(source_from.get("fieldRef"), f"{where}.sourceContainerNameFrom.fieldRef", required=True)
         path = ref.get("fieldPath")
-        if not isinstance(path, str) or not (path == "metadata.name" or SUBSCRIPTED_PATH.match(path)):
+        if not isinstance(path, str) or not SUBSCRIPTED_PATH.match(path):
+            shown = repr(path) if isinstance(path, str) else type_name(path)
             reader.fail(
                 f"{where}.sourceContainerNameFrom.fieldRef.fieldPath",
-                f"{where}.sourceContainerNameFrom.fieldRef.fieldPath: {path!r} is not supported "
-                "(metadata.name, metadata.labels['k'] or metadata.annotations['k'])",
+                f"{where}.sourceContainerNameFrom.fieldRef.fieldPath: {shown} is not supported "
+                "(metadata.labels['k'] or metadata.annotations['k'])",
             )
             return None
         field_path = path
     if not source and field_path is None:
         reader.fail(where, f"{where}: sourceContainerName or sourceContainerNameFrom is required")
         return None
-    env_names: list[str] = []
+    env_names: set[str] = set()
     env_name = reader.string(raw.get("envName"), f"{where}.envName")
     if env_name:
-        env_names.append(env_name)
+        env_names.add(env_name)
     for j, item in enumerate(reader.list(raw.get("envNames"), f"{where}.envNames")):
         if not isinstance(item, str):
             reader.fail(f"{where}.envNames[{j}]", f"{where}.envNames[{j}] must be a string")
-        elif item not in env_names:
-            env_names.append(item)
-    return TransferEnv(source or None, field_path, tuple(env_names))
+        elif item:
+            env_names.add(item)
+    # Kruise's sets.String.List(): byte-wise ascending, which is code point order for UTF-8.
+    return TransferEnv(source or None, field_path, tuple(sorted(env_names)))
 
 
 def read_patch_pod_metadata(reader: Reader, value: Any) -> tuple[MetadataPatch, ...]:

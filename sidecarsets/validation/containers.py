@@ -34,7 +34,8 @@ from sidecarsets.validation.resources import validate_resources_policy
 # Printable ASCII except '=' (Kubernetes relaxed env var names, GA since 1.34).
 _ENV_NAME = re.compile(r"^[\x20-\x3c\x3e-\x7e]+$")
 _SUBSCRIPTED = re.compile(r"^metadata\.(labels|annotations)\['(.*)'\]$")
-ALLOWED_FIELD_PATHS = "metadata.name, metadata.labels['<KEY>'] or metadata.annotations['<KEY>']"
+# As Kruise (ConvertDownwardAPIFieldLabel): only a label or an annotation; not metadata.name.
+ALLOWED_FIELD_PATHS = "metadata.labels['<KEY>'] or metadata.annotations['<KEY>']"
 
 
 def env_name_problem(name: Any) -> str | None:
@@ -57,8 +58,6 @@ def _field_ref(ref: Mapping[str, Any], path: str, errs: Errors) -> None:
         return
     if not isinstance(field_path, str):
         errs.append(FieldError(f"{path}.fieldPath", f"must be a string, not {type_name(field_path)}"))
-        return
-    if field_path == "metadata.name":
         return
     m = _SUBSCRIPTED.match(field_path)
     if not m:

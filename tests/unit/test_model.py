@@ -164,7 +164,7 @@ def test_transfer_env_sources() -> None:
                     "name": "proxy",
                     "image": "p",
                     "transferEnv": [
-                        {"sourceContainerName": "app", "envName": "A", "envNames": ["B", "A"]},
+                        {"sourceContainerName": "app", "envName": "B", "envNames": ["C", "A", "B", "A"]},
                         {
                             "sourceContainerNameFrom": {
                                 "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.labels['main']"}
@@ -177,19 +177,18 @@ def test_transfer_env_sources() -> None:
                             },
                             "envName": "D",
                         },
-                        {"sourceContainerNameFrom": {"fieldRef": {"fieldPath": "metadata.name"}}, "envName": "E"},
                     ],
                 }
             ]
         )
     )
-    by_name, by_label, by_annotation, by_pod_name = ss.containers[0].transfer_env
-    assert by_name.env_names == ("A", "B")
+    by_name, by_label, by_annotation = ss.containers[0].transfer_env
+    # Kruise: envName and envNames together, sorted and without repeats.
+    assert by_name.env_names == ("A", "B", "C")
     meta = {"name": "web-1", "labels": {"main": "app"}, "annotations": {"example.com/main": "sidecar"}}
     assert by_name.source_in(meta) == "app"
     assert by_label.source_in(meta) == "app"
     assert by_annotation.source_in(meta) == "sidecar"
-    assert by_pod_name.source_in(meta) == "web-1"
     assert by_label.source_in({"labels": {}}) is None
 
 
@@ -225,6 +224,13 @@ def test_transfer_env_sources() -> None:
                 transferEnv=[{"sourceContainerNameFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
             ),
             "fieldRef.fieldPath",
+        ),
+        (
+            # Kruise refuses metadata.name (TestConvertDownwardAPIFieldLabel).
+            lambda o: o["spec"]["containers"][0].update(
+                transferEnv=[{"sourceContainerNameFrom": {"fieldRef": {"fieldPath": "metadata.name"}}, "envName": "E"}]
+            ),
+            "spec.containers[0].transferEnv[0].sourceContainerNameFrom.fieldRef.fieldPath: 'metadata.name'",
         ),
         (
             lambda o: o["spec"].update(initContainers=[{"name": "proxy", "image": "x"}]),

@@ -360,12 +360,21 @@ def field_ref(path: str, api_version: str | None = "v1") -> Obj:
 
 def test_transfer_env_valid_forms() -> None:
     assert with_transfer({"sourceContainerName": "main", "envNames": ["TZ", "LANG"]}) == []
-    for path in ("metadata.name", "metadata.labels['app']", "metadata.annotations['example.com/Main']"):
+    for path in ("metadata.labels['app']", "metadata.annotations['example.com/Main']"):
         assert with_transfer(field_ref(path)) == [], path
 
 
+def test_transfer_env_refuses_metadata_name_as_kruise_does() -> None:
+    errs = with_transfer(field_ref("metadata.name"))
+    assert_error(
+        errs, "spec.containers[0].transferEnv[0].sourceContainerNameFrom.fieldRef.fieldPath", "'metadata.name'"
+    )
+    assert "metadata.labels['<KEY>'] or metadata.annotations['<KEY>']" in str(errs[0])
+    assert str(errs[0]).startswith("spec.containers[0].transferEnv[0].sourceContainerNameFrom.fieldRef.fieldPath: ")
+
+
 def test_transfer_env_both_sources() -> None:
-    entry = {**field_ref("metadata.name"), "sourceContainerName": "main"}
+    entry = {**field_ref("metadata.labels['app']"), "sourceContainerName": "main"}
     assert_error(with_transfer(entry), "spec.containers[0].transferEnv[0]", "exactly one of sourceContainerName")
 
 
@@ -374,7 +383,7 @@ def test_transfer_env_no_source() -> None:
 
 
 def test_transfer_env_field_ref_needs_api_version() -> None:
-    errs = with_transfer(field_ref("metadata.name", api_version=None))
+    errs = with_transfer(field_ref("metadata.labels['app']", api_version=None))
     assert_error(errs, "spec.containers[0].transferEnv[0].sourceContainerNameFrom.fieldRef.apiVersion", "required")
 
 
@@ -388,7 +397,7 @@ def test_transfer_env_source_from_needs_field_ref() -> None:
     assert_error(errs, "spec.containers[0].transferEnv[0].sourceContainerNameFrom.fieldRef", "required")
 
 
-@pytest.mark.parametrize("path", ["spec.nodeName", "metadata.labels", "metadata.uid", "status.podIP"])
+@pytest.mark.parametrize("path", ["spec.nodeName", "metadata.labels", "metadata.uid", "status.podIP", "metadata.name"])
 def test_transfer_env_field_path_not_allowed(path: str) -> None:
     errs = with_transfer(field_ref(path))
     assert_error(errs, "spec.containers[0].transferEnv[0].sourceContainerNameFrom.fieldRef.fieldPath", "not supported")
