@@ -2,35 +2,57 @@
 
 Like `istioctl kube-inject`, workloads are injected in their pod template so that every pod they
 create starts out injected (and the webhook, seeing the hash annotation, leaves it alone). Kinds
-without a pod template pass through untouched. There is no cluster here, so namespace labels are
-whatever the user declares, and an object that names no namespace is not namespace-scoped at all:
-`kubectl apply` would put it in a namespace this tool cannot know.
+are matched by API group and kind: a Deployment of `apps` is a workload, an OpenKruise
+`apps.kruise.io` StatefulSet or CloneSet is not, unless the caller adds its template path (the
+CLI's `--kind-template`); an unknown kind that embeds a pod template passes through with a
+warning that says so. There is no cluster here, so namespace labels are whatever the caller
+declares, and an object that names no namespace (and is given none) is not namespace-scoped at
+all: `kubectl apply` would put it in a namespace this tool cannot know.
+
+Everything the webhook would decide from its store is decided the same way here: revision pins
+with `sidecarsets.revisions` over the ControllerRevisions given, and the engine itself. Two
+things differ, both because the output must be reproducible: a Partial pin's per-pod draw is a
+hash of the object and the SidecarSet instead of a random number, and the `updateTimestamp` of a
+SidecarSet's hash entry is the SidecarSet's own last change (or the caller's fixed time), never
+the clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-import jsonpatch
+import orjson
 
-from injector import engine
+from injector import eligibility, engine, envs, patchapply
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
-from sidecarsets.model import SidecarSet
+from sidecarsets import names, revisions, selectors
+from sidecarsets.model import ModelError, SidecarSet
 
-# Where each workload kind keeps its pod template.
-POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "ReplicationController": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+TemplateKey = tuple[str, str]  # (API group, kind); "" is the core group
+
+# Where each workload kind keeps its pod template; () is the object itself (a Pod).
+WORKLOAD_TEMPLATES: dict[TemplateKey, tuple[str, ...]] = {
+    ("", "Pod"): (),
+    ("", "ReplicationController"): ("spec", "template"),
+    ("apps", "Deployment"): ("spec", "template"),
+    ("apps", "StatefulSet"): ("spec", "template"),
+    ("apps", "DaemonSet"): ("spec", "template"),
+    ("apps", "ReplicaSet"): ("spec", "template"),
+    ("batch", "Job"): ("spec", "template"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
 }
+_BUILTIN_GROUP = {kind: group for group, kind in WORKLOAD_TEMPLATES}
+_SIDECARSET_GROUPS = frozenset({names.GROUP, names.KRUISE_API_VERSION.split("/")[0]})
+EPOCH = "1970-01-01T00:00:00Z"
+_PIN = "spec.injectionStrategy.revision"
+_SEARCH_DEPTH = 5
+_MAX_SUBJECTS = 3
 
 
 class ManifestError(ValueError):
@@ -38,15 +60,98 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Note:
+    """A warning about something that was not injected, or not as asked; said once per run."""
+
+    message: str
+    level: str = "warning"
+
+
+class Notes:
+    """Warnings collected over a run: each said once, naming the objects (or files) it concerns."""
+
+    def __init__(self) -> None:
+        self._subjects: dict[Note, list[str]] = {}
+
+    def add(self, message: str, subject: str | None = None, *, level: str = "warning") -> None:
+        subjects = self._subjects.setdefault(Note(message, level), [])
+        if subject is not None and subject not in subjects:
+            subjects.append(subject)
+
+    def lines(self) -> list[str]:
+        """`level: subjects: message`, in the order first seen; long subject lists are cut short."""
+        out = []
+        for note, subjects in self._subjects.items():
+            shown = ", ".join(subjects[:_MAX_SUBJECTS])
+            if len(subjects) > _MAX_SUBJECTS:
+                shown += f" and {len(subjects) - _MAX_SUBJECTS} more"
+            out.append(f"{note.level}: {shown}: {note.message}" if shown else f"{note.level}: {note.message}")
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self._subjects)
+
+
+@dataclass(slots=True)
+class Stats:
+    """What happened to the pods of a file, for the "nothing matched" warning."""
+
+    pods: int = 0
+    injected: int = 0
+    already: int = 0
+    unmatched: int = 0
+
+    def add(self, other: Stats) -> None:
+        self.pods += other.pods
+        self.injected += other.injected
+        self.already += other.already
+        self.unmatched += other.unmatched
+
+
+@dataclass(slots=True)
 class Context:
-    """What manual injection knows: the SidecarSets, the declared namespace labels, and the time."""
+    """What manual injection knows: the SidecarSets, the declared namespaces, revisions and time."""
 
     sidecarsets: Sequence[SidecarSet]
-    now: str
+    # A fixed `updateTimestamp`; None: each SidecarSet's own last change (`last_change`).
+    now: str | None = None
     # Labels per namespace name; `default_labels` for any namespace not listed; None = unknown.
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     default_labels: Mapping[str, str] | None = None
     manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
+    # The namespace of objects that name none (`-n`); None: such objects are not namespace-scoped.
+    default_namespace: str | None = None
+    templates: Mapping[TemplateKey, tuple[str, ...]] = field(default_factory=lambda: dict(WORKLOAD_TEMPLATES))
+    # ControllerRevision name → object; None: none were given (pins then use the current spec).
+    revisions: Mapping[str, JsonObj] | None = None
+    notes: Notes = field(default_factory=Notes)
+    _pinned: dict[tuple[str, str], SidecarSet] = field(default_factory=dict)
+    _stamps: dict[str, str] = field(default_factory=dict)
+    _by_name: dict[str, SidecarSet] = field(default_factory=dict)
+
+    def labels_of(self, namespace: str) -> Mapping[str, str] | None:
+        return self.namespace_labels.get(namespace, self.default_labels)
+
+    def sidecarset(self, name: str) -> SidecarSet | None:
+        if not self._by_name:
+            self._by_name.update((ss.name, ss) for ss in self.sidecarsets)
+        return self._by_name.get(name)
+
+
+def api_group(obj: Mapping[str, Any]) -> str | None:
+    """The object's API group ("" for core), or None when it has no apiVersion."""
+    api_version = obj.get("apiVersion")
+    if not isinstance(api_version, str) or not api_version:
+        return None
+    group, sep, _ = api_version.rpartition("/")
+    return group if sep else ""
+
+
+def template_key(obj: Mapping[str, Any]) -> TemplateKey:
+    """(group, kind); an object without apiVersion is taken to be of its kind's built-in group."""
+    kind = str(obj.get("kind") or "")
+    group = api_group(obj)
+    return (_BUILTIN_GROUP.get(kind, "") if group is None else group, kind)
 
 
 def scope(namespace: str | None, sidecarsets: Sequence[SidecarSet]) -> tuple[str, tuple[SidecarSet, ...]]:
@@ -57,7 +162,11 @@ def scope(namespace: str | None, sidecarsets: Sequence[SidecarSet]) -> tuple[str
     """
     if namespace:
         return namespace, tuple(sidecarsets)
-    return "default", tuple(dataclasses.replace(ss, namespace_selector=None) for ss in sidecarsets)
+    return "default", tuple(_unscoped(ss) for ss in sidecarsets)
+
+
+def _unscoped(ss: SidecarSet) -> SidecarSet:
+    return ss if ss.namespace_selector is None else dataclasses.replace(ss, namespace_selector=None)
 
 
 def describe(obj: Mapping[str, Any]) -> str:
@@ -66,68 +175,344 @@ def describe(obj: Mapping[str, Any]) -> str:
     meta = meta if isinstance(meta, Mapping) else {}
     name = meta.get("name") or meta.get("generateName") or "(unnamed)"
     ns = meta.get("namespace")
-    return f"{obj.get('kind') or '(no kind)'} {ns}/{name}" if ns else f"{obj.get('kind') or '(no kind)'} {name}"
+    kind = obj.get("kind") or "(no kind)"
+    return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
 
 
-def inject_document(doc: Any, ctx: Context) -> tuple[Any, list[str]]:
-    """The document with its pod or pod template injected, plus warnings prefixed with the object."""
+def last_change(obj: Mapping[str, Any]) -> str:
+    """The object's last change as written in it: the latest of `creationTimestamp` and the
+    `managedFields` times of writes to the object itself (not its status); EPOCH when none.
+
+    Objects exported from a cluster (`kubectl get -o yaml`) carry these; a hand-written file has
+    none, and then every run gives the same EPOCH rather than the clock.
+    """
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    times = [meta.get("creationTimestamp")]
+    managed = meta.get("managedFields")
+    for entry in managed if isinstance(managed, list) else ():
+        if isinstance(entry, Mapping) and not entry.get("subresource"):
+            times.append(entry.get("time"))
+    best: tuple[datetime, str] | None = None
+    for text in times:
+        if not isinstance(text, str):
+            continue
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            continue
+        if when.tzinfo is None:
+            continue
+        if best is None or when > best[0]:
+            best = (when, text)
+    return best[1] if best else EPOCH
+
+
+def inject_document(doc: Any, ctx: Context) -> tuple[Any, Stats]:
+    """The document with its pod or pod template injected (the same object when untouched)."""
+    stats = Stats()
+    return _document(doc, ctx, stats), stats
+
+
+def _document(doc: Any, ctx: Context, stats: Stats) -> Any:
     if not isinstance(doc, dict):
-        raise ManifestError("a document is not an object")
-    kind = doc.get("kind")
-    if kind == "List":
+        raise ManifestError("the document is not an object (a mapping of apiVersion, kind, metadata, ...)")
+    key = template_key(doc)
+    if key == ("", "List"):
         items = doc.get("items")
         if items is None:
-            return doc, []
+            return doc
         if not isinstance(items, list):
             raise ManifestError(f"{describe(doc)}: items must be a list")
-        warnings: list[str] = []
         new_items = []
-        for item in items:
-            new_item, item_warnings = inject_document(item, ctx)
-            new_items.append(new_item)
-            warnings += item_warnings
-        return {**doc, "items": new_items}, warnings
-    if kind == "Pod":
-        return _inject_pod(doc, doc, ctx, where=describe(doc), field_prefix="")
-    path = POD_TEMPLATE_PATHS.get(str(kind))
+        for i, item in enumerate(items):
+            try:
+                new_items.append(_document(item, ctx, stats))
+            except ManifestError as e:
+                raise ManifestError(f"items[{i}]: {e}") from None
+        if all(new is old for new, old in zip(new_items, items, strict=True)):
+            return doc
+        return {**doc, "items": new_items}
+    path = ctx.templates.get(key)
     if path is None:
-        return doc, []
+        _note_unknown_kind(doc, key, ctx)
+        return doc
+    if path == ():
+        return _inject_pod(doc, doc, ctx, stats, field_prefix="")
     template = _at(doc, path)
     if not isinstance(template, dict):
         raise ManifestError(f"{describe(doc)}: {'.'.join(path)} must be an object")
     pod = {"metadata": template.get("metadata") or {}, "spec": template.get("spec")}
-    prefix = ".".join(path) + "."
-    injected, warnings = _inject_pod(pod, doc, ctx, where=describe(doc), field_prefix=prefix)
+    injected = _inject_pod(pod, doc, ctx, stats, field_prefix=".".join(path) + ".")
     if injected is pod:
-        return doc, warnings
+        return doc
     new_template = {} if "metadata" in template else {"metadata": injected["metadata"]}
-    for key, value in template.items():
-        new_template[key] = injected[key] if key in ("metadata", "spec") else value
-    return _replaced(doc, path, new_template), warnings
+    for k, value in template.items():
+        new_template[k] = injected[k] if k in ("metadata", "spec") else value
+    return _replaced(doc, path, new_template)
 
 
-def _inject_pod(
-    pod: JsonObj, owner: Mapping[str, Any], ctx: Context, *, where: str, field_prefix: str
-) -> tuple[JsonObj, list[str]]:
+def _note_unknown_kind(doc: Mapping[str, Any], key: TemplateKey, ctx: Context) -> None:
+    group, kind = key
+    if kind == names.KIND and group in _SIDECARSET_GROUPS:
+        return
+    found = find_pod_template(doc)
+    if found is None:
+        return
+    where = ".".join(found)
+    qualified = f"{kind}.{group}" if group else kind
+    ctx.notes.add(
+        f"kind {kind} of API group {group or 'core'} is not a workload this tool knows, but it holds a pod template "
+        f"at {where}: passed through unchanged (inject it with --kind-template {qualified}={where})",
+        describe(doc),
+    )
+
+
+def find_pod_template(obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The path of the first nested object shaped like a pod template ({spec: {containers: [...]}}).
+
+    The object itself does not count (a SidecarSet has `spec.containers` too), nor its status.
+    """
+    todo: list[tuple[tuple[str, ...], Mapping[str, Any]]] = [((), obj)]
+    while todo:
+        path, node = todo.pop(0)
+        for key, value in node.items():
+            if not isinstance(value, Mapping) or (not path and key == "status"):
+                continue
+            here = (*path, str(key))
+            spec = value.get("spec")
+            if isinstance(spec, Mapping) and isinstance(spec.get("containers"), list):
+                return here
+            if len(here) < _SEARCH_DEPTH:
+                todo.append((here, value))
+    return None
+
+
+def _inject_pod(pod: JsonObj, owner: Mapping[str, Any], ctx: Context, stats: Stats, *, field_prefix: str) -> JsonObj:
+    where = describe(owner)
     meta = owner.get("metadata")
-    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
-    namespace, sidecarsets = scope(ns if isinstance(ns, str) else None, ctx.sidecarsets)
+    own_ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    ns = own_ns if isinstance(own_ns, str) and own_ns else ctx.default_namespace
+    namespace, scoped = scope(ns, ctx.sidecarsets)
+    ns_labels = ctx.labels_of(namespace) if ns else None
+    pod_labels = _pod_labels(pod)
+    candidates, stamps = _pinned(
+        scoped, ctx, pod_labels=pod_labels, namespace=namespace, ns_labels=ns_labels, where=where
+    )
+    if ns is None:
+        candidates = [_unscoped(ss) for ss in candidates]
+    stats.pods += 1
     result = engine.inject(
         pod,
         namespace=namespace,
-        namespace_labels=ctx.namespace_labels.get(namespace, ctx.default_labels),
-        sidecarsets=sidecarsets,
-        now=ctx.now,
+        namespace_labels=ns_labels,
+        sidecarsets=candidates,
+        now=ctx.now or EPOCH,
         manager_namespace=ctx.manager_namespace,
         require_namespace_label=False,
     )
     if result.denied is not None:
         raise ManifestError(f"{where}: {field_prefix}{result.denied}")
-    warnings = [f"{where}: {w}" for w in result.warnings]
+    for warning in result.warnings:
+        ctx.notes.add(warning, where)
+    if result.skipped == eligibility.SKIP_SYSTEM_NAMESPACE:
+        what = "the manager's (--manager-namespace)" if namespace == ctx.manager_namespace else "a system namespace"
+        ctx.notes.add(f"namespace {namespace} is {what}, never injected: left unchanged", where)
+        return pod
+    if ns is not None and ns_labels is None:
+        _note_unknown_labels(scoped, namespace, pod_labels, ctx, where)
+    if result.skipped == engine.SKIP_ALREADY_INJECTED:
+        stats.already += 1
+    elif result.skipped in (engine.SKIP_NO_MATCH, engine.SKIP_ALL_CONFLICT):
+        stats.unmatched += 1
     if not result.patch:
-        return pod, warnings
-    patched: JsonObj = jsonpatch.apply_patch(pod, result.patch)
-    return patched, warnings
+        return pod
+    stats.injected += 1
+    if ns is None:
+        _note_unscoped(result.injected, ctx, where)
+    _note_replaced(pod, result.injected, ctx, where)
+    patched = _own_copy(pod)
+    patchapply.apply_in_place(patched, result.patch)
+    if ctx.now is None:
+        _stamp(patched, result.injected, stamps, ctx)
+    return patched
+
+
+def _pod_labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _draw(where: str, ss: SidecarSet) -> float:
+    """A Partial pin's draw in [0, 1), fixed for the object and SidecarSet (the webhook draws at random)."""
+    digest = hashlib.sha256(f"{where}\x00{ss.name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _pinned(
+    sidecarsets: Sequence[SidecarSet],
+    ctx: Context,
+    *,
+    pod_labels: Mapping[str, str],
+    namespace: str,
+    ns_labels: Mapping[str, str] | None,
+    where: str,
+) -> tuple[list[SidecarSet], dict[str, str]]:
+    """The SidecarSets with `injectionStrategy.revision` pins resolved as the webhook resolves them
+    (sidecarsets.pins), plus the timestamps of the pinned revisions used."""
+    out: list[SidecarSet] = []
+    stamps: dict[str, str] = {}
+    for ss in sidecarsets:
+        try:
+            use_pin = (
+                (ss.injection_revision is not None or ss.problem(_PIN) is not None)
+                and ss.matches_pod(pod_labels)
+                and ss.matches_namespace(namespace, ns_labels)
+                and revisions.should_use_pinned(ss, pod_labels=pod_labels, rand=_draw(where, ss))
+            )
+            if not use_pin:
+                out.append(ss)
+                continue
+            if ctx.revisions is None:
+                pin = ss.injection_revision
+                what = "" if pin is None else f" to revisionName {pin.revision_name}"
+                if pin is not None and not pin.revision_name:
+                    what = f" to customVersion {pin.custom_version}"
+                ctx.notes.add(
+                    f"SidecarSet {ss.name} pins {_PIN}{what}, but no --revisions were given: "
+                    "its current spec was injected instead",
+                    where,
+                )
+                out.append(ss)
+                continue
+            revision = revisions.resolve_pinned(ss, ctx.revisions.values())
+            if revision is None:
+                out.append(ss)
+                continue
+            rev_name = str((revision.get("metadata") or {}).get("name") or "")
+            cache_key = (ss.name, rev_name)
+            pinned = ctx._pinned.get(cache_key)
+            if pinned is None:
+                pinned = ctx._pinned[cache_key] = SidecarSet.from_object(revisions.apply_revision(ss, revision))
+            out.append(pinned)
+            stamp = last_change(revision)
+            stamps[ss.name] = stamp if stamp != EPOCH else _stamp_of(ss, ctx)
+        except revisions.PinnedRevisionNotFound as e:
+            raise ManifestError(f"{where}: SidecarSet {ss.name}: {e} (among the --revisions given)") from None
+        except (revisions.RevisionError, ModelError) as e:
+            raise ManifestError(f"{where}: SidecarSet {ss.name}: pinned revision is unusable: {e}") from None
+    return out, stamps
+
+
+def _stamp_of(ss: SidecarSet, ctx: Context) -> str:
+    found = ctx._stamps.get(ss.name)
+    if found is None:
+        found = ctx._stamps[ss.name] = last_change(ss.obj)
+    return found
+
+
+def _stamp(pod: JsonObj, injected: Sequence[str], pinned: Mapping[str, str], ctx: Context) -> None:
+    """Write each injected SidecarSet's own time into its hash entries, in the engine's JSON form."""
+    annotations = pod["metadata"]["annotations"]
+    for key in (names.ANN_HASH, names.ANN_HASH_WITHOUT_IMAGE):
+        entries = json.loads(annotations[key])
+        for name in injected:
+            entry = entries.get(name)
+            ss = ctx.sidecarset(name)
+            if isinstance(entry, dict) and ss is not None:
+                entry["updateTimestamp"] = pinned.get(name) or _stamp_of(ss, ctx)
+        annotations[key] = json.dumps(entries, separators=(",", ":"), ensure_ascii=False)
+
+
+def _note_unknown_labels(
+    sidecarsets: Sequence[SidecarSet], namespace: str, pod_labels: Mapping[str, str], ctx: Context, where: str
+) -> None:
+    missed = sorted(
+        ss.name
+        for ss in sidecarsets
+        if ss.namespace_selector is not None
+        and not ss.injection_paused
+        and ss.matches_pod(pod_labels)
+        and not ss.matches_namespace(namespace, None)
+        and _name_allows(ss.namespace_selector, namespace)
+    )
+    if missed:
+        ctx.notes.add(
+            f"the labels of namespace {namespace} are not known, so SidecarSets that select namespaces by label "
+            f"were not matched: {', '.join(missed)} (give its Namespace object with -f or --sidecarset, "
+            f"or --namespace-labels {namespace}:KEY=VALUE)",
+            where,
+        )
+
+
+def _name_allows(selector: Mapping[str, Any], namespace: str) -> bool:
+    """Whether the selector's requirements on the namespace name label let `namespace` through,
+    so that its labels could decide (otherwise the name alone excludes it: nothing to warn about)."""
+    match_labels = selector.get("matchLabels")
+    expressions = selector.get("matchExpressions")
+    on_name = {
+        "matchLabels": {k: v for k, v in match_labels.items() if k == names.NS_NAME_LABEL}
+        if isinstance(match_labels, Mapping)
+        else {},
+        "matchExpressions": [e for e in expressions if isinstance(e, Mapping) and e.get("key") == names.NS_NAME_LABEL]
+        if isinstance(expressions, list)
+        else [],
+    }
+    try:
+        return selectors.matches(on_name, {names.NS_NAME_LABEL: namespace})
+    except (ValueError, TypeError):
+        return False
+
+
+def _note_unscoped(injected: Sequence[str], ctx: Context, where: str) -> None:
+    scoped = sorted(n for n in injected if (ss := ctx.sidecarset(n)) is not None and ss.namespace_selector is not None)
+    if scoped:
+        ctx.notes.add(
+            f"no namespace (no metadata.namespace, no -n): SidecarSets that select namespaces were matched on "
+            f"their pod selector alone: {', '.join(scoped)} (give -n NAMESPACE to match them as in that namespace)",
+            where,
+        )
+
+
+def _note_replaced(pod: Mapping[str, Any], injected: Sequence[str], ctx: Context, where: str) -> None:
+    """A sidecar that takes the place of an app container of the same name (Kruise replaces it)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return
+    for list_key in ("containers", "initContainers"):
+        own = {c.get("name") for c in spec.get(list_key) or () if isinstance(c, Mapping) and not envs.is_injected(c)}
+        if not own:
+            continue
+        for name in injected:
+            ss = ctx.sidecarset(name)
+            if ss is None:
+                continue
+            group = ss.containers if list_key == "containers" else ss.init_containers
+            for sc in group:
+                if sc.name in own:
+                    ctx.notes.add(
+                        f"SidecarSet {ss.name}: its container {sc.name} replaces the pod's own container "
+                        f"of that name in spec.{list_key}",
+                        where,
+                    )
+
+
+def _own_copy(pod: JsonObj) -> JsonObj:
+    """A copy sharing nothing with the parsed document, aliases included (YAML `*ref` shares objects)."""
+    try:
+        copied: JsonObj = orjson.loads(orjson.dumps(pod))
+        return copied
+    except TypeError:  # not JSON (a non-string key, !!binary): copy node by node
+        return _tree_copy(pod)  # type: ignore[no-any-return]
+
+
+def _tree_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tree_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tree_copy(v) for v in value]
+    return value
 
 
 def _at(doc: Mapping[str, Any], path: Sequence[str]) -> Any:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 PATIENCE = 60.0  # seconds to wait out an API server that is starting (429, 5xx, refused connections)
 
 
-async def _list_sidecarsets(kube: kubeapi.KubeClient) -> JsonObj | str:
+async def _list_sidecarsets(kube: api.Reader) -> JsonObj | str:
     """The SidecarSet list, or why it cannot be read."""
     backoff = Backoff(base=0.2, cap=5.0)
     deadline = time.monotonic() + PATIENCE
@@ -46,17 +46,18 @@ async def _list_sidecarsets(kube: kubeapi.KubeClient) -> JsonObj | str:
         await asyncio.sleep(wait)
 
 
-async def policy_mode_problem(opts: ManagerOptions, client: kubeapi.KubeClient | None = None) -> str | None:
+async def policy_mode_problem(opts: ManagerOptions, client: api.Reader | None = None) -> str | None:
     """Why the manager may not start in `--injection=policy` (None: it may, or another mode)."""
     if opts.injection.injection != "policy":
         return None
-    own = client is None
-    kube = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
-    try:
-        listing = await _list_sidecarsets(kube)
-    finally:
-        if own:
-            await kube.close()
+    if client is None:
+        own = kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
+        try:
+            listing = await _list_sidecarsets(own)
+        finally:
+            await own.close()
+    else:
+        listing = await _list_sidecarsets(client)
     if isinstance(listing, str):
         return listing
     models = []

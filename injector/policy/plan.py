@@ -177,8 +177,8 @@ def plan(
     generated: list[Generated] = []
     for _ in range(len(active) + 1):  # a group falling back can push its overlapping neighbours' exclusions
         servable = [ss for ss in active if ss.name not in on_webhook]
-        exclude = policy_excludes(ss for ss in active if ss.name in on_webhook)
-        generated, failed = _generate_groups(servable, manager_namespace, timestamp, exclude)
+        webhook_sets = [ss for ss in active if ss.name in on_webhook]
+        generated, failed = _generate_groups(servable, webhook_sets, manager_namespace, timestamp)
         if not failed:
             break
         on_webhook.update(failed)
@@ -198,14 +198,16 @@ def plan(
 
 
 def _generate_groups(
-    servable: list[SidecarSet], manager_namespace: str, timestamp: str, exclude: str
+    servable: list[SidecarSet], webhook_sets: list[SidecarSet], manager_namespace: str, timestamp: str
 ) -> tuple[list[Generated], dict[str, str]]:
     generated: list[Generated] = []
     failed: dict[str, str] = {}
-    excluding = None if exclude == "false" else exclude
     for group in overlap_groups(servable):
+        # Only the webhook's sets that could select the group's pods need excluding (each costs CEL per pod).
+        near = [w for w in webhook_sets if any(_may_share_pods(w, m) for m in group)]
+        exclude = policy_excludes(near) if near else None
         try:
-            g = generate(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=excluding)
+            g = generate(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=exclude)
         except NeedsWebhook as e:
             failed.update({ss.name: f"{e} (with {', '.join(s.name for s in group)})" for ss in group})
             continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from injector.policy.generate import MANAGED_BY, POLICY_API, covers
 from kuberuntime import api
@@ -84,6 +85,11 @@ async def _put(client: api.Client, path: str, body: JsonObj) -> None:
             "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
         }
         await client.update(f"{path}/{name}", replacement)
+
+
+class Probe(Protocol):
+    async def check(self) -> str | None:
+        """None when policies are enforced, else the reason they cannot be used."""
 
 
 class SupportProbe:

@@ -31,7 +31,7 @@ import orjson
 
 from injector.policy import plan as planning
 from injector.policy.generate import Generated, covers
-from injector.policy.support import BINDINGS, CANARY, POLICIES, SupportProbe
+from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
@@ -73,7 +73,7 @@ class PolicySync:
         webhook_config: str = names.MUTATING_WEBHOOK_CONFIG,
         webhook_name: str = names.MUTATING_WEBHOOK_NAME,
         settle: float = 2.0,
-        probe: SupportProbe | None = None,
+        probe: Probe | None = None,
         on_routes: Callable[[set[str]], None] | None = None,
         may_write: Callable[[], Awaitable[bool]] | None = None,
         clock: Callable[[], str] = now_rfc3339,
@@ -85,7 +85,7 @@ class PolicySync:
         self.webhook_config = webhook_config
         self.webhook_name = webhook_name
         self.settle = settle
-        self.probe = probe or SupportProbe(client, namespace=manager_namespace)
+        self.probe: Probe = probe or SupportProbe(client, namespace=manager_namespace)
         self.on_routes = on_routes
         self.may_write = may_write
         self.clock = clock

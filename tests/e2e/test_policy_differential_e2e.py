@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -106,7 +107,8 @@ def _corpus() -> list[Case]:
     ]
     demo = [p for doc in _docs(samples / "05-demo-deployment.yaml") for p in _pods_of(doc)]
     variants = []
-    for i, labels in enumerate(({"log-collection": "disabled"}, {"app.kubernetes.io/name": None}, {})):
+    changes: tuple[dict[str, str | None], ...] = ({"log-collection": "disabled"}, {"app.kubernetes.io/name": None}, {})
+    for i, labels in enumerate(changes):
         pod = copy.deepcopy(demo[0])
         pod["metadata"]["name"] = f"shop-{i}"
         for k, v in labels.items():
@@ -210,11 +212,12 @@ def _wait_revisions(paths: Paths, case: Case, refused: dict[str, str]) -> None:
             name = doc["metadata"]["name"]
             if cluster is paths.policy and name in refused:
                 continue
-            eventually(
-                lambda c=cluster, n=name: (c.kube.get(f"{SS_PATH}/{n}").get("status") or {}).get("latestRevision"),
-                timeout=20,
-                what=f"{name} has a revision",
-            )
+            eventually(functools.partial(_revision, cluster, name), timeout=20, what=f"{name} has a revision")
+
+
+def _revision(cluster: PrivateCluster, name: str) -> str | None:
+    status = cluster.kube.get(f"{SS_PATH}/{name}").get("status") or {}
+    return status.get("latestRevision")
 
 
 def _delete_sidecarsets(paths: Paths, case: Case) -> None:

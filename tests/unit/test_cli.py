@@ -1,4 +1,7 @@
-"""`sidecarctl inject`: inputs and outputs, and a clear one-line error for every kind of bad input."""
+"""`sidecarctl inject` in process: inputs and outputs, and a clear one-line error for every kind of bad input.
+
+tests/unit/test_inject_cli.py runs the command as a child process, as users do.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecarctl import cli
+from sidecarctl import cli, injectcmd
 from sidecarsets import names, validation
 from tests.kube.builders import container, pod, sidecarset
 
@@ -53,7 +56,7 @@ def test_injects_a_pod(files: dict[str, Path], capsys: pytest.CaptureFixture[str
 def test_reads_stdin(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sys, "stdin", io.StringIO(files["pod"].read_text()))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(files["pod"].read_bytes())))
     code, out, _ = run(["inject", "-f", "-", "--sidecarset", str(files["ss"])], capsys)
     assert code == 0
     assert containers(yaml.safe_load(out)) == ["proxy", "app"]
@@ -62,7 +65,7 @@ def test_reads_stdin(
 def test_timestamp_from_the_environment(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(cli.NOW_ENV, "2030-05-05T05:05:05Z")
+    monkeypatch.setenv(injectcmd.NOW_ENV, "2030-05-05T05:05:05Z")
     _, out, _ = run(["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"])], capsys)
     assert "2030-05-05T05:05:05Z" in yaml.safe_load(out)["metadata"]["annotations"][names.ANN_HASH]
 
@@ -91,9 +94,15 @@ def test_passthrough_kinds_and_empty_documents(
     src.write_text(
         "---\n" + yaml.safe_dump(service, sort_keys=False) + "---\n---\n" + yaml.safe_dump(custom, sort_keys=False)
     )
-    code, out, _ = run(["inject", "-f", str(src), "--sidecarset", str(files["ss"])], capsys)
+    code, out, err = run(["inject", "-f", str(src), "--sidecarset", str(files["ss"])], capsys)
     assert code == 0
-    assert list(yaml.safe_load_all(out)) == [service, custom]
+    assert out == src.read_text(), "nothing injected: the file as it was, empty document included"
+    assert err.splitlines() == [
+        "warning: Thing (unnamed): kind Thing of API group x.io is not a workload this tool knows, but it holds a "
+        "pod template at spec.template: passed through unchanged "
+        "(inject it with --kind-template Thing.x.io=spec.template)",
+        "warning: nothing to inject: no Pod, and no workload with a pod template, in the input",
+    ]
 
 
 def test_output_file(tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,7 +159,10 @@ def test_help_documents_the_namespace_label_forms(capsys: pytest.CaptureFixture[
         cli.main(["inject", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "NAME:k=v,k2=v2" in out and "Namespace objects" in out and "--timestamp" not in out
+    assert "NAME:k=v,k2=v2" in out and "Namespace objects" in out
+    for flag in ("--timestamp", "--revisions", "--kind-template", "-n NS", "FILE|DIR|-"):
+        assert flag in out, flag
+    assert "Exit status: 0 done, 1 bad input or output not written, 2 bad command line." in out
 
 
 def test_validation_errors_stop_injection(
@@ -232,19 +244,18 @@ def _bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
     base = ["inject", "-f", pod]
     return [
         (["inject", "-f", str(tmp / "missing.yaml"), "--sidecarset", ss], "missing.yaml: cannot read: No such file"),
-        (["inject", "-f", str(bad_yaml), "--sidecarset", ss], "bad.yaml: invalid YAML at line"),
-        (["inject", "-f", str(binary), "--sidecarset", ss], "binary.yaml: not UTF-8 text"),
-        (["inject", "-f", str(scalar), "--sidecarset", ss], "scalar.yaml: document 1: a document is not an object"),
+        (["inject", "-f", str(bad_yaml), "--sidecarset", ss], "bad.yaml: document 1: invalid YAML at line 3, column 1"),
+        (["inject", "-f", str(binary), "--sidecarset", ss], "binary.yaml: not UTF-8 text (byte 1)"),
+        (["inject", "-f", str(scalar), "--sidecarset", ss], "scalar.yaml: document 1: the document is not an object"),
         (["inject", "-f", str(bad_list), "--sidecarset", ss], "document 1: List (unnamed): items must be a list"),
-        (base, "no SidecarSet given"),
         ([*base, "--sidecarset", str(tmp / "nope")], "nope: cannot read"),
-        ([*base, "--sidecarset", str(empty_dir)], "empty: no .yaml, .yml, .json files"),
-        ([*base, "--sidecarset", str(bad_yaml)], "bad.yaml: invalid YAML"),
+        ([*base, "--sidecarset", str(empty_dir)], "--sidecarset " + str(empty_dir) + ": no .yaml, .yml, .json files"),
+        ([*base, "--sidecarset", str(bad_yaml)], "bad.yaml: document 1: invalid YAML"),
         (
             [*base, "--sidecarset", str(broken_ss)],
-            "broken-ss.yaml: document 1: SidecarSet is unusable: spec.containers must be a list",
+            "broken-ss.yaml: document 1: SidecarSet mesh: spec.containers must be a list",
         ),
-        ([*base, "--sidecarset", str(not_ss)], "not-ss.yaml: document 1: kind 'Pod' is not SidecarSet"),
+        ([*base, "--sidecarset", str(not_ss)], "--sidecarset: no SidecarSet found in " + str(not_ss)),
         ([*base, "--sidecarset", str(dup_dir)], "b.yaml: document 1: SidecarSet mesh is already defined in"),
         (
             ["inject", "-f", str(bad_pod), "--sidecarset", ss],
@@ -255,14 +266,10 @@ def _bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
             ["inject", "-f", str(bad_template), "--sidecarset", ss],
             "Deployment d: spec.template.spec.containers must be a non-empty list",
         ),
-        ([*base, "--sidecarset", ss, "--namespace-labels", "nonsense"], "--namespace-labels nonsense: no such file"),
-        ([*base, "--sidecarset", ss, "--namespace-labels", "shop:team"], "'team' is not key=value"),
-        ([*base, "--sidecarset", ss, "--namespace-labels", ":a=b"], "namespace name before ':' is empty"),
         (
             [*base, "--sidecarset", ss, "--namespace-labels", str(bad_ns)],
-            "bad-ns.yaml: document 1: kind 'Pod' is not Namespace",
+            "bad-ns.yaml: document 1: --namespace-labels: Pod x is not a Namespace",
         ),
-        ([*base, "--sidecarset", ss, "--timestamp", "yesterday"], "timestamp 'yesterday' is not an RFC 3339 time"),
         ([*base, "--sidecarset", ss, "-o", str(tmp / "no-dir" / "out.yaml")], "out.yaml: cannot write"),
     ]
 
@@ -290,9 +297,25 @@ def test_a_conflicting_pair_is_refused_by_validation(
     assert "SidecarSet mesh-two is not injected" in err
 
 
-def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in ([], ["inject"], ["nope"]):
+def test_usage_errors_exit_2(tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["inject", "-f", str(files["pod"]), "--sidecarset", str(files["ss"])]
+    cases = [
+        ([], "the following arguments are required: COMMAND"),
+        (["inject"], "the following arguments are required: -f/--filename, --sidecarset"),
+        (["nope"], "invalid choice: 'nope'"),
+        (["inject", "-f", str(files["pod"])], "the following arguments are required: --sidecarset"),
+        ([*base, "--namespace-labels", "nonsense"], "'nonsense': no such file, and not NAME:KEY=VALUE"),
+        ([*base, "--namespace-labels", "shop:team"], "'team' is not KEY=VALUE"),
+        ([*base, "--namespace-labels", ":a=b"], "the namespace name before ':' is empty"),
+        ([*base, "--timestamp", "yesterday"], "'yesterday' is not an RFC 3339 time"),
+        ([*base, "--timestamp", "2024-01-01"], "is not an RFC 3339 time"),
+        ([*base, "--kind-template", "CloneSet"], "'CloneSet' is not KIND.GROUP=PATH"),
+        ([*base, "-f", "-", "-f", "-"], "- (standard input) can be given only once"),
+    ]
+    for argv, message in cases:
         with pytest.raises(SystemExit) as info:
             cli.main(argv)
-        assert info.value.code == 2
-    capsys.readouterr()
+        assert info.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("usage: sidecarctl"), err
+        assert message in err, (message, err)
