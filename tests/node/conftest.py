@@ -7,6 +7,9 @@ fails instead (tests/conftest.py turns any skip of a `node` test into a failure 
 
 Tests that start a node of their own (the SIGKILL clean-up test) are marked `own_node` and run
 before the others: one node per machine at a time, and the session node lives until the end.
+Then come the modules in FIRST_MODULES (`helm install`, which needs the cluster without the
+kustomize install), then the rest, which share one install of the manager (`installed`: `kubectl
+apply -k tests/node/install`, made once per session).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import dataclasses
 import os
 import re
 import secrets
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,6 +34,14 @@ from tests.kube.node import NodeError, NodeUnavailable, RealNode, node_cluster, 
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TIMINGS: dict[str, str] = {}
+INSTALL = Path(__file__).with_name("install")
+MANAGER_NS = "sidecarctl-system"
+MANAGER_DEPLOYMENT = f"/apis/apps/v1/namespaces/{MANAGER_NS}/deployments/sidecarctl"
+MANAGER_SELECTOR = "app.kubernetes.io/name%3Dsidecarctl,app.kubernetes.io/component%3Dmanager"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller"
+# Modules run right after the own_node tests, before anything installs the manager with kustomize:
+# they install it another way (the same cluster-scoped names) and remove it again.
+FIRST_MODULES = ("test_helm_node.py",)
 
 
 def not_here(reason: str) -> NoReturn:
@@ -39,10 +52,11 @@ def not_here(reason: str) -> NoReturn:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     own = [i for i in items if i.get_closest_marker("own_node") is not None]
-    if own:
-        rest = [i for i in items if i.get_closest_marker("own_node") is None]
+    first = [i for i in items if i not in own and "/tests/node/" in str(i.path) and i.path.name in FIRST_MODULES]
+    if own or first:
+        rest = [i for i in items if i not in own and i not in first]
         first_node = next((n for n, i in enumerate(rest) if "/tests/node/" in str(i.path)), len(rest))
-        items[:] = rest[:first_node] + own + rest[first_node:]
+        items[:] = rest[:first_node] + own + first + rest[first_node:]
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -54,6 +68,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def record(what: str, seconds: float) -> None:
     TIMINGS[what] = f"{seconds:.2f} s"
+
+
+def record_value(what: str, value: str) -> None:
+    TIMINGS[what] = value
 
 
 @dataclasses.dataclass
@@ -115,3 +133,92 @@ def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]
     )
     yield name
     cluster.api.delete(f"/api/v1/namespaces/{name}")
+
+
+def kubectl(cluster: Cluster, *args: str, timeout: float = 120) -> str:
+    proc = subprocess.run(
+        [str(cluster.kubectl), f"--kubeconfig={cluster.cp.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def manager_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    path = f"/api/v1/namespaces/{MANAGER_NS}/pods?labelSelector={MANAGER_SELECTOR}"
+    pods: list[dict[str, Any]] = cluster.api.get(path)["items"]
+    return pods
+
+
+def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2 manager replicas Ready") -> float:
+    """Until the Deployment has 2 updated, ready replicas and no other pod; the seconds it took."""
+    started = time.monotonic()
+
+    def settled() -> bool:
+        dep = cluster.api.get(MANAGER_DEPLOYMENT)
+        status = dep.get("status") or {}
+        return bool(
+            status.get("observedGeneration") == dep["metadata"]["generation"]
+            and status.get("readyReplicas") == 2
+            and status.get("updatedReplicas") == 2
+            and status.get("replicas") == 2
+            and len(manager_pods(cluster)) == 2  # the old ones of a roll are gone, not just terminating
+        )
+
+    try:
+        wait_for(settled, timeout=timeout, interval=0.2, what=what)
+    except AssertionError:
+        pods = kubectl(cluster, "-n", MANAGER_NS, "get", "pods,events", "-o", "wide")
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted((cluster.node.workdir / "kubelet" / "pod-logs").rglob("*.log"))
+            if MANAGER_NS in str(p)
+        )
+        raise AssertionError(f"manager Deployment not ready ({what}):\n{pods}\n{logs}") from None
+    return time.monotonic() - started
+
+
+def ensure_namespace(cluster: Cluster, name: str) -> None:
+    """Create `name` if absent, waiting out an earlier deletion of it."""
+
+    def usable() -> bool:
+        got = cluster.api.get_or_none(f"/api/v1/namespaces/{name}")
+        if got is None:
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            cluster.api.create("/api/v1/namespaces", body)
+            return True
+        return (got.get("status") or {}).get("phase") != "Terminating"
+
+    wait_for(usable, timeout=120, interval=0.2, what=f"namespace {name} usable")
+
+
+@dataclasses.dataclass
+class Installed:
+    """The manager installed by `kubectl apply -k tests/node/install` from the Dockerfile's image."""
+
+    seconds: float
+
+
+@pytest.fixture(scope="session")
+def installed(cluster: Cluster, manager_image: Built) -> Iterator[Installed]:
+    """One install for every node test that needs the manager (tests that disturb it wait until it
+    has settled again: 2 ready replicas of the current revision)."""
+    api = cluster.api
+    ensure_namespace(cluster, MANAGER_NS)
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "node-apiserver"},
+        "data": {"host": cluster.node.gateway, "port": str(cluster.cp.port)},
+    }
+    api.create(f"/api/v1/namespaces/{MANAGER_NS}/configmaps", config_map)
+    started = time.monotonic()
+    kubectl(cluster, "apply", "-k", str(INSTALL))
+    wait_manager_ready(cluster)
+    took = time.monotonic() - started
+    record("install: apply -k to 2 manager replicas Ready", took)
+    yield Installed(took)
+    kubectl(cluster, "delete", "-k", str(INSTALL), "--ignore-not-found", "--wait=false")

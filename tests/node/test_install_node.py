@@ -13,35 +13,16 @@ is injected by /inject and runs its sidecar on containerd.
 from __future__ import annotations
 
 import base64
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.kube import images
 from tests.kube.adminrest import ApiError, wait_for
-from tests.kube.managerimage import Built
-from tests.node.conftest import Cluster, record
+from tests.node.conftest import LEASE, MANAGER_NS, Cluster, Installed, manager_pods, record
 from tests.node.pods import app_container, create_and_wait_ready, fetch, pod
 
-INSTALL = Path(__file__).with_name("install")
-MANAGER_NS = "sidecarctl-system"
 UID = 65532
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
-
-
-def kubectl(cluster: Cluster, *args: str) -> str:
-    proc = subprocess.run(
-        [str(cluster.kubectl), f"--kubeconfig={cluster.cp.kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"kubectl {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 def _process_of(cluster: Cluster, container_id: str) -> int:
@@ -67,44 +48,9 @@ def _root_mount_options(pid: int) -> list[str]:
     raise AssertionError(f"no root mount for pid {pid}")
 
 
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster, manager_image: Built) -> Any:
+def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, installed: Installed) -> None:
     api = cluster.api
-    if api.get_or_none(f"/api/v1/namespaces/{MANAGER_NS}") is None:
-        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "node-apiserver"},
-        "data": {"host": cluster.node.gateway, "port": str(cluster.cp.port)},
-    }
-    api.create(f"/api/v1/namespaces/{MANAGER_NS}/configmaps", config_map)
-    started = time.monotonic()
-    kubectl(cluster, "apply", "-k", str(INSTALL))
-    deployment = f"/apis/apps/v1/namespaces/{MANAGER_NS}/deployments/sidecarctl"
-
-    def both_ready() -> bool:
-        status = api.get(deployment).get("status") or {}
-        return bool(status.get("readyReplicas") == 2 and status.get("updatedReplicas") == 2)
-
-    try:
-        wait_for(both_ready, timeout=180, interval=0.2, what="2 manager replicas Ready")
-    except AssertionError:
-        pods = kubectl(cluster, "-n", MANAGER_NS, "get", "pods,events", "-o", "wide")
-        logs = "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-            for p in sorted((cluster.node.workdir / "kubelet" / "pod-logs").rglob("*.log"))
-        )
-        raise AssertionError(f"manager Deployment not ready:\n{pods}\n{logs}") from None
-    record("install: apply -k to 2 manager replicas Ready", time.monotonic() - started)
-    yield
-    kubectl(cluster, "delete", "-k", str(INSTALL), "--ignore-not-found", "--wait=false")
-
-
-def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, installed: Any) -> None:
-    api = cluster.api
-    selector = "app.kubernetes.io/name%3Dsidecarctl"
-    pods = api.get(f"/api/v1/namespaces/{MANAGER_NS}/pods?labelSelector={selector}")["items"]
+    pods = manager_pods(cluster)
     running = [p for p in pods if p["status"].get("phase") == "Running"]
     assert len(running) == 2
     for p in running:
@@ -122,7 +68,7 @@ def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, inst
 
     secret = api.get(f"/api/v1/namespaces/{MANAGER_NS}/secrets/sidecarctl-webhook-certs")
     assert {"tls.crt", "tls.key", "ca.crt"} <= set(secret["data"])
-    lease = api.get(f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller")
+    lease = api.get(LEASE)
     holder = lease["spec"].get("holderIdentity") or ""
     assert any(holder.startswith(p["metadata"]["name"]) for p in running), f"Lease held by {holder!r}"
     for path in (
@@ -133,7 +79,9 @@ def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, inst
         assert base64.b64decode(bundle) == base64.b64decode(secret["data"]["ca.crt"])
 
 
-def test_api_server_calls_the_webhooks_through_the_service(cluster: Cluster, installed: Any, namespace: str) -> None:
+def test_api_server_calls_the_webhooks_through_the_service(
+    cluster: Cluster, installed: Installed, namespace: str
+) -> None:
     api = cluster.api
     name = f"node-proxy-{namespace[-6:]}"
     sidecarset = {
