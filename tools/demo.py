@@ -1,13 +1,23 @@
-"""A local demo of sidecarctl, end to end, on a throwaway control plane. Run it with `bash tools/demo.sh`.
+"""A local demo of sidecarctl, end to end. Run it with `bash tools/demo.sh` (`--fake` forces the
+fallback below).
 
-What is real: etcd, kube-apiserver and kube-controller-manager (built from Go modules), the
-manifests from config/ (CRD, RBAC, webhook configurations, samples), the manager process running
-with its ServiceAccount's token (so the RBAC in config/rbac is enforced), admission through the
-API server, the controller's in-place upgrade.
-What is not: there are no nodes and no container runtime. A fake kubelet in this process binds
-pods to a fake Node and reports containers running and ready, and on an image change reports the
-restarted container; the Deployment of config/manager cannot run here, so it is scaled to zero
-and the manager runs as a local process instead, reached by the API server over 127.0.0.1.
+On a real node, when this machine can run one (root, Debian's containerd and runc, the kubelet
+build; see tests/kube/node.py): etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+a kubelet with containerd and runc on this machine; the manager from the image the repository's
+Dockerfile builds, installed with the user's manifests (`kubectl apply -k tests/node/install`:
+config/default plus only what this machine forces, the image pull policy and where pods find the
+API server); config/samples applied; pods injected and running in containerd; the proxy image
+bumped and upgraded in place, only the proxy container restarting; then everything removed. No
+registry is reachable, so the samples' images are stand-ins built from Debian's busybox under the
+samples' names (tests/kube/images.py says what each does).
+
+Otherwise, the fallback (it says so in its first line): etcd, kube-apiserver and
+kube-controller-manager, the manifests from config/, the manager as a local process with its
+ServiceAccount's token (so the RBAC in config/rbac is enforced), admission through the API
+server, the controller's in-place upgrade, and a fake kubelet in this process standing in for the
+nodes (it binds pods to a fake Node, reports containers running and ready, and on an image change
+reports the restarted container); the Deployment of config/manager cannot run there, so it is
+scaled to zero and the API server reaches the local manager over 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -29,11 +39,13 @@ sys.path.insert(0, str(REPO))
 from kuberuntime import kubeapi  # noqa: E402
 from kuberuntime.kubeconfig import load_config  # noqa: E402
 from sidecarsets import names  # noqa: E402
+from tests.kube import images  # noqa: E402
 from tests.kube.client import Kube, eventually  # noqa: E402
 from tests.kube.controlplane import ControlPlane  # noqa: E402
 from tests.kube.fakekubelet import FakeKubelet  # noqa: E402
 from tests.kube.loop import BackgroundLoop  # noqa: E402
 from tests.kube.managerharness import MWC_PATH, VWC_PATH, start_process, wait_ready  # noqa: E402
+from tools import demonode  # noqa: E402
 
 NS = names.DEFAULT_MANAGER_NAMESPACE
 DEMO_NS = "demo-shop"
@@ -186,7 +198,7 @@ def run(workdir: Path) -> None:
         sidecarset = demo.kube.get("/apis/sidecarctl.io/v1alpha1/sidecarsets/mesh-proxy")
         index = next(i for i, c in enumerate(sidecarset["spec"]["containers"]) if c["name"] == "proxy")
         old_image = sidecarset["spec"]["containers"][index]["image"]
-        new_image = old_image.rsplit(":", 1)[0] + ":1.24.3"
+        new_image = images.next_patch_version(old_image)
         patch = json.dumps([{"op": "replace", "path": f"/spec/containers/{index}/image", "value": new_image}])
         demo.kubectl("patch", "sidecarset", "mesh-proxy", "--type=json", f"-p={patch}")
         deadline = time.monotonic() + 120
@@ -226,13 +238,32 @@ def run(workdir: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sidecarctl-demo-") as tmp:
-        try:
+    parser.add_argument("--fake", action="store_true", help="use the fake kubelet even where a real node can run")
+    args = parser.parse_args()
+    reason = "--fake given" if args.fake else demonode.unavailable_reason()
+    try:
+        if reason is None:
+            print(
+                "sidecarctl demo on a real node: kubelet, containerd and runc on this machine, the manager from "
+                "the Dockerfile's image, installed with kubectl apply -k",
+                flush=True,
+            )
+            try:
+                demonode.run()
+                return 0
+            except demonode.NoRealNode as e:
+                print(f"\nno real node after all ({e}): falling back to the fake kubelet", flush=True)
+        else:
+            print(
+                f"sidecarctl demo WITHOUT a real node ({reason}): a fake kubelet stands in for the nodes and the "
+                "manager runs as a local process",
+                flush=True,
+            )
+        with tempfile.TemporaryDirectory(prefix="sidecarctl-demo-") as tmp:
             run(Path(tmp))
-        except Exception as e:  # one clear line, not a traceback, for a demo
-            print(f"\ndemo failed: {e}", file=sys.stderr)
-            return 1
+    except Exception as e:  # one clear line, not a traceback, for a demo
+        print(f"\ndemo failed: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

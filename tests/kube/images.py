@@ -19,13 +19,17 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 BUSYBOX = Path("/bin/busybox")
+SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
 FORMAT = "sidecarctl-test-images/1"  # bump when the archive layout below changes
 EPOCH = "1970-01-01T00:00:00Z"
 
@@ -209,16 +213,90 @@ def write_archive(path: Path, specs: tuple[Spec, ...], busybox: bytes) -> None:
         raise
 
 
-def busybox_archive() -> Path:
-    """The archive of every catalog image, built on a cache miss; its name carries the input hash."""
+def _cached_archive(prefix: str, specs: tuple[Spec, ...]) -> Path:
     if not BUSYBOX.exists():
         raise FileNotFoundError(f"{BUSYBOX} is missing: install Debian's busybox-static (tools/setup-node.sh)")
     busybox = BUSYBOX.read_bytes()
-    specs = catalog()
     key = hashlib.sha256(
         json.dumps([FORMAT, _sha(busybox), [dataclasses.asdict(s) for s in specs]], sort_keys=True).encode()
     ).hexdigest()[:16]
-    path = cache_root() / "images" / f"test-images-{key}.tar"
+    path = cache_root() / "images" / f"{prefix}-{key}.tar"
     if not path.exists():
         write_archive(path, specs, busybox)
     return path
+
+
+def busybox_archive() -> Path:
+    """The archive of every catalog image, built on a cache miss; its name carries the input hash."""
+    return _cached_archive("test-images", catalog())
+
+
+# -- stand-ins for the images of config/samples (the demo on a real node) ------------------------
+
+
+def sample_images() -> dict[str, str]:
+    """The image of each container the samples run, by container name (proxy-init, proxy, log-agent, app)."""
+    found: dict[str, str] = {}
+    for path in sorted(SAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            spec = (doc or {}).get("spec") or {}
+            spec = (spec.get("template") or {}).get("spec") or spec
+            for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+                found[c["name"]] = c["image"]
+    return found
+
+
+def next_patch_version(image: str) -> str:
+    """`repo:v1.32.3` -> `repo:v1.32.4`: the proxy image the demo rolls to."""
+    repo, _, tag = image.rpartition(":")
+    m = re.fullmatch(r"(v?\d+\.\d+\.)(\d+)", tag)
+    if not repo or m is None:
+        raise ValueError(f"{image}: no x.y.z tag to bump")
+    return f"{repo}:{m.group(1)}{int(m.group(2)) + 1}"
+
+
+def sample_catalog() -> tuple[Spec, ...]:
+    """Busybox stand-ins under the samples' own image names, doing what the samples need of them:
+    proxy-init exits 0 (it redirects nothing), the proxy serves Envoy's readiness path
+    /stats/prometheus on 15090 (and its version on /version), the log agent tails the app's log, and
+    the app image is busybox itself. The proxy comes in its sample version and the next one."""
+    imgs = sample_images()
+    proxy = imgs["proxy"]
+    note = "stand-in built from Debian's busybox (no registry reachable); not the real image"
+
+    def proxy_spec(ref: str) -> Spec:
+        version = ref.rpartition(":")[2]
+        stats = f'# stand-in for {ref}\nenvoy_server_live 1\nenvoy_server_version{{version="{version}"}} 1\n'
+        return Spec(
+            ref=ref,
+            entrypoint=_httpd(15090, on_term="trap 'exit 0' TERM"),
+            files=(("www/stats/prometheus", stats), ("www/version", f"{version}\n")),
+            labels=(("org.opencontainers.image.description", note), ("org.opencontainers.image.version", version)),
+            ports=(15090,),
+        )
+
+    init_script = 'echo "proxy-init stand-in: would run: $*"; echo "no traffic is redirected"'
+    agent_script = (
+        "trap 'exit 0' TERM; echo \"log-agent stand-in: tailing /var/log/app/app.log\"; "
+        "tail -F /var/log/app/app.log & while :; do sleep 3600 & wait $!; done"
+    )
+    return (
+        Spec(
+            ref=imgs["proxy-init"],
+            entrypoint=("/bin/sh", "-c", init_script, "proxy-init"),
+            labels=(("org.opencontainers.image.description", note),),
+        ),
+        proxy_spec(proxy),
+        proxy_spec(next_patch_version(proxy)),
+        Spec(
+            ref=imgs["log-agent"],
+            entrypoint=("/bin/sh", "-c", agent_script, "log-agent"),
+            labels=(("org.opencontainers.image.description", note),),
+        ),
+        Spec(ref=imgs["app"], entrypoint=("/bin/sh",), labels=(("org.opencontainers.image.description", note),)),
+    )
+
+
+def samples_archive() -> Path:
+    """The archive of the sample stand-ins (cached like the test images)."""
+    return _cached_archive("sample-images", sample_catalog())

@@ -528,12 +528,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 
 @contextlib.contextmanager
-def node_cluster(*, log_dir: Path | None = None) -> Iterator[tuple[ControlPlane, RealNode]]:
-    """A control plane that pods can reach, and one real node registered with it."""
+def node_cluster(*, log_dir: Path | None = None, lock_timeout: float = 300) -> Iterator[tuple[ControlPlane, RealNode]]:
+    """A control plane that pods can reach, and one real node registered with it (waiting up to
+    `lock_timeout` seconds for another node on this machine to go away)."""
     node = RealNode(log_dir=log_dir)
     cp: ControlPlane | None = None
     try:
-        node.prepare()
+        node.prepare(lock_timeout=lock_timeout)
         cp = ControlPlane(bind_address=node.gateway, aggregator_routing=True, node_lifecycle=True, term_timeout=1.0)
         node.remove_with_node(cp.workdir)
         started = time.monotonic()
