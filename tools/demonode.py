@@ -107,6 +107,7 @@ class Demo:
     def samples(self) -> list[dict[str, Any]]:
         say("Applying the samples: a namespace labelled for injection, two SidecarSets, a Deployment")
         self.kubectl("apply", "-f", str(SAMPLES))
+        self.kubectl("get", "namespace", DEMO_NS, "-L", "sidecar-injection")
         self.kubectl("-n", DEMO_NS, "scale", "deployment/shop", f"--replicas={REPLICAS}")
 
         def running() -> list[dict[str, Any]] | None:
