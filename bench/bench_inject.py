@@ -10,7 +10,8 @@ shell script as a block scalar, and a ServiceAccount, each with comments, quoted
 octal file mode. `1k` and `8k` are 1,000 and 8,000 such documents; `5mb-configmap` is one
 ConfigMap of 5 MB of block-scalar scripts (nothing to inject: the whole cost is reading and
 writing it). Only flags that every version of `inject` has are used, so the same command measures
-the code before and after a change.
+the code before and after a change; `--before DIR` runs an older checkout in alternation with the
+current code, for a fair ratio on a machine others share.
 """
 
 from __future__ import annotations
@@ -172,21 +173,44 @@ def sidecarctl() -> list[str]:
     return [str(exe)] if exe.exists() else [shutil.which("sidecarctl") or "sidecarctl"]
 
 
-def run_once(path: Path) -> tuple[float, float, int]:
-    """Wall seconds, child CPU seconds and output bytes of one `sidecarctl inject`."""
-    argv = [*sidecarctl(), "inject", "-f", str(path), "--timestamp", TIMESTAMP]
+def run_once(path: Path, code: Path | None = None) -> tuple[float, float, int]:
+    """Wall seconds, child CPU seconds and output bytes of one `sidecarctl inject`.
+
+    `code`: a checkout whose `sidecarctl` to run instead (`python -m sidecarctl.cli` from there).
+    """
+    command = sidecarctl() if code is None else [sys.executable, "-m", "sidecarctl.cli"]
+    argv = [*command, "inject", "-f", str(path), "--timestamp", TIMESTAMP]
     for ss in SIDECARSETS:
         argv += ["--sidecarset", str(ss)]
     argv += ["--namespace-labels", f"{NAMESPACE}:sidecar-injection=enabled"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, check=False)
+    done = subprocess.run(argv, capture_output=True, check=False, cwd=code)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"sidecarctl inject exited {done.returncode}: {done.stderr.decode()[-500:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, len(done.stdout)
+
+
+def _row(name: str, spec: Input, size: int, runs: list[tuple[float, float, int]]) -> tuple[list[str], float, float]:
+    wall = statistics.median(r[0] for r in runs)
+    cpu = statistics.median(r[1] for r in runs)
+    row = [
+        name,
+        f"{spec.docs:,}",
+        f"{size / 1e6:.2f} MB",
+        f"{wall:.2f} s",
+        f"{cpu:.2f} s",
+        f"{spec.docs / wall:,.1f}",
+        f"{runs[0][2] / 1e6:.2f} MB",
+    ]
+    return row, wall, cpu
+
+
+def _ratio(speedup: float) -> str:
+    return f"{speedup:.1f}x ({'met' if speedup >= TARGET_SPEEDUP else 'MISSED'})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="NAME=DOCS_PER_S",
         help="documents/s measured before a change, to print the speed-up against (repeatable)",
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="DIR",
+        help="a checkout of the code before a change (e.g. `git worktree add DIR COMMIT`): its runs alternate "
+        "with the current code's, so that both see the same machine, and the speed-up is of the medians",
     )
     args = parser.parse_args(argv)
     baseline = {}
@@ -215,22 +246,20 @@ def main(argv: list[str] | None = None) -> int:
             path = work / f"{spec.name}.yaml"
             path.write_text(spec.make(), encoding="utf-8")
             size = path.stat().st_size
-            runs = [run_once(path) for _ in range(args.rounds)]
-            wall = statistics.median(r[0] for r in runs)
-            cpu = statistics.median(r[1] for r in runs)
-            rate = spec.docs / wall
-            row = [
-                spec.name,
-                f"{spec.docs:,}",
-                f"{size / 1e6:.2f} MB",
-                f"{wall:.2f} s",
-                f"{cpu:.2f} s",
-                f"{rate:,.1f}",
-                f"{runs[0][2] / 1e6:.2f} MB",
-            ]
-            if spec.name in baseline:
-                speedup = rate / baseline[spec.name]
-                row.append(f"{speedup:.1f}x ({'met' if speedup >= TARGET_SPEEDUP else 'MISSED'})")
+            now: list[tuple[float, float, int]] = []
+            old: list[tuple[float, float, int]] = []
+            for _ in range(args.rounds):
+                if args.before is not None:
+                    old.append(run_once(path, args.before))
+                now.append(run_once(path))
+            if old:
+                row, old_wall, old_cpu = _row(f"{spec.name} before", spec, size, old)
+                rows.append([*row, "", ""])
+            row, wall, cpu = _row(spec.name, spec, size, now)
+            if old:
+                row += [_ratio(old_wall / wall), f"{old_cpu / cpu:.1f}x"]
+            elif spec.name in baseline:
+                row.append(_ratio(spec.docs / wall / baseline[spec.name]))
             elif baseline:
                 row.append("")
             rows.append(row)
@@ -238,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     headers = ["input", "documents", "size", "wall (median)", "CPU", "documents/s", "output"]
-    if baseline:
+    if args.before is not None:
+        headers += [f"documents/s vs before (>= {TARGET_SPEEDUP:.0f}x)", "CPU vs before"]
+    elif baseline:
         headers.append(f"vs baseline (>= {TARGET_SPEEDUP:.0f}x)")
     print()
     print(table(headers, rows))
