@@ -28,6 +28,8 @@ ANN_INPLACE_STATE = "sidecarctl.io/inplace-update-state"
 ANN_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 # How a pod got its sidecars: "policy" (a MutatingAdmissionPolicy) or "webhook" (/inject, or the CLI).
 ANN_INJECTED_BY = "sidecarctl.io/injected-by"
+# On a SidecarSet: `webhook` keeps it on the webhook even where a MutatingAdmissionPolicy could serve it.
+ANN_INJECTION_PATH = "sidecarctl.io/injection-path"
 INJECTED_BY_POLICY = "policy"
 INJECTED_BY_WEBHOOK = "webhook"
 # SidecarSet status condition: whether MutatingAdmissionPolicies inject it, or why the webhook must.

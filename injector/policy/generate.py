@@ -53,7 +53,9 @@ class NeedsWebhook(Exception):
 
 
 def check_servable(ss: SidecarSet) -> None:
-    """Raise NeedsWebhook for a feature of `ss` that a policy cannot express."""
+    """Raise NeedsWebhook for a feature of `ss` that a policy cannot express (or its owner keeps off them)."""
+    if ss.annotations.get(names.ANN_INJECTION_PATH) == "webhook":
+        raise NeedsWebhook(f"annotation {names.ANN_INJECTION_PATH}=webhook")
     for sc in ss.containers + ss.init_containers:
         if sc.upgrade_type is UpgradeType.HOT:
             raise NeedsWebhook(
@@ -94,6 +96,7 @@ class _Build:
     variables: list[tuple[str, str]] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     declines: list[str] = field(default_factory=list)
+    annotations: list[tuple[str, str, str | None]] = field(default_factory=list)  # key, value, written when
 
     def var(self, name: str, expr: str) -> str:
         self.variables.append((name, expr))
@@ -307,8 +310,27 @@ class Generator:
 
     # -- labels and annotations ----------------------------------------------------------------------
     def _annotation(self, key: str, value: str, when: str | None = None) -> None:
-        op = f'JSONPatch{{op: "add", path: {cel.string("/metadata/annotations/" + cel.pointer(key))}, value: {value}}}'
-        self.b.ops.append(f"[{op}]" if when in (None, "true") else f"({when} ? [{op}] : [])")
+        self.b.annotations.append((key, value, None if when in (None, "true") else when))
+
+    def _annotation_ops(self) -> str:
+        """One op per annotation on a pod that has some; one op adding them all to a pod with none
+        (most new pods: fewer operations is a cheaper patch for the API server)."""
+        per_key = []
+        entries = []
+        for key, value, when in self.b.annotations:
+            op = f'JSONPatch{{op: "add", path: {cel.string("/metadata/annotations/" + cel.pointer(key))}, value: {value}}}'
+            per_key.append(f"[{op}]" if when is None else f"({when} ? [{op}] : [])")
+            k = cel.string(key)
+            entries.append(
+                f"{k}: dyn({value})"
+                if when is None
+                else f"?{k}: ({when}) ? optional.of(dyn({value})) : optional.none()"
+            )
+        whole = "{" + ", ".join(entries) + "}"
+        return (
+            f"has(object.metadata.annotations) ? ({' + '.join(per_key) or '[]'}) : "
+            f'[JSONPatch{{op: "add", path: "/metadata/annotations", value: {whole}}}]'
+        )
 
     def _patch_pod_metadata(self, anns: str) -> set[str]:
         """patchPodMetadata folded per key in the engine's order; returns the keys surely written."""
@@ -392,16 +414,15 @@ class Generator:
         self._annotation(names.ANN_INJECTED_BY, cel.string(names.INJECTED_BY_POLICY))
 
     def _metadata(self, anns: str, entries: str, entries_wi: str, apps: str) -> None:
-        self.b.ops.append(
-            'has(object.metadata.labels) ? [] : [JSONPatch{op: "add", path: "/metadata/labels", value: {}}]'
-        )
-        self.b.ops.append(
-            'has(object.metadata.annotations) ? [] : [JSONPatch{op: "add", path: "/metadata/annotations", value: {}}]'
-        )
         label = cel.string("/metadata/labels/" + cel.pointer(names.POD_INJECTED_LABEL))
-        self.b.ops.append(f'[JSONPatch{{op: "add", path: {label}, value: "true"}}]')
+        whole = "{" + cel.string(names.POD_INJECTED_LABEL) + ': "true"}'
+        self.b.ops.append(
+            f'has(object.metadata.labels) ? [JSONPatch{{op: "add", path: {label}, value: "true"}}] : '
+            f'[JSONPatch{{op: "add", path: "/metadata/labels", value: {whole}}}]'
+        )
         written = self._patch_pod_metadata(anns)
         self._bookkeeping(anns, entries, entries_wi, apps, written)
+        self.b.ops.append(self._annotation_ops())
 
     # -- the objects ---------------------------------------------------------------------------------
     def generate(self) -> Generated:
@@ -457,22 +478,20 @@ class Generator:
         ]
         if self.exclude:
             conds.append(("not-for-the-webhook", f"!({self.exclude})"))
-        plain: list[JsonObj] = []
+        plain: list[str] = []
         guards: list[str] = []
         for name, expr in conds:
             inlined = cel.inline_variables(expr, self.b.variables)
-            if "namespaceObject" in inlined:
-                guards.append(f"({inlined})")
-            else:
-                plain.append({"name": name, "expression": inlined})
-        return plain, guards
+            (guards if "namespaceObject" in inlined else plain).append(f"({inlined}) // {name}\n")
+        # One expression, not one per gate: each matchCondition is a program evaluation of its own.
+        return [{"name": "sidecarctl-gates", "expression": "&& ".join(plain)}], guards
 
     def _policy(self) -> JsonObj:
         plain, guards = self._conditions()
         variables = list(self.b.variables)
         patch = " +\n".join(f"({op})" for op in self.b.ops)
         if guards:
-            variables.append(("guard", " && ".join(guards)))
+            variables.append(("guard", "&& ".join(guards)))
             patch = "!variables.guard ? [] :\n" + patch
         group = self.group
         return {
