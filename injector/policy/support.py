@@ -79,7 +79,8 @@ async def _put(client: api.Client, path: str, body: JsonObj) -> None:
     except api.NotFound:
         await client.create(path, body)
         return
-    if not covers(body["spec"], current.get("spec")):
+    owners = body["metadata"].get("ownerReferences")
+    if not covers(body["spec"], current.get("spec")) or owners != current["metadata"].get("ownerReferences"):
         replacement = {
             **body,
             "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
@@ -109,9 +110,22 @@ class SupportProbe:
         resources = {r.get("name") for r in listing.get("resources") or [] if isinstance(r, dict)}
         return {"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} <= resources
 
+    async def _owner(self) -> list[JsonObj]:
+        """The manager's Namespace owns the canary: uninstalling (deleting it) removes the pair."""
+        listing = await self.client.get(
+            "/api/v1/namespaces", params={"fieldSelector": f"metadata.name={self.namespace}"}
+        )
+        return [
+            {"apiVersion": "v1", "kind": "Namespace", "name": self.namespace, "uid": ns["metadata"]["uid"]}
+            for ns in listing.get("items") or []
+        ]
+
     async def enforced(self) -> bool:
-        await _put(self.client, POLICIES, canary_policy())
-        await _put(self.client, BINDINGS, canary_binding(self.namespace))
+        owners = await self._owner()
+        for path, body in ((POLICIES, canary_policy()), (BINDINGS, canary_binding(self.namespace))):
+            if owners:
+                body["metadata"]["ownerReferences"] = owners
+            await _put(self.client, path, body)
         probe = {
             "apiVersion": "v1",
             "kind": "ConfigMap",

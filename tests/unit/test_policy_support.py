@@ -53,8 +53,13 @@ def probe(api: FakeApiServer) -> str | None:
 def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
     api = Mutating(enforced=True)
     api.put(GROUP_VERSION, DISCOVERY)
+    ns = api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
     assert probe(api) is None
     assert f"{POLICIES}/{CANARY}" in api.objects and f"{BINDINGS}/{CANARY}" in api.objects
+    # Owned by the manager's namespace: uninstalling removes the pair.
+    owner = {"apiVersion": "v1", "kind": "Namespace", "name": NS, "uid": ns["metadata"]["uid"]}
+    for path in (f"{POLICIES}/{CANARY}", f"{BINDINGS}/{CANARY}"):
+        assert api.objects[path]["metadata"]["ownerReferences"] == [owner]
     binding = api.objects[f"{BINDINGS}/{CANARY}"]
     assert binding["spec"]["matchResources"]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": NS}
@@ -68,6 +73,7 @@ def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
 def test_a_server_that_stores_but_ignores_policies_is_not_trusted() -> None:
     api = Mutating(enforced=False)
     api.put(GROUP_VERSION, DISCOVERY)
+    api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
     assert probe(api) == NOT_ENFORCED
 
 
