@@ -205,6 +205,14 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         (names.GROUP, f"{names.PLURAL}/status", "patch", ()),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get", (args.mutating_config,)),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", (args.mutating_config,)),
+        # the policy sync watches the pod webhook's configuration by name (its matchCondition)
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "list", (args.mutating_config,)),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "watch", (args.mutating_config,)),
+        *(
+            ("admissionregistration.k8s.io", resource, verb, ())
+            for resource in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+            for verb in ("list", "watch", "get", "create", "update", "delete")
+        ),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get", (args.validating_config,)),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", (args.validating_config,)),
     }
@@ -216,6 +224,7 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         ("", "secrets", "create", ()),
         ("", "secrets", "get", (args.secret_name,)),
         ("", "secrets", "update", (args.secret_name,)),
+        ("", "configmaps", "create", ()),  # dry-run only: the policy support probe
     }
     assert args.namespace == MANAGER_NS
 
