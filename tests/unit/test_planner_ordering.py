@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.ordering import active_pods_key, priority_key, scatter_groups, spread, upgrade_order
+from sidecarsets.ordering import active_pods_key, priority_key, scatter_terms, upgrade_order
 from sidecarsets.planner import plan_upgrade
 from sidecarsets.projection import PodProjection, project
 from tests.kube.builders import injected_pod, model, shop_sidecarset, with_images
@@ -89,7 +86,8 @@ def test_order_priority() -> None:
         proj("none"),
         proj("nodigits", labels={"rank": "abc"}),
     ]
-    assert order_of(pods, strategy) == ["r10", "r2", "r1", "nodigits", "none"]
+    # As Kruise: a pod with none of the keys first, then the trailing integer, higher first.
+    assert order_of(pods, strategy) == ["none", "r10", "r2", "r1", "nodigits"]
 
 
 def test_order_priority_several_keys() -> None:
@@ -100,7 +98,7 @@ def test_order_priority_several_keys() -> None:
         proj("a3", labels={"a": "3", "b": "1"}),
         proj("x"),
     ]
-    assert order_of(pods, strategy) == ["a3", "a1", "b9", "x"]
+    assert order_of(pods, strategy) == ["x", "a3", "a1", "b9"]
 
 
 def test_ill_formed_priority_orders_nothing() -> None:
@@ -111,39 +109,19 @@ def test_ill_formed_priority_orders_nothing() -> None:
 def test_scatter_spreads_one_value() -> None:
     pods = [proj(f"{z}{i}", labels={"zone": z}) for z in "ab" for i in range(3)]
     assert order_of(pods) == ["a0", "a1", "a2", "b0", "b1", "b2"]
-    assert order_of(pods, {"scatterStrategy": [{"key": "zone", "value": "a"}]}) == ["a0", "b0", "a1", "b1", "a2", "b2"]
-    pods = [proj(f"a{i}", labels={"zone": "a"}) for i in range(2)] + [proj(f"o{i}") for i in range(6)]
-    # a at 1/4 and 3/4 of the way, ties going to the pod that was earlier
-    assert order_of(pods, {"scatterStrategy": [{"key": "zone", "value": "a"}]}) == [
-        "o0",
-        "a0",
-        "o1",
-        "o2",
-        "o3",
-        "a1",
-        "o4",
-        "o5",
-    ]
+    # As Kruise: groups of 1 and 2 (3 of 6 pods carry it), the last carrier at the very end.
+    assert order_of(pods, {"scatterStrategy": [{"key": "zone", "value": "a"}]}) == ["a0", "b0", "b1", "a1", "b2", "a2"]
 
 
-def test_scatter_star_interleaves_every_value() -> None:
-    pods = [proj(f"{z}{i}", labels={"zone": z}) for z in "abc" for i in range(4)]
-    order = order_of(pods, {"scatterStrategy": [{"key": "zone", "value": "*"}]})
-    assert order == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "c2", "a3", "b3", "c3"]
-
-
-def test_scatter_values_only_from_matched_pods_and_bad_terms_ignored() -> None:
-    pods = [proj("a0", labels={"zone": "a"}), proj("b0", labels={"zone": "b"})]
+def test_scatter_star_expands_over_matched_pods_in_their_order() -> None:
+    pods = [proj("a0", labels={"zone": "a"}), proj("b0", labels={"zone": "b"}), proj("a1", labels={"zone": "a"})]
     terms = [{"key": "zone", "value": "*"}, {"key": ""}, {"value": "x"}, "junk", {"key": "rack", "value": 3}]
-    assert scatter_groups(terms, pods) == [("zone", ["a", "b"])]
-    assert scatter_groups("junk", pods) == []
-
-
-def test_first_scatter_key_has_the_last_word() -> None:
-    pods = [proj(f"p{i}", labels={"zone": "ab"[i % 2], "rack": "r1" if i < 4 else "r2"}) for i in range(8)]
-    order = order_of(pods, {"scatterStrategy": [{"key": "zone", "value": "*"}, {"key": "rack", "value": "*"}]})
-    labels = {p.name: p.labels for p in pods}
-    assert all(labels[x]["zone"] != labels[y]["zone"] for x, y in itertools.pairwise(order))
+    assert scatter_terms(terms, pods) == [("zone", "a"), ("zone", "b")]
+    assert scatter_terms([{"key": "zone", "value": "b"}, {"key": "zone", "value": "*"}], pods) == [
+        ("zone", "b"),
+        ("zone", "a"),
+    ]
+    assert scatter_terms("junk", pods) == []
 
 
 def test_scatter_in_the_planner_picks_spread_pods_first() -> None:
@@ -151,22 +129,3 @@ def test_scatter_in_the_planner_picks_spread_pods_first() -> None:
     ss["spec"]["updateStrategy"] = {"maxUnavailable": 2, "scatterStrategy": [{"key": "zone", "value": "a"}]}
     pods = [proj(f"{z}{i}", labels={"zone": z}) for z in "ab" for i in range(3)]
     assert [u.name for u in plan_upgrade(model(ss), pods, revision="r", now="t").upgrades] == ["a0", "b0"]
-
-
-@given(st.lists(st.sampled_from(["a", "b", "c", ""]), min_size=0, max_size=40), st.sampled_from([["a"], ["a", "b"]]))
-def test_spread_is_even_and_keeps_relative_order(zones: list[str], values: list[str]) -> None:
-    pods = [proj(f"p{i:02d}", labels={"zone": z} if z else {}) for i, z in enumerate(zones)]
-    out = spread(pods, "zone", values)
-    assert sorted(p.name for p in out) == [p.name for p in pods]
-
-    def group(p: PodProjection) -> str | None:
-        z = p.labels.get("zone")
-        return z if z in values else None
-
-    n = len(pods)
-    for g in {group(p) for p in pods}:
-        members = [p for p in pods if group(p) == g]
-        assert [p for p in out if group(p) == g] == members  # relative order kept
-        m = len(members)
-        for k in range(n + 1):  # every prefix holds its fair share of each group, within one pod
-            assert abs(sum(1 for p in out[:k] if group(p) == g) - k * m / n) <= 1
