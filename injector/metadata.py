@@ -1,4 +1,5 @@
-"""Pod annotations written at injection: the SidecarSet bookkeeping and `patchPodMetadata`.
+"""Pod annotations written at injection: the SidecarSet bookkeeping and `patchPodMetadata`
+(sidecarsets.podmeta, shared with the in-place upgrade).
 
 The bookkeeping annotations have Kruise's JSON shapes so that the controller (and anyone used to
 Kruise) can read them: a map from SidecarSet name to
@@ -13,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.enums import PatchPolicy
+from sidecarsets import podmeta
 from sidecarsets.model import SidecarSet
-from sidecarsets.sidecar import MetadataPatch
 
-
-def _dumps(value: Any, *, sort_keys: bool = False) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys)
+_dumps = podmeta.dumps
+# patchPodMetadata at injection is the same function the controller applies on upgrade.
+apply_patch_pod_metadata = podmeta.apply
+merge_patch = podmeta.merge_patch
 
 
 def read_hash_map(raw: str | None) -> tuple[dict[str, Any], str | None]:
@@ -101,51 +102,3 @@ def with_injected_list(raw: str | None, sidecarsets: Sequence[str]) -> str:
     """The injected-list annotation with `sidecarsets` added: sorted, comma-joined, no duplicates."""
     current = {s.strip() for s in (raw or "").split(",") if s.strip()}
     return ",".join(sorted(current | set(sidecarsets)))
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def apply_patch_pod_metadata(
-    annotations: dict[str, str], patches: Sequence[MetadataPatch], *, sidecarset: str
-) -> list[str]:
-    """Apply one SidecarSet's `patchPodMetadata` to `annotations` in place; return warnings.
-
-    Retain adds a key only when absent, Overwrite always sets it, MergePatchJson merges the value
-    into the existing JSON (an existing value that is not JSON is left alone, with a warning).
-    """
-    warnings: list[str] = []
-    for patch in patches:
-        for key, value in patch.annotations:
-            if key not in annotations or patch.policy is PatchPolicy.OVERWRITE:
-                annotations[key] = value
-                continue
-            if patch.policy is PatchPolicy.RETAIN:
-                continue
-            try:
-                current = json.loads(annotations[key])
-            except ValueError:
-                warnings.append(
-                    f"SidecarSet {sidecarset}: annotation {key} is not JSON, so patchPodMetadata "
-                    "MergePatchJson cannot merge into it; left unchanged"
-                )
-                continue
-            try:
-                update = json.loads(value)
-            except ValueError:
-                warnings.append(
-                    f"SidecarSet {sidecarset}: patchPodMetadata value for annotation {key} is not JSON; left unchanged"
-                )
-                continue
-            annotations[key] = _dumps(merge_patch(current, update), sort_keys=True)
-    return warnings

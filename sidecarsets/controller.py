@@ -22,7 +22,7 @@ from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets import history, metrics, names, planner, status
+from sidecarsets import history, metrics, names, planner, podmeta, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.podfailures import PodFailures
 from sidecarsets.projection import PodProjection
@@ -262,11 +262,30 @@ class Controller:
         except api.NotFound:
             self.sidecarsets.pop(name, None)
 
+    async def _with_metadata(self, upgrade: planner.PodUpgrade, path: str) -> list[JsonObj] | None:
+        """The upgrade's patch plus its patchPodMetadata operations, from the pod as it is now;
+        None when the pod moved on since it was planned (the watch brings it; planned again)."""
+        if not upgrade.metadata:
+            return upgrade.patch
+        pod = await self.client.get(path)
+        meta = pod.get("metadata") or {}
+        if str(meta.get("resourceVersion")) != upgrade.resource_version:
+            return None
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if isinstance(v, str)}
+        ops, warnings = podmeta.upgrade_ops(annotations, upgrade.metadata, sidecarset=upgrade.sidecarset)
+        for w in warnings:
+            log.warning("pod %s/%s: %s", upgrade.namespace, upgrade.name, w)
+        return upgrade.patch + ops
+
     async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
         key = f"{upgrade.namespace}/{upgrade.name}"
         path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
         try:
-            result = await self.client.patch(path, upgrade.patch, patch_type="json")
+            patch = await self._with_metadata(upgrade, path)
+            if patch is None:
+                metrics.INPLACE_UPGRADES.labels("conflict").inc()
+                return False
+            result = await self.client.patch(path, patch, patch_type="json")
         except api.NotFound:
             metrics.INPLACE_UPGRADES.labels("gone").inc()
             self.failures.forget(key)

@@ -27,6 +27,7 @@ from sidecarsets.model import SidecarSet
 from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
 from sidecarsets.ordering import upgrade_order
 from sidecarsets.projection import PodProjection
+from sidecarsets.sidecar import MetadataPatch
 
 REASON_UPGRADABLE = "AllSidecarsetUpgradable"
 REASON_NOT_UPGRADABLE = "UpdateImmutableField"
@@ -39,6 +40,11 @@ class PodUpgrade:
     uid: str
     resource_version: str
     patch: list[JsonObj]
+    # patchPodMetadata to re-apply in the same patch (as Kruise does on upgrade); the operations
+    # depend on the pod's current annotations, which the projection does not keep, so the
+    # controller reads the pod and adds them (sidecarsets.podmeta.upgrade_ops).
+    metadata: tuple[MetadataPatch, ...] = ()
+    sidecarset: str = ""
 
 
 class Stage(Enum):
@@ -236,6 +242,8 @@ def plan_upgrade(
                 revision=revision,
                 now=now,
             ),
+            ss.patch_pod_metadata,
+            name,
         )
         for pod in chosen
     )

@@ -376,6 +376,8 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         initContainers=[],
         revisionHistoryLimit=2,
         updateStrategy={"type": "RollingUpdate", "maxUnavailable": 1},
+        # re-applied by each upgrade, which reads the pod first (get pods)
+        patchPodMetadata=[{"patchPolicy": "Overwrite", "annotations": {"audit.example/sidecar": "on"}}],
     )
     ss_name = ss_body["metadata"]["name"]
     defaulted = kube.create(SS_PATH, ss_body, dryRun="All")

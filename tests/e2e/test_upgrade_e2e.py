@@ -157,3 +157,39 @@ def test_env_change_is_not_rolled_and_is_reported(
         return any(e["reason"] == "NotUpgradablePods" for e in evs)
 
     eventually(event, timeout=10, what="NotUpgradablePods event")
+
+
+def test_patch_pod_metadata_is_reapplied_by_the_upgrade(
+    kube: Kube, injected_ns: str, kubelet: FakeKubelet, sidecarsets: Callable[..., dict[str, Any]]
+) -> None:
+    """As Kruise: a patchPodMetadata change alone reaches no pod; the next image upgrade brings it,
+    in the same patch (Overwrite, MergePatchJson, and Retain for keys the pod lacks)."""
+    patches = [
+        {"patchPolicy": "Overwrite", "annotations": {"mesh.example/level": "1"}},
+        {"patchPolicy": "MergePatchJson", "annotations": {"mesh.example/config": '{"log":"info"}'}},
+    ]
+    ss = sidecarsets("meta", initContainers=[], updateStrategy={"type": "RollingUpdate"}, patchPodMetadata=patches)
+    name = ss["metadata"]["name"]
+    wait_injecting(kube, injected_ns, "meta", lambda p: p["spec"]["containers"][0]["name"] == "proxy")
+    create_ready_pods(kube, injected_ns, "meta", 2)
+    wait_status(kube, name, matchedPods=2, updatedPods=2, readyPods=2)
+    changed = [
+        {"patchPolicy": "Overwrite", "annotations": {"mesh.example/level": "2"}},
+        {"patchPolicy": "MergePatchJson", "annotations": {"mesh.example/config": '{"mesh":"on"}'}},
+        {"patchPolicy": "Retain", "annotations": {"mesh.example/added": "yes"}},
+    ]
+    kube.patch(f"{SS_PATH}/{name}", {"spec": {"patchPodMetadata": changed}})
+    time.sleep(2)
+    for p in pods(kube, injected_ns, "meta"):  # no image change: nothing rolled
+        assert p["metadata"]["annotations"]["mesh.example/level"] == "1"
+    set_image(kube, name, "proxy:2")
+
+    def upgraded() -> list[dict[str, Any]] | None:
+        got = pods(kube, injected_ns, "meta")
+        return got if all(_updated(p, "proxy:2") for p in got) else None
+
+    for p in eventually(upgraded, timeout=30, what="both pods on proxy:2"):
+        annotations = p["metadata"]["annotations"]
+        assert annotations["mesh.example/level"] == "2"
+        assert annotations["mesh.example/config"] == '{"log":"info","mesh":"on"}'
+        assert annotations["mesh.example/added"] == "yes"

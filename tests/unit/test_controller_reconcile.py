@@ -257,3 +257,47 @@ def test_no_write_once_the_lease_is_held_by_another_replica() -> None:
     leading[0] = True
     rig.reconcile()
     assert rig.patched_pods() == ["p0"]
+
+
+def _with_metadata_patches(ss: JsonObj) -> JsonObj:
+    out = copy.deepcopy(ss)
+    out["spec"]["patchPodMetadata"] = [
+        {"patchPolicy": "Overwrite", "annotations": {"mesh.example/version": "2"}},
+        {"patchPolicy": "MergePatchJson", "annotations": {"mesh.example/config": '{"log":"debug"}'}},
+        {"patchPolicy": "Retain", "annotations": {"team": "ignored", "mesh.example/added": "yes"}},
+    ]
+    return out
+
+
+def test_an_upgrade_reapplies_patch_pod_metadata_in_the_same_patch() -> None:
+    rig = Rig(_with_metadata_patches(V2), pods=1)
+    rig.deliver = False
+    p0 = copy.deepcopy(rig.pod("p0"))
+    p0["metadata"]["annotations"].update(
+        {"mesh.example/version": "1", "mesh.example/config": '{"keep":1,"log":"info"}'}
+    )
+    rig.api._store(pod_path("p0"), p0)
+    rig.redeliver()
+    assert rig.reconcile() is None
+    assert rig.patched_pods() == ["p0"], "one patch: images and metadata together"
+    after = rig.pod("p0")
+    assert envoy_image(after) == "envoy:v2"
+    annotations = after["metadata"]["annotations"]
+    assert annotations["mesh.example/version"] == "2"
+    assert annotations["mesh.example/config"] == '{"keep":1,"log":"debug"}'
+    assert annotations["mesh.example/added"] == "yes", "Retain adds what the pod lacks"
+    assert annotations["team"] == p0["metadata"]["annotations"]["team"], "Retain keeps what the pod has"
+
+
+def test_a_pod_changed_since_it_was_planned_is_not_patched_with_stale_metadata() -> None:
+    rig = Rig(_with_metadata_patches(V2), pods=1)
+    rig.deliver = False
+    rig.redeliver()
+    moved = copy.deepcopy(rig.pod("p0"))
+    moved["metadata"]["annotations"]["mesh.example/version"] = "changed-meanwhile"
+    rig.api._store(pod_path("p0"), moved)  # the cache still has the older version
+    before = upgrades("conflict")
+    rig.reconcile()
+    assert rig.patched_pods() == []
+    assert upgrades("conflict") == before + 1
+    assert envoy_image(rig.pod("p0")) == "envoy:v1"

@@ -195,6 +195,7 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         ("", "pods", "list", ()),
         ("", "pods", "watch", ()),
         ("", "pods", "patch", ()),
+        ("", "pods", "get", ()),  # patchPodMetadata re-applied on upgrade reads the pod first
         ("", "pods/status", "patch", ()),
         ("", "events", "create", ()),
         ("", "events", "patch", ()),
