@@ -194,6 +194,11 @@ class SidecarSet:
         return {c.name: c.image for c in self.containers if not c.hot and c.image is not None}
 
     @property
+    def native_images(self) -> dict[str, str]:
+        """Native-sidecar init container name -> image: rolled in place like the containers."""
+        return {c.name: c.image for c in self.init_containers if c.native and not c.hot and c.image is not None}
+
+    @property
     def custom_version(self) -> str:
         """The SidecarSet's custom version (the v1alpha1 label), or ""."""
         return str(self.labels.get(names.SS_LABEL_CUSTOM_VERSION) or "")

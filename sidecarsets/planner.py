@@ -135,16 +135,18 @@ def pod_patch(
     revision: str,
     now: str,
 ) -> list[JsonObj]:
-    """The JSON Patch that moves `pod` to `images` (sidecar name -> image) and records it."""
+    """The JSON Patch that moves `pod` to `images` (sidecar name -> image, containers and native-sidecar
+    init containers: names are unique across both lists) and records it."""
     ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}]
     changed: list[str] = []
-    for i, (name, image) in enumerate(pod.containers):
-        target = images.get(name)
-        if target is None or target == image:
-            continue
-        ops.append({"op": "test", "path": f"/spec/containers/{i}/name", "value": name})
-        ops.append({"op": "replace", "path": f"/spec/containers/{i}/image", "value": target})
-        changed.append(name)
+    for field, listed in (("containers", pod.containers), ("initContainers", pod.init_containers)):
+        for i, (name, image) in enumerate(listed):
+            target = images.get(name)
+            if target is None or target == image:
+                continue
+            ops.append({"op": "test", "path": f"/spec/{field}/{i}/name", "value": name})
+            ops.append({"op": "replace", "path": f"/spec/{field}/{i}/image", "value": target})
+            changed.append(name)
     hash_value = _hash_annotation(
         pod, ss_name=ss_name, new_hash=new_hash, sidecars=sidecars, revision=revision, now=now
     )
@@ -236,7 +238,7 @@ def plan_upgrade(
             pod_patch(
                 pod,
                 ss_name=name,
-                images=ss.cold_images,
+                images={**ss.cold_images, **ss.native_images},
                 new_hash=ss.hash,
                 sidecars=ss.sidecar_list,
                 revision=revision,
@@ -309,9 +311,6 @@ def _unsupported(ss: SidecarSet) -> str | None:
     hot = ss.hot_names
     if hot:
         return f"hot upgrade not handled: {', '.join(hot)}"
-    native = ss.native_init_names
-    if native:
-        return f"native sidecar initContainers cannot be upgraded in place: {', '.join(native)}"
     return None
 
 

@@ -50,6 +50,11 @@ def has_sidecars(pod: PodProjection, *, cold: Iterable[str], hot: Iterable[str],
     )
 
 
+def _images(pod: PodProjection, containers: Collection[str]) -> dict[str, str]:
+    """Spec image of each of `containers` in the pod, native-sidecar init containers included."""
+    return {n: img for n, img in (*pod.containers, *pod.init_containers) if n in containers}
+
+
 def is_image_digest(image: str) -> bool:
     return _DIGEST.search(image) is not None
 
@@ -82,7 +87,7 @@ def digest_matches(image: str, image_id: str) -> bool:
 
 def update_complete(pod: PodProjection, *, sidecarset: str, containers: Collection[str]) -> bool:
     """No in-place image change of these sidecar containers is still waiting for the kubelet."""
-    images = {n: img for n, img in pod.containers if n in containers}
+    images = _images(pod, containers)
     if images and all(is_image_digest(img) for img in images.values()):
         for name, image in images.items():
             status = pod.status_of(name)
@@ -111,7 +116,7 @@ def upgrade_in_flight(pod: PodProjection, *, sidecarset: str, containers: Collec
     state = pod.inplace_for(sidecarset)
     if state is None:
         return False
-    images = {n: img for n, img in pod.containers if n in containers}
+    images = _images(pod, containers)
     all_digest = bool(images) and all(is_image_digest(img) for img in images.values())
     for name, old_id in state.last_image_ids:
         if name not in images:
@@ -128,10 +133,14 @@ def upgrade_in_flight(pod: PodProjection, *, sidecarset: str, containers: Collec
 
 
 def is_consistent(pod: PodProjection, *, sidecarset: str, containers: Collection[str]) -> bool:
-    """Kruise's IsPodStateConsistent: the kubelet reports every container and the sidecars landed."""
-    return len(pod.containers) == len(pod.container_statuses) and update_complete(
-        pod, sidecarset=sidecarset, containers=containers
-    )
+    """Kruise's IsPodStateConsistent: the kubelet reports every container (and each of our native
+    sidecars) and the sidecars landed."""
+    if len(pod.containers) != len(pod.container_statuses):
+        return False
+    native = [n for n, _ in pod.init_containers if n in containers]
+    if native and any(pod.status_of(n) is None for n in native):
+        return False
+    return update_complete(pod, sidecarset=sidecarset, containers=containers)
 
 
 def is_available(pod: PodProjection, *, sidecarset: str, containers: Collection[str]) -> bool:
@@ -175,7 +184,7 @@ def evaluate(
     once per distinct combination. The memo is keyed by object identity: every keyed object is
     held by a pod in `pods` for as long as the memo lives, so an id cannot be reused meanwhile.
     """
-    memo: dict[tuple[int, int, int], tuple[bool, bool]] = {}
+    memo: dict[tuple[int, int, int, int, int], tuple[bool, bool]] = {}
     updated: list[bool] = []
     available: list[bool] = []
     in_flight: list[bool] = []
@@ -191,7 +200,7 @@ def evaluate(
             if state.sidecarset == sidecarset:
                 last = state.last_image_ids
                 break
-        key = (id(pod.containers), id(pod.container_statuses), id(last))
+        key = (id(pod.containers), id(pod.container_statuses), id(pod.init_containers), id(pod.init_statuses), id(last))
         found = memo.get(key)
         if found is None:
             found = memo[key] = (

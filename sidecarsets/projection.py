@@ -126,6 +126,7 @@ class PodProjection:
     containers: tuple[tuple[str, str], ...]  # (name, image) in spec order
     init_containers: tuple[tuple[str, str], ...]
     container_statuses: tuple[ContainerState, ...]
+    init_statuses: tuple[ContainerState, ...]  # native sidecars are upgraded in place too
     total_restarts: int
     upgradable_condition: tuple[str, ...]  # (status, reason, message) or ()
 
@@ -142,7 +143,11 @@ class PodProjection:
         return None
 
     def status_of(self, container: str) -> ContainerState | None:
+        """The status of a container or init container (a pod's names are unique across both)."""
         for cs in self.container_statuses:
+            if cs.name == container:
+                return cs
+        for cs in self.init_statuses:
             if cs.name == container:
                 return cs
         return None
@@ -351,6 +356,7 @@ def project(pod: Any) -> PodProjection:
         containers=_containers(spec.get("containers")),
         init_containers=_containers(spec.get("initContainers")),
         container_statuses=statuses,
+        init_statuses=_statuses(status.get("initContainerStatuses")),
         total_restarts=sum(cs.restart_count for cs in statuses),
         upgradable_condition=upgradable,
     )

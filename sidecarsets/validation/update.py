@@ -1,9 +1,9 @@
 """Validation of a SidecarSet update against the object it replaces.
 
 Pods already carry the old sidecars; the controller can only swap images in place. Changes it
-cannot roll out (a new or renamed sidecar, a switch between cold and hot upgrade, an in-place
-upgrade of a native-sidecar init container) are refused when written, not discovered later as
-a rollout that never ends.
+cannot roll out (a new or renamed sidecar, a switch between cold and hot upgrade) are refused
+when written, not discovered later as a rollout that never ends. Native-sidecar init containers
+(`restartPolicy: Always`) are rolled in place like containers, which Kruise refuses.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.enums import UpdateType
 from sidecarsets.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
 
@@ -37,9 +36,7 @@ def validate_update(spec: Mapping[str, Any], old: Mapping[str, Any], errs: Error
     the object being replaced, read through the model.
 
     Kruise rejects every native-sidecar init container (restartPolicy: Always) under
-    RollingUpdate, which makes native sidecars unusable with the default strategy. We reject
-    only what needs the unsupported upgrade: under RollingUpdate, an update that changes the
-    image of such an init container. Creating one, or changing other fields, is accepted.
+    RollingUpdate; here their image changes are rolled in place like the containers'.
     """
     if not isinstance(old.get("spec"), Mapping):
         return
@@ -57,19 +54,3 @@ def validate_update(spec: Mapping[str, Any], old: Mapping[str, Any], errs: Error
             continue
         if _upgrade_type(container) != previous.upgrade_type:
             errs.append(FieldError(f"{path}.upgradeStrategy.upgradeType", f"container {name} upgradeType is immutable"))
-
-    strategy = spec.get("updateStrategy")
-    if not isinstance(strategy, Mapping) or strategy.get("type") != UpdateType.ROLLING_UPDATE:
-        return
-    old_inits = {c.name: c for c in previous_model.init_containers}
-    for path, container, name in _indexed(spec, "initContainers"):
-        previous = old_inits.get(name)
-        native = container.get("restartPolicy") == "Always"
-        if native and previous is not None and previous.container.get("image") != container.get("image"):
-            errs.append(
-                FieldError(
-                    f"{path}.image",
-                    "The initContainer in-place upgrade is not currently supported: changing the image of "
-                    "an init container with restartPolicy Always needs updateStrategy.type NotUpdate",
-                )
-            )

@@ -226,6 +226,20 @@ def injected_pod(
             )
             for c in containers
         ]
+    # Native sidecars (restartPolicy: Always init containers) go into the pod and keep running.
+    natives = [
+        container(c["name"], c["image"], restartPolicy="Always")
+        for c in spec.get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    ]
+    extra: JsonObj = {"initContainers": natives} if natives else {}
+    if natives and with_statuses:
+        status["initContainerStatuses"] = [
+            container_status(
+                c["name"], c["image"], ready=ready, restarts=restarts, containerID=f"containerd://{name}-{c['name']}"
+            )
+            for c in natives
+        ]
     return pod(
         name,
         namespace=namespace,
@@ -242,6 +256,7 @@ def injected_pod(
         node=node,
         metadata=meta,
         status=status,
+        **extra,
     )
 
 
@@ -258,7 +273,7 @@ def set_ready(pod_json: JsonObj, ready: bool) -> JsonObj:
     for cond in out["status"]["conditions"]:
         if cond["type"] == "Ready":
             cond["status"] = "True" if ready else "False"
-    for cs in out["status"].get("containerStatuses", []):
+    for cs in [*out["status"].get("containerStatuses", []), *out["status"].get("initContainerStatuses", [])]:
         cs["ready"] = ready
     return out
 
@@ -271,9 +286,13 @@ def kubelet_sync(pod_json: JsonObj, *, ready: bool = True) -> JsonObj:
     if out["status"]["phase"] == "Pending":
         out["status"]["phase"] = "Running"
         out["status"]["containerStatuses"] = [container_status(n, img, ready=ready) for n, img in images.items()]
-    for cs in out["status"].get("containerStatuses", []):
-        if cs["image"] != images[cs["name"]]:
-            cs["image"] = images[cs["name"]]
+    natives = {
+        c["name"]: c["image"] for c in out["spec"].get("initContainers") or [] if c.get("restartPolicy") == "Always"
+    }
+    for cs in [*out["status"].get("containerStatuses", []), *out["status"].get("initContainerStatuses", [])]:
+        image = images.get(cs["name"], natives.get(cs["name"]))
+        if image is not None and cs["image"] != image:
+            cs["image"] = image
             cs["imageID"] = image_id(cs["image"])
             cs["restartCount"] += 1
     return set_ready(out, ready)

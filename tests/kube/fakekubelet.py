@@ -208,8 +208,10 @@ class FakeKubelet:
         for c in spec.get("initContainers") or []:
             if c.get("restartPolicy") == "Always":  # native sidecar: keeps running
                 prev_init = {s.get("name"): s for s in status.get("initContainerStatuses") or []}
-                st, _ = self._container_status(ns, meta["uid"], c, prev_init.get(c["name"]), now_mono)
+                st, wait = self._container_status(ns, meta["uid"], c, prev_init.get(c["name"]), now_mono)
                 init_statuses.append(st)
+                if wait is not None:
+                    next_check = min(wait, next_check or wait)
             else:
                 completed = {"terminated": {"exitCode": 0, "reason": "Completed"}}
                 init_statuses.append(container_status(c["name"], c.get("image", ""), state=completed))

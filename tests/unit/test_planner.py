@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from kuberuntime.jsontypes import JsonObj
+from sidecarsets import podstate
 from sidecarsets.hashing import spec_hash
 from sidecarsets.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INPLACE_STATE
 from sidecarsets.planner import Plan, condition_current, plan_upgrade, upgradable_condition
@@ -170,11 +171,39 @@ class TestStops:
         p = plan(with_images(hot, envoy="e:2"), [injected_pod("a", hot)])
         assert p.upgrades == () and "hot upgrade not handled: dns" in p.reason
 
-    def test_native_sidecar_init_containers(self) -> None:
-        ss = v2(maxUnavailable=1)
-        ss["spec"]["initContainers"] = [{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}]
-        p = plan(ss, pods(1))
-        assert p.upgrades == () and "proxy" in p.reason
+
+class TestNativeSidecars:
+    """Init containers with restartPolicy Always are rolled in place like containers (Kruise refuses)."""
+
+    OLD = shop_sidecarset(initContainers=[{"name": "proxy", "image": "p:1", "restartPolicy": "Always"}])
+
+    def new(self, image: str = "p:2", **strategy: Any) -> JsonObj:
+        ss = copy.deepcopy(self.OLD)
+        ss["spec"]["initContainers"][0]["image"] = image
+        ss["spec"]["updateStrategy"] = strategy or {"maxUnavailable": 1}
+        return ss
+
+    def test_the_init_container_image_is_patched_and_recorded(self) -> None:
+        raws = [injected_pod(f"p{i}", self.OLD) for i in range(2)]
+        p = plan(self.new(), raws)
+        assert chosen(p) == ["p0"]
+        ops = p.upgrades[0].patch
+        assert {"op": "test", "path": "/spec/initContainers/0/name", "value": "proxy"} in ops
+        assert {"op": "replace", "path": "/spec/initContainers/0/image", "value": "p:2"} in ops
+        assert not any(o["path"].startswith("/spec/containers/") and o["op"] == "replace" for o in ops)
+        after = upgrade_all(self.new(), raws, p)
+        state = orjson.loads(after[0]["metadata"]["annotations"][ANN_INPLACE_STATE])["mesh"]
+        assert state["lastContainerStatuses"] == {"proxy": {"imageID": image_id("p:1")}}
+        # In flight until the kubelet restarts it: the budget of one is spent.
+        assert chosen(plan(self.new(), after)) == []
+        after[0] = kubelet_sync(after[0])
+        assert chosen(plan(self.new(), after)) == ["p1"]
+
+    def test_a_pod_whose_native_sidecar_is_not_reported_is_not_consistent(self) -> None:
+        raw = injected_pod("p0", self.OLD)
+        del raw["status"]["initContainerStatuses"]
+        pod = project(raw)
+        assert not podstate.is_consistent(pod, sidecarset="mesh", containers={"envoy", "proxy"})
 
     @pytest.mark.parametrize(
         ("strategy", "field"),

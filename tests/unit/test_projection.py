@@ -119,6 +119,7 @@ def test_unknown_fields_are_dropped() -> None:
         "containers",
         "init_containers",
         "container_statuses",
+        "init_statuses",
         "total_restarts",
         "upgradable_condition",
     }
