@@ -193,3 +193,44 @@ def test_patch_pod_metadata_is_reapplied_by_the_upgrade(
         assert annotations["mesh.example/level"] == "2"
         assert annotations["mesh.example/config"] == '{"log":"info","mesh":"on"}'
         assert annotations["mesh.example/added"] == "yes"
+
+
+def test_a_native_sidecar_is_rolled_in_place(
+    kube: Kube, injected_ns: str, kubelet: FakeKubelet, sidecarsets: Callable[..., dict[str, Any]]
+) -> None:
+    """An init container with restartPolicy Always gets its new image in place (Kruise refuses):
+    same pods, the app untouched, the status counting it, maxUnavailable respected."""
+    agent = {"name": "mesh-agent", "image": "agent:1", "restartPolicy": "Always"}
+    ss = sidecarsets("native", initContainers=[agent], updateStrategy={"type": "RollingUpdate", "maxUnavailable": 1})
+    name = ss["metadata"]["name"]
+    wait_injecting(
+        kube,
+        injected_ns,
+        "native",
+        lambda p: "mesh-agent" in [c["name"] for c in p["spec"].get("initContainers") or []],
+    )
+    before = create_ready_pods(kube, injected_ns, "native", 3)
+    wait_status(kube, name, matchedPods=3, updatedPods=3, readyPods=3)
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in before}
+    kube.patch(f"{SS_PATH}/{name}", {"spec": {"initContainers": [{**agent, "image": "agent:2"}]}})
+
+    def agent_image(p: dict[str, Any]) -> str:
+        return str(next(c["image"] for c in p["spec"]["initContainers"] if c["name"] == "mesh-agent"))
+
+    most_down = 0
+
+    def rolled() -> list[dict[str, Any]] | None:
+        nonlocal most_down
+        got = pods(kube, injected_ns, "native")
+        most_down = max(most_down, sum(1 for p in got if not ready(p)))
+        return got if all(agent_image(p) == "agent:2" and ready(p) for p in got) else None
+
+    done = eventually(rolled, timeout=60, interval=0.05, what="the native sidecar rolled to agent:2")
+    wait_status(kube, name, matchedPods=3, updatedPods=3, readyPods=3, updatedReadyPods=3)
+    assert most_down <= 1, "maxUnavailable 1"
+    for p in done:
+        assert p["metadata"]["uid"] == uids[p["metadata"]["name"]], "pod was recreated"
+        assert container_status(p, "app")["restartCount"] == 0, "the app container was restarted"
+        init = next(s for s in p["status"]["initContainerStatuses"] if s["name"] == "mesh-agent")
+        assert init["image"] == "agent:2" and init["imageID"] == image_id("agent:2")
+        assert init["restartCount"] == 1
