@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from injector import admission, decisions, wrappers
+from injector import admission, conversionreview, decisions, wrappers
 from injector.body import Body, BodyLimits, Refused
 from injector.decisions import Decision, WebhookSettings
 from injector.wrappers import JSON_TYPE, TEXT_TYPE, Answer, Endpoint, RawHandler
@@ -25,6 +25,7 @@ from sidecarsets.store import TemplateStore
 
 log = logging.getLogger(__name__)
 _UNEXPECTED = b"the webhook could not process this request; see the manager's log\n"
+_POST_ONLY = b"method not allowed: POST an AdmissionReview (a ConversionReview at /convert)\n"
 
 __all__ = ["WebhookSettings", "create_webhook_app"]
 
@@ -71,15 +72,29 @@ def endpoint(webhook: str, handle: RawHandler, limits: BodyLimits) -> Endpoint:
 
 # A SidecarSet update carries the object and the old object, each at most etcd's 1.5 MiB.
 VALIDATE_MAX_BYTES = 2 * validation.MAX_SIDECARSET_BYTES + 256 * 1024
+# A conversion carries a whole list (kubectl asks for 500 objects a page): more bytes and values than a pod.
+CONVERT_MAX_BYTES = 16 * 1024 * 1024
+CONVERT_VALUES_PER_POD_VALUE = 10
+
+
+async def convert(raw: bytes) -> Answer:
+    """A body handler for /convert: every answer is a ConversionReview (injector.conversionreview)."""
+    outcome = conversionreview.convert(raw)
+    return Answer(outcome.result, outcome.status, outcome.body, JSON_TYPE)
 
 
 def create_webhook_app(
     store: TemplateStore, settings: WebhookSettings | None = None, limits: BodyLimits | None = None
 ) -> ASGIApp:
-    """The ASGI app served on the TLS port: /inject and /validate-sidecarset."""
+    """The ASGI app served on the TLS port: /inject, /validate-sidecarset and /convert."""
     cfg = settings or WebhookSettings()
     pods = limits or BodyLimits()
     sidecarsets = dataclasses.replace(pods, max_bytes=min(pods.max_bytes, VALIDATE_MAX_BYTES))
+    lists = dataclasses.replace(
+        pods,
+        max_bytes=max(pods.max_bytes, CONVERT_MAX_BYTES),
+        max_values=pods.max_values * CONVERT_VALUES_PER_POD_VALUE,
+    )
 
     async def inject(review: admission.Review) -> Decision:
         return await decisions.inject(review, store, cfg)
@@ -93,6 +108,7 @@ def create_webhook_app(
     routes = {
         names.INJECT_PATH: wrappers.measured("inject", endpoint("inject", inject_handler, pods)),
         names.VALIDATE_PATH: wrappers.measured("validate", endpoint("validate", parsing(validate), sidecarsets)),
+        names.CONVERT_PATH: wrappers.measured("convert", endpoint("convert", convert, lists)),
     }
     fallback = Starlette()  # 404s, lifespan
 
@@ -101,7 +117,7 @@ def create_webhook_app(
         if route is None:
             await fallback(scope, receive, send_)
         elif scope["method"] != "POST":
-            await send(send_, 405, b"method not allowed: POST an AdmissionReview\n", TEXT_TYPE)
+            await send(send_, 405, _POST_ONLY, TEXT_TYPE)
         else:
             answer = await route(scope, receive)
             await send(send_, answer.status, answer.body, answer.content_type, close=answer.close)

@@ -25,12 +25,18 @@ from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import hashing, names, selectors
+from sidecarsets.conversion import is_v1beta1
 from sidecarsets.jsontemplate import JsonTemplate
 from sidecarsets.reading import ModelError, Problem, Reader, first_problem, mapping, type_name
 from sidecarsets.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
 from sidecarsets.strategies import RevisionPin, UpdateStrategy, read_revision_pin, read_update_strategy
 
-ACCEPTED_API_VERSIONS = (names.API_VERSION, names.KRUISE_API_VERSION)
+ACCEPTED_API_VERSIONS = (
+    names.API_VERSION,
+    names.API_VERSION_V1BETA1,
+    names.KRUISE_API_VERSION,
+    names.KRUISE_API_VERSION_V1BETA1,
+)
 _IMAGE_FIELD = re.compile(r"^spec\.containers\[\d+\]\.image$")
 
 __all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet"]
@@ -116,11 +122,7 @@ class SidecarSet:
         spec = reader.object(obj.get("spec"), "spec", required=True)
         status = reader.object(obj.get("status"), "status")
         selector = reader.optional_object(spec.get("selector"), "spec.selector")
-        namespace = reader.string(spec.get("namespace"), "spec.namespace")
-        if namespace:
-            ns_selector: JsonObj | None = {"matchLabels": {names.NS_NAME_LABEL: namespace}}
-        else:
-            ns_selector = reader.optional_object(spec.get("namespaceSelector"), "spec.namespaceSelector")
+        ns_selector = _namespace_scope(reader, spec, beta=is_v1beta1(obj))
         init_containers = read_containers(reader, spec.get("initContainers"), "spec.initContainers", init=True)
         containers = read_containers(reader, spec.get("containers"), "spec.containers", init=False)
         _check_names(reader, containers, init_containers)
@@ -200,7 +202,10 @@ class SidecarSet:
 
     @property
     def custom_version(self) -> str:
-        """The SidecarSet's custom version (the v1alpha1 label), or ""."""
+        """The SidecarSet's custom version (v1beta1 `spec.customVersion`, v1alpha1 a label), or ""."""
+        if is_v1beta1(self.obj):
+            value = self.spec.get("customVersion")
+            return value if isinstance(value, str) else ""
         return str(self.labels.get(names.SS_LABEL_CUSTOM_VERSION) or "")
 
     def problem(self, *fields: str, exact: bool = False) -> Problem | None:
@@ -267,6 +272,28 @@ def _check_type(reader: Reader, obj: Mapping[str, Any]) -> None:
     kind = obj.get("kind")
     if kind is not None and kind != names.KIND:
         reader.fail("kind", f"kind: {kind!r} is not {names.KIND}")
+
+
+def _namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
+    """The selector of the namespaces in scope; one namespace (which wins) is its name label.
+
+    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: the same two under `specificNamespace`,
+    or Kruise 1.9's top-level `namespaceSelector` instead (sidecarsets.conversion).
+    """
+    where = "spec"
+    scope: Mapping[str, Any] = spec
+    if beta:
+        specific = reader.optional_object(spec.get("specificNamespace"), "spec.specificNamespace")
+        if specific is not None:
+            if spec.get("namespaceSelector") is not None:
+                reader.fail(
+                    "spec.namespaceSelector", "spec.namespaceSelector and spec.specificNamespace are mutually exclusive"
+                )
+            where, scope = "spec.specificNamespace", specific
+    namespace = None if beta and scope is spec else reader.string(scope.get("namespace"), f"{where}.namespace")
+    if namespace:
+        return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
+    return reader.optional_object(scope.get("namespaceSelector"), f"{where}.namespaceSelector")
 
 
 def _check_names(

@@ -6,11 +6,18 @@ Kept in one module so a rename is one edit and a grep finds every use.
 from __future__ import annotations
 
 GROUP = "sidecarctl.io"
+# The version the manager reads and writes, and the CRD's storage version (README: storage version).
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# Kruise 1.9's shape, served beside v1alpha1 and converted by the manager at CONVERT_PATH.
+VERSION_V1BETA1 = "v1beta1"
+API_VERSION_V1BETA1 = f"{GROUP}/{VERSION_V1BETA1}"
 KIND = "SidecarSet"
 PLURAL = "sidecarsets"
-KRUISE_API_VERSION = "apps.kruise.io/v1alpha1"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+KRUISE_GROUP = "apps.kruise.io"
+KRUISE_API_VERSION = f"{KRUISE_GROUP}/{VERSION}"
+KRUISE_API_VERSION_V1BETA1 = f"{KRUISE_GROUP}/{VERSION_V1BETA1}"
 
 # Namespace label that turns injection on; only this exact value counts.
 NS_INJECTION_LABEL = "sidecar-injection"
@@ -38,8 +45,15 @@ CONDITION_POLICY_INJECTION = "PolicyInjection"
 # SidecarSet-side annotations, as Kruise keeps them on the SidecarSet object.
 SS_ANN_HASH = "sidecarctl.io/sidecarset-hash"
 SS_ANN_HASH_WITHOUT_IMAGE = "sidecarctl.io/sidecarset-hash-without-image"
-# Kruise v1alpha1 keeps a SidecarSet's custom version in this label.
+# Kruise v1alpha1 keeps a SidecarSet's custom version in this label (v1beta1: spec.customVersion).
 SS_LABEL_CUSTOM_VERSION = "sidecarctl.io/sidecarset-custom-version"
+# What a v1alpha1 object keeps of a v1beta1 one that v1alpha1 has no field for (sidecarsets.conversion).
+# Reserved: a v1beta1 object may not carry annotations under this prefix.
+CONVERSION_ANNOTATION_PREFIX = "conversion.sidecarctl.io/"
+# "spec.namespaceSelector": in v1beta1 the selector is Kruise's top-level field, not specificNamespace's.
+ANN_CONVERSION_SELECTOR_AT = CONVERSION_ANNOTATION_PREFIX + "namespace-selector-at"
+# The v1beta1 object's own SS_LABEL_CUSTOM_VERSION label (a plain label there), when it has one.
+ANN_CONVERSION_VERSION_LABEL = CONVERSION_ANNOTATION_PREFIX + "custom-version-label"
 # ControllerRevisions carry the SidecarSet name in this label.
 REVISION_LABEL_SIDECARSET = "sidecarctl.io/sidecarset-name"
 
@@ -54,3 +68,4 @@ MUTATING_WEBHOOK_NAME = "inject.sidecarctl.io"
 VALIDATING_WEBHOOK_CONFIG = "sidecarctl-validator"
 INJECT_PATH = "/inject"
 VALIDATE_PATH = "/validate-sidecarset"
+CONVERT_PATH = "/convert"

@@ -8,8 +8,8 @@ just a list of FieldErrors.
 What it does not do: look up ControllerRevisions named by `injectionStrategy.revision` (the
 caller with cluster access does that), or gate patchPodMetadata keys with a whitelist.
 
-`namespace` and `namespaceSelector` may both be set; `namespace` wins, as in Kruise's current
-v1alpha1 API (Kruise 1.8 rejected the combination).
+Both versions are validated as they are written (error paths name the fields of the object's own
+version); the fields where they differ are the `validation.versions` rules.
 
 The rules live in the `validation_*` modules, one per part of the spec.
 """
@@ -21,19 +21,13 @@ from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.defaults import apply_defaults
-from sidecarsets.validation.base import (
-    Errors,
-    FieldError,
-    dns1123_label_problem,
-    obj_field,
-    type_name,
-    validate_selector,
-)
+from sidecarsets.validation.base import Errors, FieldError, obj_field, type_name, validate_selector
 from sidecarsets.validation.conflicts import validate_conflicts
 from sidecarsets.validation.containers import validate_containers
 from sidecarsets.validation.metadata import validate_name, validate_patch_pod_metadata
 from sidecarsets.validation.strategy import validate_injection_strategy, validate_update_strategy
 from sidecarsets.validation.update import validate_update
+from sidecarsets.validation.versions import validate_version_fields
 from sidecarsets.validation.volumes import validate_pull_secrets, validate_revision_history_limit, validate_volumes
 
 __all__ = ["MAX_SIDECARS", "MAX_SIDECARSET_BYTES", "FieldError", "validate_sidecarset"]
@@ -44,22 +38,9 @@ MAX_SIDECARSET_BYTES = 1536 * 1024
 MAX_SIDECARS = 256
 
 
-def _namespace(spec: Mapping[str, Any], errs: Errors) -> None:
-    namespace = spec.get("namespace")
-    if namespace is None or namespace == "":
-        return
-    if not isinstance(namespace, str):
-        errs.append(FieldError("spec.namespace", f"must be a string, not {type_name(namespace)}"))
-        return
-    problem = dns1123_label_problem(namespace)
-    if problem:
-        errs.append(FieldError("spec.namespace", problem))
-
-
-def _spec(spec: Mapping[str, Any], errs: Errors) -> None:
+def _spec(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> None:
     validate_selector(spec.get("selector"), "spec.selector", errs, required=True)
-    _namespace(spec, errs)
-    validate_selector(spec.get("namespaceSelector"), "spec.namespaceSelector", errs, required=False)
+    validate_version_fields(obj, spec, errs)
     validate_injection_strategy(spec, errs)
     validate_update_strategy(spec, errs)
     validate_containers(spec, errs)
@@ -102,7 +83,7 @@ def validate_sidecarset(
         if current.get("spec") is None:
             errs.append(FieldError("spec", "spec is required"))
         return errs
-    _spec(spec, errs)
+    _spec(current, spec, errs)
     if isinstance(old, Mapping):
         validate_update(spec, apply_defaults(old), errs)
     validate_conflicts(current, others, errs)
