@@ -46,7 +46,7 @@ from tests.node.conftest import (
     record_value,
     wait_manager_ready,
 )
-from tests.node.pods import statuses
+from tests.node.pods import app_container, is_ready, statuses
 from tests.node.rollout import (
     SIDECAR,
     SS_PATH,
@@ -503,3 +503,103 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
         wait_for(injected, timeout=30, interval=0.2, what=f"pods of {app} injected by the {path} path")
         out[app] = (ss_path, path)
     return out
+
+
+def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
+    cluster: Cluster, installed: Installed, fresh_ns: str
+) -> None:
+    """An init container with restartPolicy Always (a Kubernetes native sidecar) gets its new image
+    in place: the kubelet restarts only that init container, the pod keeps its UID and sandbox and
+    the app container its containerID, start time and restart count (Kruise refuses this upgrade)."""
+    replicas, app = 3, "native"
+    v1, v2 = images.sidecar_image("v1"), images.sidecar_image("v2")
+    agent = {
+        "name": "mesh-agent",
+        "image": v1,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": images.SIDECAR_PORT}, "periodSeconds": 1},
+    }
+    ss_name = f"native-{fresh_ns[-6:]}"
+    cluster.api.patch(f"/api/v1/namespaces/{fresh_ns}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
+    cluster.api.create(
+        SS_PATH,
+        {
+            "apiVersion": "sidecarctl.io/v1alpha1",
+            "kind": "SidecarSet",
+            "metadata": {"name": ss_name},
+            "spec": {
+                "selector": {"matchLabels": {"app": app}},
+                "namespace": fresh_ns,
+                "containers": [],
+                "initContainers": [agent],
+                "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": 1},
+            },
+        },
+    )
+    try:
+        w = Workload(cluster.api, fresh_ns, ss_name, app, replicas, 1)
+
+        def injecting() -> bool:
+            probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "labels": {"app": app}}}
+            probe["spec"] = {"containers": [app_container()]}
+            got = cluster.api.request("POST", f"/api/v1/namespaces/{fresh_ns}/pods?dryRun=All", probe)
+            return "mesh-agent" in [c["name"] for c in got["spec"].get("initContainers") or []]
+
+        wait_for(injecting, timeout=30, interval=0.2, what="the native sidecar injected")
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": app},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": {"app": app}},
+                    "spec": {"terminationGracePeriodSeconds": 2, "containers": [app_container()]},
+                },
+            },
+        }
+        cluster.api.create(f"/apis/apps/v1/namespaces/{fresh_ns}/deployments", deployment)
+
+        def init_status(p: dict[str, Any]) -> dict[str, Any]:
+            return next(s for s in p["status"].get("initContainerStatuses") or [] if s["name"] == "mesh-agent")
+
+        def all_on(image: str) -> list[dict[str, Any]] | None:
+            got = w.pods()
+            ok = len(got) == replicas and all(
+                is_ready(p) and init_status(p)["image"] == image and init_status(p).get("ready") for p in got
+            )
+            return got if ok else None
+
+        before = {p["metadata"]["name"]: p for p in wait_for(lambda: all_on(v1), timeout=120, what="3 pods Ready")}
+        wait_for(lambda: w.status().get("updatedReadyPods") == replicas, timeout=30, what="the status counts them")
+        started = time.monotonic()
+        cluster.api.patch(w.ss_path, {"spec": {"initContainers": [{**agent, "image": v2}]}})
+        most_down = 0
+
+        def rolled() -> list[dict[str, Any]] | None:
+            nonlocal most_down
+            got = w.pods()
+            most_down = max(most_down, sum(1 for p in got if not is_ready(p)))
+            return all_on(v2)
+
+        after = wait_for(rolled, timeout=120, interval=0.05, what="the native sidecar rolled to v2")
+        took = time.monotonic() - started
+        wait_for(lambda: w.status().get("updatedReadyPods") == replicas, timeout=30, what="the status counts them")
+        assert most_down <= 1, f"maxUnavailable 1, {most_down} pods were down at once"
+        assert sorted(before) == sorted(p["metadata"]["name"] for p in after), "pods were recreated"
+        for p in after:
+            name = p["metadata"]["name"]
+            old = before[name]
+            assert p["metadata"]["uid"] == old["metadata"]["uid"], f"{name} was recreated"
+            assert p["status"]["podIP"] == old["status"]["podIP"], f"{name}: a new sandbox"
+            app_before, app_after = statuses(old)["app"], statuses(p)["app"]
+            assert app_after["containerID"] == app_before["containerID"], f"{name}: app container replaced"
+            assert app_after["state"]["running"]["startedAt"] == app_before["state"]["running"]["startedAt"]
+            assert app_after["restartCount"] == 0
+            assert init_status(p)["restartCount"] == init_status(old)["restartCount"] + 1, init_status(p)
+            assert init_status(p)["imageID"] != init_status(old)["imageID"]
+        record(f"native sidecar rolled in place over {replicas} pods (maxUnavailable 1)", took)
+    finally:
+        cluster.api.delete(f"{SS_PATH}/{ss_name}")
