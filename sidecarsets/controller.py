@@ -211,7 +211,14 @@ class Controller:
         if not await self._writable():
             return None
         results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))
-        if any(results):
+        if any(results) and plan.stage is planner.Stage.FLIPPING:
+            await self.recorder.event(
+                ss.obj,
+                type="Normal",
+                reason="ResetContainerSucceed",
+                message="HotUpgrade: the old containers of upgraded pairs are reset to the empty image",
+            )
+        elif any(results):
             await self.recorder.event(
                 ss.obj,
                 type="Normal",

@@ -35,6 +35,13 @@ ANN_INPLACE_STATE = "sidecarctl.io/inplace-update-state"
 ANN_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 # How a pod got its sidecars: "policy" (a MutatingAdmissionPolicy) or "webhook" (/inject, or the CLI).
 ANN_INJECTED_BY = "sidecarctl.io/injected-by"
+# HotUpgrade bookkeeping on the pod (Kruise's, under our prefix): which of `<n>-1` / `<n>-2` serves,
+# and each container's version and its partner's (read by the containers as SIDECARSET_VERSION[_ALT]).
+ANN_WORKING_HOT = "sidecarctl.io/sidecarset-working-hotupgrade-container"
+ANN_VERSION_PREFIX = "version.sidecarset.sidecarctl.io/"
+ANN_VERSION_ALT_PREFIX = "versionalt.sidecarset.sidecarctl.io/"
+ENV_SIDECARSET_VERSION = "SIDECARSET_VERSION"
+ENV_SIDECARSET_VERSION_ALT = "SIDECARSET_VERSION_ALT"
 # On a SidecarSet: `webhook` keeps it on the webhook even where a MutatingAdmissionPolicy could serve it.
 ANN_INJECTION_PATH = "sidecarctl.io/injection-path"
 INJECTED_BY_POLICY = "policy"

@@ -2,9 +2,8 @@
 
 A pure function of the SidecarSet and the pod projections, so every rollout rule (partition,
 maxUnavailable, selector, priority, scatter, done detection) is tested without a cluster and
-the controller only applies what it is given. Semantics follow Kruise's GetNextUpgradePods
-for cold upgrades; hot upgrades (the -1/-2 container pairs) are not performed, and a SidecarSet
-that has any is reported instead of half-upgraded.
+the controller only applies what it is given. Semantics follow Kruise's GetNextUpgradePods,
+hot upgrades (the -1/-2 container pairs, sidecarsets.hotupgrade) and their flips included.
 
 Each patch is an RFC 6902 JSON Patch guarded by `test` operations (resourceVersion and each
 container's name at its index), so a pod that changed since it was observed makes the patch
@@ -13,7 +12,7 @@ fail instead of writing the wrong container.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -21,13 +20,14 @@ from typing import Any
 import orjson
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import intorpercent, podstate, selectors
+from sidecarsets import hotupgrade, intorpercent, podstate, selectors
 from sidecarsets.enums import UpdateType
 from sidecarsets.model import SidecarSet
 from sidecarsets.names import ANN_HASH, ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
 from sidecarsets.ordering import upgrade_order
 from sidecarsets.projection import PodProjection
 from sidecarsets.sidecar import MetadataPatch
+from sidecarsets.status import evaluate as evaluate_pods
 
 REASON_UPGRADABLE = "AllSidecarsetUpgradable"
 REASON_NOT_UPGRADABLE = "UpdateImmutableField"
@@ -56,9 +56,9 @@ class Stage(Enum):
     NOTHING_UPGRADABLE = "nothing upgradable"
     DONE = "done"
     PAUSED = "paused"
+    FLIPPING = "flipping"  # HotUpgrade: `upgrades` put the old containers of finished pairs on the empty image
     NOT_UPDATE = "NotUpdate"
     INVALID = "invalid"  # a field the rollout depends on cannot be read
-    UNSUPPORTED = "unsupported"  # sidecars the planner cannot roll in place
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,11 @@ def _hash_annotation(
     return orjson.dumps({k: entries[k] for k in sorted(entries)}).decode()
 
 
-def _inplace_annotation(pod: PodProjection, *, ss_name: str, changed: list[str], revision: str, now: str) -> str:
+def _inplace_annotation(
+    pod: PodProjection, *, ss_name: str, changed: list[str], revision: str, now: str, merge: bool = False
+) -> str:
+    """The in-place state with this SidecarSet's entry recording `changed` containers' imageIDs now;
+    with `merge` (a HotUpgrade flip) added to its existing entry, whose revision and time stay."""
     states: dict[str, Any] = {
         e.sidecarset: {
             "revision": e.revision,
@@ -117,7 +121,11 @@ def _inplace_annotation(pod: PodProjection, *, ss_name: str, changed: list[str],
         for e in pod.inplace_state
         if e.sidecarset != ss_name
     }
-    last = {}
+    last: dict[str, Any] = {}
+    mine = pod.inplace_for(ss_name)
+    if merge and mine is not None:
+        revision, now = mine.revision, mine.update_timestamp or now
+        last = {c: {"imageID": i} for c, i in mine.last_image_ids}
     for c in changed:
         status = pod.status_of(c)
         last[c] = {"imageID": status.image_id if status else ""}
@@ -134,9 +142,12 @@ def pod_patch(
     sidecars: list[str],
     revision: str,
     now: str,
+    hot_ops: Sequence[JsonObj] = (),
+    hot_changed: Sequence[str] = (),
 ) -> list[JsonObj]:
     """The JSON Patch that moves `pod` to `images` (sidecar name -> image, containers and native-sidecar
-    init containers: names are unique across both lists) and records it."""
+    init containers: names are unique across both lists) and records it. `hot_ops` start the
+    HotUpgrade of the containers in `hot_changed` (sidecarsets.hotupgrade) in the same patch."""
     ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}]
     changed: list[str] = []
     for field, listed in (("containers", pod.containers), ("initContainers", pod.init_containers)):
@@ -147,6 +158,8 @@ def pod_patch(
             ops.append({"op": "test", "path": f"/spec/{field}/{i}/name", "value": name})
             ops.append({"op": "replace", "path": f"/spec/{field}/{i}/image", "value": target})
             changed.append(name)
+    ops += hot_ops
+    changed += hot_changed
     hash_value = _hash_annotation(
         pod, ss_name=ss_name, new_hash=new_hash, sidecars=sidecars, revision=revision, now=now
     )
@@ -200,7 +213,7 @@ def plan_upgrade(
     name, strategy, total = ss.name, ss.update_strategy, len(matched)
     m = _max_unavailable(strategy.max_unavailable, total)
     if verdicts is None:
-        verdicts = podstate.evaluate(matched, sidecarset=name, spec_hash=ss.hash, containers=set(ss.sidecar_list))
+        verdicts = evaluate_pods(ss, matched)
     elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
     unavailable = sum(
@@ -219,36 +232,17 @@ def plan_upgrade(
     candidates, stuck, waiting = _candidates(ss, matched, verdicts)
     if held_back:
         candidates = [p for p in candidates if p.key not in held_back]
+    flips = _flips(ss, matched, now=now, held_back=held_back)
+    if flips:  # as Kruise: every pod ready for its flip, before (and instead of) new upgrades
+        return Plan(flips, stuck, unavailable, m, done, Stage.FLIPPING, f"flipping {len(flips)}")
     if done:
         return stop(Stage.DONE, "done", stuck)
-    unsupported = _unsupported(ss)
-    if unsupported is not None:
-        return stop(Stage.UNSUPPORTED, unsupported, stuck)
 
     order = upgrade_order(candidates, matched, strategy)
     kept = _partition(strategy.partition, total)
     order = order[: max(0, len(order) - kept)]
-    chosen = _within_budget(order, unavailable, m)
-    upgrades = tuple(
-        PodUpgrade(
-            pod.namespace,
-            pod.name,
-            pod.uid,
-            pod.resource_version,
-            pod_patch(
-                pod,
-                ss_name=name,
-                images={**ss.cold_images, **ss.native_images},
-                new_hash=ss.hash,
-                sidecars=ss.sidecar_list,
-                revision=revision,
-                now=now,
-            ),
-            ss.patch_pod_metadata,
-            name,
-        )
-        for pod in chosen
-    )
+    chosen = _within_budget(order, unavailable, m, ready=lambda p: _ready(ss, p))
+    upgrades = tuple(_upgrade(ss, pod, revision=revision, now=now) for pod in chosen)
     if upgrades:
         stage, reason = Stage.UPGRADING, f"upgrading {len(upgrades)}"
     elif candidates and not order:
@@ -307,19 +301,67 @@ def _candidates(
     return candidates, tuple(not_upgradable), waiting
 
 
-def _unsupported(ss: SidecarSet) -> str | None:
-    hot = ss.hot_names
-    if hot:
-        return f"hot upgrade not handled: {', '.join(hot)}"
-    return None
+def _ready(ss: SidecarSet, pod: PodProjection) -> bool:
+    """Kruise's control.IsPodReady: running and ready, and each HotUpgrade pair's idle container emptied."""
+    return podstate.is_running_ready(pod) and hotupgrade.empties_done(pod, ss)
 
 
-def _within_budget(order: Sequence[PodProjection], unavailable: int, max_unavailable: int) -> list[PodProjection]:
+def _upgrade(ss: SidecarSet, pod: PodProjection, *, revision: str, now: str) -> PodUpgrade:
+    physical = hotupgrade.physical_names(ss)
+
+    def consistent(container: str) -> bool:
+        return podstate.is_consistent(pod, sidecarset=ss.name, containers={container} & physical)
+
+    hot_ops, hot_changed = hotupgrade.upgrade_ops(pod, ss, consistent=consistent)
+    patch = pod_patch(
+        pod,
+        ss_name=ss.name,
+        images={**ss.cold_images, **ss.native_images},
+        new_hash=ss.hash,
+        sidecars=ss.sidecar_list,
+        revision=revision,
+        now=now,
+        hot_ops=hot_ops,
+        hot_changed=hot_changed,
+    )
+    return PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, patch, ss.patch_pod_metadata, ss.name)
+
+
+def _flips(
+    ss: SidecarSet, matched: Sequence[PodProjection], *, now: str, held_back: Collection[tuple[str, str]]
+) -> tuple[PodUpgrade, ...]:
+    """The HotUpgrade flips due now: pods whose new containers run and which are ready get their old
+    containers put on the empty image (no maxUnavailable: the sidecar keeps serving throughout)."""
+    if not hotupgrade.hot_sidecars(ss):
+        return ()
+    physical = hotupgrade.physical_names(ss)
+    out: list[PodUpgrade] = []
+    for pod in sorted(matched, key=lambda p: (p.namespace, p.name, p.uid)):
+        if pod.key in held_back or not podstate.is_active(pod):
+            continue
+
+        def consistent_except(idle: set[str], pod: PodProjection = pod) -> bool:
+            return podstate.is_consistent(pod, sidecarset=ss.name, containers=physical - idle)
+
+        if not hotupgrade.flip_ready(pod, ss, consistent_except=consistent_except):
+            continue
+        ops, changed = hotupgrade.flip_ops(pod, ss)
+        if not changed:
+            continue
+        state = _inplace_annotation(pod, ss_name=ss.name, changed=changed, revision="", now=now, merge=True)
+        ops.append({"op": "add", "path": _pointer("metadata", "annotations", ANN_INPLACE_STATE), "value": state})
+        out.append(PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, ops, (), ss.name))
+    return tuple(out)
+
+
+def _within_budget(
+    order: Sequence[PodProjection], unavailable: int, max_unavailable: int, *, ready: Callable[[PodProjection], bool]
+) -> list[PodProjection]:
     """Pods from the front of `order` while maxUnavailable allows; pods already unavailable cost nothing."""
     count = unavailable
     chosen: list[PodProjection] = []
     for pod in order:
-        if not podstate.is_running_ready(pod):
+        if not ready(pod):
             chosen.append(pod)  # already unavailable: upgrading it costs nothing
             continue
         if count >= max_unavailable:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from sidecarsets.projection import PodProjection
@@ -40,12 +40,13 @@ def is_updated(pod: PodProjection, *, sidecarset: str, spec_hash: str) -> bool:
 
 
 def has_sidecars(pod: PodProjection, *, cold: Iterable[str], hot: Iterable[str], native_init: Iterable[str]) -> bool:
-    """Every sidecar of the SidecarSet is in the pod (hot ones as their -1/-2 pair)."""
+    """Every sidecar of the SidecarSet is in the pod (hot ones as their -1/-2 pair, with the working
+    annotation naming one)."""
     names = {n for n, _ in pod.containers}
     inits = {n for n, _ in pod.init_containers}
     return (
         all(n in names for n in cold)
-        and all(f"{n}-1" in names and f"{n}-2" in names for n in hot)
+        and all(f"{n}-1" in names and f"{n}-2" in names and pod.working(n) is not None for n in hot)
         and all(n in inits for n in native_init)
     )
 
@@ -174,7 +175,12 @@ class Verdicts:
 
 
 def evaluate(
-    pods: Sequence[PodProjection], *, sidecarset: str, spec_hash: str, containers: Collection[str]
+    pods: Sequence[PodProjection],
+    *,
+    sidecarset: str,
+    spec_hash: str,
+    containers: Collection[str],
+    also_ready: Callable[[PodProjection], bool] | None = None,
 ) -> Verdicts:
     """`Verdicts` for `pods`; the same answers as the per-pod functions above.
 
@@ -183,6 +189,7 @@ def evaluate(
     objects (projection hands out one instance per distinct value), so that part is worked out
     once per distinct combination. The memo is keyed by object identity: every keyed object is
     held by a pod in `pods` for as long as the memo lives, so an id cannot be reused meanwhile.
+    `also_ready` adds a condition to availability (HotUpgrade: the idle containers are emptied).
     """
     memo: dict[tuple[int, int, int, int, int], tuple[bool, bool]] = {}
     updated: list[bool] = []
@@ -209,6 +216,7 @@ def evaluate(
             )
         consistent, moving = found
         updated.append(is_new)
-        available.append(consistent and pod.phase == "Running" and pod.ready and not pod.deleting)
+        ok = consistent and pod.phase == "Running" and pod.ready and not pod.deleting
+        available.append(ok and (also_ready is None or also_ready(pod)))
         in_flight.append(moving and not is_new)
     return Verdicts(tuple(pods), sidecarset, spec_hash, tuple(updated), tuple(available), tuple(in_flight))

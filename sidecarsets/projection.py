@@ -23,6 +23,9 @@ from sidecarsets.names import (
     ANN_HASH_WITHOUT_IMAGE,
     ANN_INJECTED_LIST,
     ANN_INPLACE_STATE,
+    ANN_VERSION_ALT_PREFIX,
+    ANN_VERSION_PREFIX,
+    ANN_WORKING_HOT,
     POD_CONDITION_UPGRADABLE,
 )
 
@@ -129,6 +132,8 @@ class PodProjection:
     init_statuses: tuple[ContainerState, ...]  # native sidecars are upgraded in place too
     total_restarts: int
     upgradable_condition: tuple[str, ...]  # (status, reason, message) or ()
+    hot_working: tuple[tuple[str, str], ...] = ()  # HotUpgrade: (sidecar, the -1/-2 container serving)
+    hot_versions: tuple[tuple[str, str, str], ...] = ()  # HotUpgrade: (container, version, version-alt)
 
     def hash_for(self, sidecarset: str) -> HashEntry | None:
         return _entry(self.hashes, sidecarset)
@@ -140,6 +145,27 @@ class PodProjection:
         for entry in self.inplace_state:
             if entry.sidecarset == sidecarset:
                 return entry
+        return None
+
+    def working(self, sidecar: str) -> str | None:
+        """The container of a HotUpgrade pair that serves, as the pod's annotation says."""
+        for name, container in self.hot_working:
+            if name == sidecar:
+                return container
+        return None
+
+    def version(self, container: str) -> tuple[str, str]:
+        """(version, version-alt) annotations of a HotUpgrade container ("" when absent)."""
+        for name, version, alt in self.hot_versions:
+            if name == container:
+                return version, alt
+        return "", ""
+
+    def image_of(self, container: str) -> str | None:
+        """The spec image of a container or init container."""
+        for name, image in (*self.containers, *self.init_containers):
+            if name == container:
+                return image
         return None
 
     def status_of(self, container: str) -> ContainerState | None:
@@ -359,4 +385,22 @@ def project(pod: Any) -> PodProjection:
         init_statuses=_statuses(status.get("initContainerStatuses")),
         total_restarts=sum(cs.restart_count for cs in statuses),
         upgradable_condition=upgradable,
+        hot_working=_hot_working(annotations.get(ANN_WORKING_HOT)),
+        hot_versions=_hot_versions(annotations),
     )
+
+
+def _hot_working(raw: Any) -> tuple[tuple[str, str], ...]:
+    pairs = sorted(
+        (_intern(k), _istr(v)) for k, v in _json_map(raw).items() if isinstance(k, str) and isinstance(v, str)
+    )
+    return _share(tuple(pairs)) if pairs else ()
+
+
+def _hot_versions(annotations: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    versions: dict[str, list[str]] = {}
+    for key, value in annotations.items():
+        for slot, prefix in enumerate((ANN_VERSION_PREFIX, ANN_VERSION_ALT_PREFIX)):
+            if isinstance(key, str) and key.startswith(prefix) and isinstance(value, str):
+                versions.setdefault(key[len(prefix) :], ["", ""])[slot] = value
+    return tuple(sorted((_intern(c), _istr(v), _istr(a)) for c, (v, a) in versions.items()))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import podstate, selectors
+from sidecarsets import hotupgrade, podstate, selectors
 from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection
 
@@ -37,7 +37,7 @@ def matched_pods(
     cold, hot, native = ss.cold_names, ss.hot_names, ss.native_init_names
     ns_cache: dict[str, bool] = {}
     labels_cache: dict[int, bool] = {}
-    sidecars_cache: dict[tuple[int, int], bool] = {}
+    sidecars_cache: dict[tuple[int, int, int], bool] = {}
     out: list[PodProjection] = []
     for pod in pods:
         if name not in pod.injected or not podstate.is_active(pod):
@@ -53,7 +53,7 @@ def matched_pods(
             in_sel = labels_cache[id(labels)] = ss.matches_pod(labels)
         if not in_sel:
             continue
-        key = (id(pod.containers), id(pod.init_containers))
+        key = (id(pod.containers), id(pod.init_containers), id(pod.hot_working))
         complete = sidecars_cache.get(key)
         if complete is None:
             complete = sidecars_cache[key] = podstate.has_sidecars(pod, cold=cold, hot=hot, native_init=native)
@@ -65,7 +65,14 @@ def matched_pods(
 def evaluate(ss: SidecarSet, matched: Sequence[PodProjection]) -> podstate.Verdicts:
     """The per-pod verdicts for `matched` against the SidecarSet's current spec, computed once so
     `compute_status` and `planner.plan_upgrade` can share them."""
-    return podstate.evaluate(matched, sidecarset=ss.name, spec_hash=ss.hash, containers=set(ss.sidecar_list))
+    hot = hotupgrade.hot_sidecars(ss)
+    return podstate.evaluate(
+        matched,
+        sidecarset=ss.name,
+        spec_hash=ss.hash,
+        containers=hotupgrade.physical_names(ss),
+        also_ready=(lambda p: hotupgrade.empties_done(p, ss)) if hot else None,
+    )
 
 
 def compute_status(

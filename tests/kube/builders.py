@@ -204,9 +204,26 @@ def injected_pod(
     Labelled `app: shop` (plus `labels`) and annotated as injection leaves it: the hash
     annotations computed from `ss`, the injected list, and an unrelated `team` annotation. Its
     conditions are PodScheduled (at `created`) and Ready (`ready`, since `ready_since`); with
-    `with_statuses` every container reports its image running (`ready`, `restarts`).
+    `with_statuses` every container reports its image running (`ready`, `restarts`). A HotUpgrade
+    sidecar `<n>` is the pair `<n>-1` (its image, serving) and `<n>-2` (the empty image), with the
+    working and version annotations injection writes.
     """
-    sidecars = [container(c["name"], c["image"]) for c in ss["spec"]["containers"]]
+    sidecars: list[JsonObj] = []
+    hot_annotations: dict[str, str] = {}
+    working: dict[str, str] = {}
+    for c in ss["spec"]["containers"]:
+        strategy = c.get("upgradeStrategy") or {}
+        if strategy.get("upgradeType") != "HotUpgrade":
+            sidecars.append(container(c["name"], c["image"]))
+            continue
+        first, second = f"{c['name']}-1", f"{c['name']}-2"
+        sidecars += [container(first, c["image"]), container(second, strategy.get("hotUpgradeEmptyImage", ""))]
+        working[c["name"]] = first
+        for n, version, alt in ((first, "1", "0"), (second, "0", "1")):
+            hot_annotations[names.ANN_VERSION_PREFIX + n] = version
+            hot_annotations[names.ANN_VERSION_ALT_PREFIX + n] = alt
+    if working:
+        hot_annotations[names.ANN_WORKING_HOT] = orjson.dumps(dict(sorted(working.items()))).decode()
     containers = sidecars + [container(n, f"shop/{n}:1.0") for n in app_containers]
     ss_name, spec = ss["metadata"]["name"], ss["spec"]
     meta: JsonObj = {"uid": f"uid-{namespace}-{name}", "resourceVersion": "100", "creationTimestamp": created}
@@ -251,6 +268,7 @@ def injected_pod(
             ).decode(),
             names.ANN_INJECTED_LIST: ss_name,
             "team": "checkout",
+            **hot_annotations,
         },
         containers=containers,
         node=node,

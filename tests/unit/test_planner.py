@@ -161,16 +161,6 @@ class TestStops:
     def test_nothing_matched_is_done(self) -> None:
         assert plan(v2(), []).done
 
-    def test_hot_upgrade_is_reported_not_performed(self) -> None:
-        hot = shop_sidecarset(
-            containers=[
-                {"name": "envoy", "image": "e:1"},
-                {"name": "dns", "image": "d:1", "upgradeStrategy": {"upgradeType": "HotUpgrade"}},
-            ]
-        )
-        p = plan(with_images(hot, envoy="e:2"), [injected_pod("a", hot)])
-        assert p.upgrades == () and "hot upgrade not handled: dns" in p.reason
-
 
 class TestNativeSidecars:
     """Init containers with restartPolicy Always are rolled in place like containers (Kruise refuses)."""

@@ -122,6 +122,8 @@ def test_unknown_fields_are_dropped() -> None:
         "init_statuses",
         "total_restarts",
         "upgradable_condition",
+        "hot_working",
+        "hot_versions",
     }
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import podstate, selectors
 from sidecarsets.hashing import spec_hash
-from sidecarsets.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, NS_NAME_LABEL
+from sidecarsets.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, ANN_WORKING_HOT, NS_NAME_LABEL
 from sidecarsets.projection import PodProjection, project
 from sidecarsets.status import compute_status, evaluate, matched_pods, status_changed
 from tests.kube.builders import T0, image_id, injected_pod, model, shop_sidecarset, with_images
@@ -75,11 +75,10 @@ class TestMatching:
         hot = shop_sidecarset(
             containers=[{"name": "envoy", "image": "e:1", "upgradeStrategy": {"upgradeType": "HotUpgrade"}}]
         )
-        pair = shop_sidecarset(
-            containers=[{"name": "envoy-1", "image": "e:1"}, {"name": "envoy-2", "image": "empty:1"}]
-        )
+        unnamed = injected_pod("unnamed", hot)
+        del unnamed["metadata"]["annotations"][ANN_WORKING_HOT]  # the pair, but no working container named
         plain = shop_sidecarset(containers=[{"name": "envoy", "image": "e:1"}])
-        pods = [project(injected_pod("pair", pair)), project(injected_pod("plain", plain))]
+        pods = [project(injected_pod("pair", hot)), project(unnamed), project(injected_pod("plain", plain))]
         assert names(matched_pods(model(hot), pods, NS)) == ["pair"]
 
     def test_native_sidecars_must_be_in_init_containers(self) -> None:
