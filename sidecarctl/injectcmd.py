@@ -18,9 +18,11 @@ from datetime import datetime
 from pathlib import Path
 
 from injector import manifests
+from injector.policy import plan as policy_plan
 from sidecarctl import injectinputs, manifestio
 from sidecarctl.injectinputs import CliError, InputFile
 from sidecarsets import names
+from sidecarsets.model import SidecarSet
 
 NOW_ENV = "SIDECARCTL_NOW"
 
@@ -129,6 +131,12 @@ def add_inject(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="do not validate the SidecarSets (conflicts are then resolved as the webhook resolves them)",
     )
     parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also say on stderr, for each SidecarSet, whether a MutatingAdmissionPolicy injects it "
+        "(run --injection=auto) or the webhook does, and why (stdout is unchanged)",
+    )
+    parser.add_argument(
         "--timestamp",
         type=_timestamp,
         metavar="TIME",
@@ -168,6 +176,9 @@ def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifests.N
     )
     if not args.no_validate:
         injectinputs.validate(cluster.sidecarsets)
+    if args.explain:
+        for line in explain([ss for ss, _ in cluster.sidecarsets], manager_namespace=args.manager_namespace):
+            _stderr(line)
     given, default_labels = injectinputs.load_label_specs(args.namespace_labels)
     templates = dict(manifests.WORKLOAD_TEMPLATES)
     templates.update(args.kind_template)
@@ -187,6 +198,34 @@ def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifests.N
     if total.pods == 0 and any(d.value is not None for f in inputs for d in f.stream.documents):
         notes.add("nothing to inject: no Pod, and no workload with a pod template, in the input")
     return _joined(inputs, out), notes
+
+
+def explain(sidecarsets: list[SidecarSet], *, manager_namespace: str) -> list[str]:
+    """One line per SidecarSet: the path that injects it under --injection=auto (an API server
+    that enforces MutatingAdmissionPolicies), with the policy's name or the feature that needs the
+    webhook."""
+    p = policy_plan.plan(
+        sidecarsets, mode=policy_plan.Mode.AUTO, manager_namespace=manager_namespace, timestamp=_EXPLAIN_TIME
+    )
+    by_name = {ss.name: ss for ss in sidecarsets}
+    on_webhook = [by_name[n] for n in p.webhook_served() if n in by_name]
+    lines = []
+    for name in sorted(p.routes):
+        route = p.routes[name]
+        if route.path is policy_plan.Path.POLICY:
+            how = f"injected by MutatingAdmissionPolicy {route.policy} (no webhook call)"
+            near = sorted(w.name for w in on_webhook if policy_plan.may_share_pods(w, by_name[name]))
+            if near:
+                how += f"; pods that {', '.join(near)} also select(s) go to the webhook, whole"
+        elif route.path is policy_plan.Path.WEBHOOK:
+            how = f"injected by the webhook: {route.message}"
+        else:
+            how = f"not injected: {route.message}"
+        lines.append(f"explain: SidecarSet {name}: {how}")
+    return lines
+
+
+_EXPLAIN_TIME = "1970-01-01T00:00:00Z"
 
 
 def _inject_file(f: InputFile, ctx: manifests.Context, total: manifests.Stats) -> str:

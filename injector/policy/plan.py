@@ -120,7 +120,8 @@ def _names_namespaces_only(ss: SidecarSet) -> bool:
     return keys <= {names.NS_NAME_LABEL}
 
 
-def _may_share_pods(a: SidecarSet, b: SidecarSet) -> bool:
+def may_share_pods(a: SidecarSet, b: SidecarSet) -> bool:
+    """Whether some pod could be selected by both (conservative: unsure means yes)."""
     both = a.namespace_selector is not None and b.namespace_selector is not None
     if both and not selectors.overlap(a.namespace_selector or {}, b.namespace_selector or {}):
         return False
@@ -139,7 +140,7 @@ def overlap_groups(sidecarsets: list[SidecarSet]) -> list[list[SidecarSet]]:
 
     for i in range(len(sidecarsets)):
         for j in range(i + 1, len(sidecarsets)):
-            if _may_share_pods(sidecarsets[i], sidecarsets[j]):
+            if may_share_pods(sidecarsets[i], sidecarsets[j]):
                 parent[root(i)] = root(j)
     groups: dict[int, list[SidecarSet]] = {}
     for i, ss in enumerate(sidecarsets):
@@ -204,7 +205,7 @@ def _generate_groups(
     failed: dict[str, str] = {}
     for group in overlap_groups(servable):
         # Only the webhook's sets that could select the group's pods need excluding (each costs CEL per pod).
-        near = [w for w in webhook_sets if any(_may_share_pods(w, m) for m in group)]
+        near = [w for w in webhook_sets if any(may_share_pods(w, m) for m in group)]
         exclude = policy_excludes(near) if near else None
         try:
             g = generate(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=exclude)

@@ -619,3 +619,36 @@ def test_output_file_is_replaced_whole(tmp_path: Path, mesh: Path) -> None:
     assert names_of(pod_spec(docs(target.read_text())[0])["containers"]) == ["proxy", "app"]
     assert target.stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.yaml", "mesh.yaml", "out.yaml"], "no temporary file left"
+
+
+# ---------------------------------------------------------------------------------------------
+# --explain: which path injects each SidecarSet
+
+
+def test_explain_names_each_path_and_leaves_stdout_alone(tmp_path: Path, mesh: Path) -> None:
+    app = write(tmp_path / "app.yaml", deployment("web"))
+    hot = sidecarset(
+        "hot",
+        containers=[
+            container("agent", "agent:1", upgradeStrategy={"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "e:1"})
+        ],
+        selector={"matchLabels": {"app": "web"}},
+    )
+    other = sidecarset("logs", containers=[container("log", "log:1")], selector={"matchLabels": {"app": "db"}})
+    paused = sidecarset("off", containers=[container("x", "x:1")], injectionStrategy={"paused": True})
+    sets = write(tmp_path / "sets.yaml", MESH, hot, other, paused)
+    plain = sidecarctl("inject", "-f", str(app), "--sidecarset", str(sets), "--timestamp", "2024-01-01T00:00:00Z")
+    explained = sidecarctl(
+        "inject", "-f", str(app), "--sidecarset", str(sets), "--timestamp", "2024-01-01T00:00:00Z", "--explain"
+    )
+    assert ok(explained) == ok(plain), "stdout is the same with --explain"
+    lines = [x for x in explained.stderr.decode().splitlines() if x.startswith("explain: ")]
+    assert lines == [
+        "explain: SidecarSet hot: injected by the webhook: container agent: upgradeStrategy HotUpgrade "
+        "(a container pair with version annotations)",
+        "explain: SidecarSet logs: injected by MutatingAdmissionPolicy sidecarctl-logs (no webhook call)",
+        "explain: SidecarSet mesh: injected by MutatingAdmissionPolicy sidecarctl-mesh (no webhook call); "
+        "pods that hot also select(s) go to the webhook, whole",
+        "explain: SidecarSet off: not injected: injection paused or no selector: nothing is injected",
+    ]
+    assert "explain:" not in plain.stderr.decode()
