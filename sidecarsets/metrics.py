@@ -24,6 +24,18 @@ PODS_NOT_UPGRADABLE = Gauge(
     ["sidecarset"],
     multiprocess_mode="livemax",
 )
+PODS_MISSING_SIDECARS = Gauge(
+    "sidecarctl_pods_missing_sidecars",
+    "Running pods a SidecarSet selects, in namespaces labelled for injection, that run without its sidecars.",
+    ["sidecarset"],
+    multiprocess_mode="livemax",
+)
+MISSED_RECREATED = Counter(
+    "sidecarctl_missed_pods_recreated_total",
+    "Pods missing their sidecars evicted for their controller to recreate injected, by result "
+    "(evicted, blocked, gone, error).",
+    ["result"],
+)
 TRACKED_PODS = Gauge(
     "sidecarctl_tracked_pods", "Injected pods held as projections by the controller.", multiprocess_mode="livemax"
 )

@@ -110,6 +110,7 @@ class ControlPlane:
         self.url = ""
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.audit_log = self.workdir / "audit.log"
+        self._apiserver_args: list[str] = []
 
     # -- certificates -------------------------------------------------------------------------
     def _pki(self) -> None:
@@ -170,8 +171,8 @@ class ControlPlane:
         return path
 
     # -- processes ----------------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+    def _spawn(self, name: str, args: list[str], *, append: bool = False) -> None:
+        log = open(self.workdir / f"{name}.log", "ab" if append else "wb")  # noqa: SIM115 - lives as long as the process
         self.procs[name] = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
         )
@@ -255,37 +256,35 @@ class ControlPlane:
 
         self.port = free_port()
         self.url = f"https://{self.bind_address}:{self.port}"
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(self.bin_dir / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                f"--etcd-prefix=/registry-{etcd_port}",
-                f"--secure-port={self.port}",
-                f"--bind-address={self.bind_address}",
-                f"--advertise-address={self.bind_address}",
-                *(["--enable-aggregator-routing=true"] if self.aggregator_routing else []),
-                # The default endpoint reconciler refuses loopback addresses.
-                "--endpoint-reconciler-type=none",
-                f"--cert-dir={pki}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'client-ca.crt'}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--allow-privileged=true",
-                "--authorization-mode=RBAC",
-                f"--service-account-issuer=https://127.0.0.1:{self.port}/",
-                f"--service-account-key-file={pki / 'sa.crt'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
-                f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json",
-                "--audit-log-maxsize=0",
-                "--max-requests-inflight=2000",
-                "--max-mutating-requests-inflight=1000",
-                "--v=0",
-            ],
-        )
+        self._apiserver_args = [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--etcd-prefix=/registry-{etcd_port}",
+            f"--secure-port={self.port}",
+            f"--bind-address={self.bind_address}",
+            f"--advertise-address={self.bind_address}",
+            *(["--enable-aggregator-routing=true"] if self.aggregator_routing else []),
+            # The default endpoint reconciler refuses loopback addresses.
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'client-ca.crt'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer=https://127.0.0.1:{self.port}/",
+            f"--service-account-key-file={pki / 'sa.crt'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",
+            "--max-requests-inflight=2000",
+            "--max-mutating-requests-inflight=1000",
+            "--v=0",
+        ]
+        self._spawn("kube-apiserver", self._apiserver_args)
         self._wait("kube-apiserver", lambda: self._get("/readyz")[0] == 200, 60)
         self._write_kubeconfig()
         if self.want_kcm:
@@ -312,6 +311,31 @@ class ControlPlane:
                 return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
 
             self._wait("kube-controller-manager", sa_ready, 60)
+
+    def restart_apiserver(self, *, down: float = 0.0, timeout: float = 60.0) -> tuple[float, float]:
+        """Stop kube-apiserver (SIGTERM, as a rolling update does), wait `down` seconds, start it again
+        with the same flags, port, certificates and etcd, and wait until it is ready.
+
+        Returns the monotonic times at which it had stopped and was ready again. Its log and the audit
+        log are appended to, so a test reads both lives of the API server in one file each.
+        """
+        self._stop_one(self.procs.pop("kube-apiserver"))
+        stopped = time.monotonic()
+        if down > 0:
+            time.sleep(down)
+        deadline = time.monotonic() + timeout
+        while True:  # the port may still be held for a moment by the old process's sockets
+            self._spawn("kube-apiserver", self._apiserver_args, append=True)
+            try:
+                self._wait(
+                    "kube-apiserver", lambda: self._get("/readyz")[0] == 200, max(1.0, deadline - time.monotonic())
+                )
+                return stopped, time.monotonic()
+            except ControlPlaneError:
+                proc = self.procs.pop("kube-apiserver")
+                self._stop_one(proc)
+                if time.monotonic() >= deadline:
+                    raise
 
     def _kcm_controllers(self) -> list[str]:
         if self.node_lifecycle:
