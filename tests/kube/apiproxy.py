@@ -1,0 +1,197 @@
+"""A plain-HTTP proxy in front of the test API server that can delay or stall watch streams.
+
+Reliability tests put it between the manager and kube-apiserver (the manager's kubeconfig names
+the proxy's `http://127.0.0.1:PORT`) to make the network misbehave in ways a real cluster does:
+
+- `delay(resource, seconds)`: every response byte of that resource's *watch* requests reaches the
+  manager `seconds` late (each chunk is held that long, in order), so the watch is behind while
+  lists, gets and writes stay prompt; the namespace lag of a busy API server or a slow link.
+- `stall(resource)`: the watch streams of that resource open right now stop forwarding anything,
+  and are never closed by the proxy (the end the API server sends is swallowed too), the way a
+  half-dead TCP path or a stuck proxy behaves. Streams opened later pass normally.
+
+Requests go upstream with the proxy's own credentials (the admin client certificate), or, when the
+manager sends an `Authorization` header (a ServiceAccount token kubeconfig), with that header and
+no client certificate, so the API server's audit log still names the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import ssl
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from tests.kube.controlplane import ControlPlane, free_port
+
+# Headers that belong to one hop, or that aiohttp sets itself.
+_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
+)
+RESOURCES = {
+    "namespaces": re.compile(r"^/api/v1/namespaces$"),
+    "sidecarsets": re.compile(r"^/apis/sidecarctl\.io/[^/]+/sidecarsets$"),
+    "pods": re.compile(r"^/api/v1/pods$"),
+    "controllerrevisions": re.compile(r"^/apis/apps/v1/namespaces/[^/]+/controllerrevisions$"),
+}
+
+
+@dataclass
+class WatchStream:
+    resource: str
+    path: str
+    opened: float = field(default_factory=time.monotonic)
+    chunks: int = 0
+    forwarded_at: float = 0.0  # monotonic time of the last chunk forwarded
+    stalled: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
+
+
+class ApiProxy:
+    """Runs on the caller's event loop; `url` is what a kubeconfig's `server` should say."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.delays: dict[str, float] = {}
+        self.streams: list[WatchStream] = []
+        self.requests = 0
+        self._runner: web.AppRunner | None = None
+        self._cert: aiohttp.ClientSession | None = None
+        self._token: aiohttp.ClientSession | None = None
+
+    # -- control --------------------------------------------------------------------------------
+    def delay(self, resource: str, seconds: float) -> None:
+        if resource not in RESOURCES:
+            raise ValueError(f"unknown resource {resource!r}")
+        self.delays[resource] = seconds
+
+    def stall(self, resource: str) -> int:
+        """Stall every open watch stream of `resource`; returns how many there were."""
+        hit = 0
+        for s in self.streams:
+            if s.resource == resource and not s.closed and not s.stalled.is_set():
+                s.stalled.set()
+                hit += 1
+        return hit
+
+    def open_streams(self, resource: str) -> list[WatchStream]:
+        return [s for s in self.streams if s.resource == resource and not s.closed]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        pki = self.cp.workdir / "pki"
+        with_cert = ssl.create_default_context(cafile=str(pki / "serving-ca.crt"))
+        with_cert.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        bare = ssl.create_default_context(cafile=str(pki / "serving-ca.crt"))
+        return with_cert, bare
+
+    async def start(self) -> ApiProxy:
+        with_cert, bare = self._contexts()
+        self._cert = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=with_cert, limit=0))
+        self._token = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=bare, limit=0))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        for s in self.streams:
+            s.closed = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for session in (self._cert, self._token):
+            if session is not None:
+                await session.close()
+
+    # -- forwarding -----------------------------------------------------------------------------
+    def _resource(self, request: web.Request) -> str | None:
+        if request.query.get("watch") not in ("1", "true"):
+            return None
+        for name, pattern in RESOURCES.items():
+            if pattern.match(request.path):
+                return name
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        session = self._token if "Authorization" in request.headers else self._cert
+        assert session is not None
+        body = await request.read()
+        resource = self._resource(request)
+        upstream = await session.request(
+            request.method,
+            self.cp.url + request.path_qs,
+            data=body or None,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None if resource else 120),
+            auto_decompress=False,
+        )
+        try:
+            reply_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+            if resource is None:
+                data = await upstream.read()
+                return web.Response(status=upstream.status, body=data, headers=reply_headers)
+            return await self._stream(request, upstream, resource, reply_headers)
+        finally:
+            upstream.release()
+
+    async def _stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, resource: str, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(status=upstream.status, headers=headers)
+        await out.prepare(request)
+        stream = WatchStream(resource, request.path_qs)
+        self.streams.append(stream)
+        queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+
+        def when() -> float:  # under the delay in force when the bytes came from upstream
+            return time.monotonic() + self.delays.get(resource, 0.0)
+
+        async def pump() -> None:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    queue.put_nowait((when(), chunk))
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            queue.put_nowait((when(), None))
+
+        reader = asyncio.create_task(pump())
+        try:
+            while True:
+                due, chunk = await queue.get()
+                if stream.stalled.is_set():
+                    break
+                wait = due - time.monotonic()
+                if wait > 0:
+                    stalled = asyncio.create_task(stream.stalled.wait())
+                    await asyncio.wait([stalled], timeout=wait)
+                    stalled.cancel()
+                if stream.stalled.is_set():
+                    break
+                if chunk is None:
+                    await out.write_eof()
+                    return out
+                await out.write(chunk)
+                stream.chunks += 1
+                stream.forwarded_at = time.monotonic()
+            # Stalled: forward nothing more and never end the response; wait for the client to go.
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.5)
+            return out
+        except ConnectionError:
+            return out
+        finally:
+            stream.closed = True
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
