@@ -11,6 +11,11 @@ where Kruise leaves a gap:
 * a pod whose hash annotation already records a SidecarSet at its current hash is not injected
   again by it, so re-invocation and repeated admission are no-ops.
 
+As in Kruise, a canary SidecarSet that selects the pod replaces its base for that pod (the base is
+dropped before anything else is decided), and a sidecar with a resourcesPolicy gets resources
+computed from the pod's containers (injector.resources); a policy that cannot be applied refuses
+the pod.
+
 The clock is read by the caller and passed in `now`, which keeps the function pure.
 """
 
@@ -21,15 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from injector import eligibility, envs, metadata, patchops, placement, podcheck, volumes
+from injector import eligibility, envs, metadata, patchops, placement, podcheck, resources, selection, volumes
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
 from sidecarsets.sidecar import SidecarContainer
 
-SKIP_NO_MATCH = "no SidecarSet matches the pod"
-SKIP_ALREADY_INJECTED = "already injected"
-SKIP_ALL_CONFLICT = "every matching SidecarSet would duplicate a container name (see warnings)"
+SKIP_NO_MATCH = selection.SKIP_NO_MATCH
+SKIP_ALREADY_INJECTED = selection.SKIP_ALREADY_INJECTED
+SKIP_ALL_CONFLICT = selection.SKIP_ALL_CONFLICT
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +100,20 @@ def inject(
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     spec: Mapping[str, Any] = pod["spec"]
     warnings: list[str] = []
-    selected = _select(sidecarsets, namespace=namespace, namespace_labels=namespace_labels, pod=pod, warnings=warnings)
-    if isinstance(selected, InjectionResult):
-        return selected
-    todo, hash_maps = selected
-
-    apps = _Apps(spec["containers"])
-    built = _build(
-        todo, pod_metadata=meta, containers=spec["containers"], apps=apps, volumes_in_pod=spec.get("volumes") or []
+    selected = selection.select(
+        sidecarsets, namespace=namespace, namespace_labels=namespace_labels, pod=pod, warnings=warnings
     )
+    if isinstance(selected, str):
+        return InjectionResult(patch=[], skipped=selected, warnings=tuple(warnings))
+    todo, hash_maps = selected.todo, selected.hash_maps
+
+    apps = _Apps(spec["containers"], spec=spec, sidecar_names=selected.sidecar_names)
+    try:
+        built = _build(
+            todo, pod_metadata=meta, containers=spec["containers"], apps=apps, volumes_in_pod=spec.get("volumes") or []
+        )
+    except _Refused as e:
+        return InjectionResult(patch=[], denied=str(e))
     warnings.extend(built.warnings)
     # Kruise sorts the injected init containers of all SidecarSets together, by name.
     built.init_containers.sort(key=lambda item: str(item[1]["name"]))
@@ -118,44 +128,11 @@ def inject(
     return InjectionResult(patch=ops + spec_ops, injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
 
 
-_HashMaps = tuple[dict[str, Any], dict[str, Any]]
+_HashMaps = selection.HashMaps
 
 
-def _select(
-    sidecarsets: Sequence[SidecarSet],
-    *,
-    namespace: str,
-    namespace_labels: Mapping[str, str] | None,
-    pod: Mapping[str, Any],
-    warnings: list[str],
-) -> tuple[list[SidecarSet], _HashMaps] | InjectionResult:
-    """The SidecarSets to inject now (in name order) with the pod's hash maps, or why there are none."""
-    meta: Mapping[str, Any] = pod.get("metadata") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    spec: Mapping[str, Any] = pod["spec"]
-    matched = [
-        ss
-        for ss in sidecarsets
-        if not ss.injection_paused and ss.matches_namespace(namespace, namespace_labels) and ss.matches_pod(labels)
-    ]
-    if not matched:
-        return InjectionResult(patch=[], skipped=SKIP_NO_MATCH)
-    chosen = _without_conflicts(
-        matched, containers=spec["containers"], init_containers=spec.get("initContainers") or [], warnings=warnings
-    )
-    if not chosen:
-        return InjectionResult(patch=[], skipped=SKIP_ALL_CONFLICT, warnings=tuple(warnings))
-    hash_map, bad = metadata.read_hash_map(annotations.get(names.ANN_HASH))
-    if bad:
-        warnings.append(f"{names.ANN_HASH}: {bad}")
-    hash_map_wi, bad = metadata.read_hash_map(annotations.get(names.ANN_HASH_WITHOUT_IMAGE))
-    if bad:
-        warnings.append(f"{names.ANN_HASH_WITHOUT_IMAGE}: {bad}")
-    todo = sorted((ss for ss in chosen if metadata.recorded_hash(hash_map, ss.name) != ss.hash), key=lambda s: s.name)
-    if not todo:
-        return InjectionResult(patch=[], skipped=SKIP_ALREADY_INJECTED, warnings=tuple(warnings))
-    return todo, (hash_map, hash_map_wi)
+class _Refused(Exception):
+    """The pod cannot be injected as its SidecarSets ask; the message says why and names them."""
 
 
 def _annotations(
@@ -225,12 +202,21 @@ def _is_object(value: object) -> TypeGuard[Mapping[str, Any]]:
 
 class _Apps:
     """The pod's app containers (those without IS_INJECTED=true), and what sharing sidecars take
-    from them: the same for every sidecar of the pod, so found once per pod."""
+    from them: the same for every sidecar of the pod, so found once per pod. Also what a
+    resourcesPolicy reads: the pod's spec as submitted and the names of its SidecarSets' containers."""
 
-    __slots__ = ("_shared", "containers")
+    __slots__ = ("_shared", "containers", "sidecar_names", "spec")
 
-    def __init__(self, containers: Sequence[JsonObj]) -> None:
+    def __init__(
+        self,
+        containers: Sequence[JsonObj],
+        *,
+        spec: Mapping[str, Any] | None = None,
+        sidecar_names: frozenset[str] = frozenset(),
+    ) -> None:
         self.containers = [c for c in containers if not envs.is_injected(c)]
+        self.spec: Mapping[str, Any] = spec or {}
+        self.sidecar_names = sidecar_names
         self._shared: dict[str, tuple[list[JsonObj], list[JsonObj]]] = {}
 
     def shared(self, key: str) -> tuple[list[JsonObj], list[JsonObj]]:
@@ -272,48 +258,6 @@ def _copy_json(value: Any, memo: dict[int, Any]) -> Any:
                 out[i] = _copy_json(item, memo)
         return out
     return copy.deepcopy(value, memo)
-
-
-def _without_conflicts(
-    matched: Sequence[SidecarSet],
-    *,
-    containers: Sequence[JsonObj],
-    init_containers: Sequence[JsonObj],
-    warnings: list[str],
-) -> list[SidecarSet]:
-    """Drop SidecarSets that would give the pod two containers of one name; oldest SidecarSet wins."""
-    app_names = {c["name"] for c in containers}
-    init_names = {c["name"] for c in init_containers}
-    claimed: dict[str, str] = {}
-    chosen: list[SidecarSet] = []
-    for ss in sorted(matched, key=_age):
-        if not ss.all_container_names.isdisjoint(claimed):
-            clash = sorted(ss.all_container_names.intersection(claimed))
-            warnings.append(
-                f"SidecarSet {ss.name} is not injected: container {clash[0]} is also defined by SidecarSet "
-                f"{claimed[clash[0]]}, which takes precedence (older, or first by name)"
-            )
-            continue
-        crossed = []
-        if init_names:
-            crossed += [
-                f"container {c.name} (an init container of the pod)" for c in ss.containers if c.name in init_names
-            ]
-        if ss.init_containers:
-            crossed += [
-                f"init container {c.name} (a container of the pod)" for c in ss.init_containers if c.name in app_names
-            ]
-        if crossed:
-            warnings.append(f"SidecarSet {ss.name} is not injected: its {min(crossed)} would duplicate a name")
-            continue
-        chosen.append(ss)
-        claimed.update(dict.fromkeys(ss.all_container_names, ss.name))
-    return chosen
-
-
-def _age(ss: SidecarSet) -> tuple[str, str]:
-    """Older first: the SidecarSet that wins a container name."""
-    return (ss.creation_timestamp, ss.name)
 
 
 def _build(
@@ -358,9 +302,12 @@ def _sidecar(
     """
     if sc.hot:
         warnings.append(_where(ss, sc) + ": HotUpgrade is not supported; injected as one container (ColdUpgrade)")
-    if sc.has_resources_policy:
-        warnings.append(_where(ss, sc) + ": resourcesPolicy is not supported; ignored")
     out = sc.fresh_container()
+    if sc.resources_policy is not None:
+        try:
+            out["resources"] = resources.computed_resources(sc.resources_policy, apps.spec, apps.sidecar_names)
+        except resources.ResourcesPolicyError as e:
+            raise _Refused(f"{_where(ss, sc)}: resourcesPolicy: {e}") from None
     memo: dict[int, Any] = {}
 
     def adopt(item: JsonObj) -> JsonObj:

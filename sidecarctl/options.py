@@ -120,6 +120,19 @@ class ControllerOptions:
     workers: int = opt(3, "SidecarSet reconcile workers")
 
 
+@dataclass(frozen=True)
+class MissedOptions:
+    """Pods that run without the sidecars their SidecarSets select (sidecarsets.missedscan)."""
+
+    missed_scan_interval: float = opt(60.0, "seconds between looks for running pods that lack their sidecars")
+    recreate_missed: bool = opt(
+        False,
+        "evict such pods that a controller owns (PodDisruptionBudgets honoured), so they come back injected; "
+        "needs the pods/eviction rule of config/components/recreate-missed",
+    )
+    recreate_missed_per_minute: float = opt(6.0, "at most this many evictions per minute with --recreate-missed")
+
+
 INJECTION_MODES = ("auto", "webhook", "policy")
 
 
@@ -153,6 +166,7 @@ GROUPS: dict[str, type[Any]] = {
     "leader": LeaderOptions,
     "controller": ControllerOptions,
     "injection": InjectionOptions,
+    "missed": MissedOptions,
 }
 
 
@@ -173,6 +187,7 @@ class ManagerOptions:
     leader: LeaderOptions = field(default_factory=LeaderOptions)
     controller: ControllerOptions = field(default_factory=ControllerOptions)
     injection: InjectionOptions = field(default_factory=InjectionOptions)
+    missed: MissedOptions = field(default_factory=MissedOptions)
 
     @classmethod
     def build(cls, **flat: Any) -> ManagerOptions:

@@ -208,6 +208,14 @@ class SidecarSet:
             return value if isinstance(value, str) else ""
         return str(self.labels.get(names.SS_LABEL_CUSTOM_VERSION) or "")
 
+    @property
+    def canary_base(self) -> str | None:
+        """The base SidecarSet this canary replaces in the pods it selects, or None for a non-canary."""
+        base = self.annotations.get(names.ANN_BASE)
+        if self.annotations.get(names.ANN_CANARY) == "true" and isinstance(base, str) and base:
+            return base
+        return None
+
     def problem(self, *fields: str, exact: bool = False) -> Problem | None:
         """The first problem on any of `fields` or below them (only on them with `exact`)."""
         return first_problem(self.problems, *fields, exact=exact)

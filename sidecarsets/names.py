@@ -46,6 +46,10 @@ ENV_SIDECARSET_VERSION_ALT = "SIDECARSET_VERSION_ALT"
 ANN_INJECTION_PATH = "sidecarctl.io/injection-path"
 INJECTED_BY_POLICY = "policy"
 INJECTED_BY_WEBHOOK = "webhook"
+# On a SidecarSet: "true" together with a base name makes it a canary, which replaces that base
+# SidecarSet in the pods the canary selects (Kruise's apps.kruise.io/sidecarset-canary and -base).
+ANN_CANARY = "sidecarctl.io/sidecarset-canary"
+ANN_BASE = "sidecarctl.io/sidecarset-base"
 # SidecarSet status condition: whether MutatingAdmissionPolicies inject it, or why the webhook must.
 CONDITION_POLICY_INJECTION = "PolicyInjection"
 

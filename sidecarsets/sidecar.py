@@ -16,6 +16,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.enums import InjectPolicy, PatchPolicy, SharePolicy, UpgradeType
 from sidecarsets.jsontemplate import JsonTemplate
 from sidecarsets.reading import Reader, type_name
+from sidecarsets.resourcespolicy import ResourcesPolicy, read_resources_policy
 
 # SidecarContainer fields that are not corev1.Container fields: they never reach the pod.
 SIDECAR_ONLY_FIELDS = frozenset(
@@ -91,7 +92,7 @@ class SidecarContainer:
     share_volume_devices: bool
     transfer_env: tuple[TransferEnv, ...]
     native: bool
-    has_resources_policy: bool
+    resources_policy: ResourcesPolicy | None
     _volume_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
     _template: JsonTemplate = _derived(init=False, repr=False, compare=False)
 
@@ -114,6 +115,10 @@ class SidecarContainer:
     @property
     def hot(self) -> bool:
         return self.upgrade_type is UpgradeType.HOT
+
+    @property
+    def has_resources_policy(self) -> bool:
+        return self.resources_policy is not None
 
     def mounted_volume_names(self) -> tuple[str, ...]:
         """Names of the volumes this container uses through volumeMounts or volumeDevices."""
@@ -155,7 +160,7 @@ def read_containers(reader: Reader, value: Any, field: str, *, init: bool) -> tu
                 and _share_policy(reader, device_policy, f"{where}.shareVolumeDevicePolicy"),
                 transfer_env=_transfer_env(reader, raw.get("transferEnv"), f"{where}.transferEnv"),
                 native=init and raw.get("restartPolicy") == "Always",
-                has_resources_policy=raw.get("resourcesPolicy") is not None,
+                resources_policy=read_resources_policy(reader, raw.get("resourcesPolicy"), f"{where}.resourcesPolicy"),
             )
         )
     return tuple(out)
