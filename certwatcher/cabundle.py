@@ -1,4 +1,4 @@
-"""Keeping `caBundle` in our webhook configurations in step with the local CA.
+"""Keeping `caBundle` in our webhook configurations, and the CRD's conversion webhook, in step with the local CA.
 
 Bundle policy (`desired_bundle`), after cert-manager's CA-injector merging:
 - the local CAs from `ca.crt` always go in first, in file order (a self-signed non-CA certificate
@@ -15,7 +15,8 @@ Bundle policy (`desired_bundle`), after cert-manager's CA-injector merging:
 - kept CAs follow the local ones ordered by notAfter (then fingerprint), so the result is deterministic.
 
 Writes (`CABundleSyncer`) touch only `/webhooks/<i>/clientConfig/caBundle` of the configurations named
-in `configs`, via a JSON patch guarded by a `test` of `/metadata/resourceVersion`, and only when the
+in `configs` (for a CustomResourceDefinition, `/spec/conversion/webhook/clientConfig/caBundle` of its
+conversion webhook), via a JSON patch guarded by a `test` of `/metadata/resourceVersion`, and only when the
 *set* of certificates differs from the desired one (or the field holds junk). Comparing sets, not bytes,
 lets two replicas that merge in a different order agree instead of rewriting each other's ordering.
 Optionally (`owner_marker`, default off) an object is touched only if it carries that label or
@@ -53,25 +54,33 @@ from kuberuntime.clock import utc_now
 log = logging.getLogger(__name__)
 
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MANAGED_BY_MARKER = ("app.kubernetes.io/managed-by", "sidecarctl")
+_CONVERSION_CLIENT = "/spec/conversion/webhook/clientConfig"
 
 
 @dataclass(frozen=True)
 class WebhookConfigRef:
-    """One webhook configuration we own; `webhooks` limits the entries touched (None: all of them)."""
+    """One object we own that calls our webhooks: a webhook configuration (`mutating`, `validating`;
+    `webhooks` limits the entries touched, None: all of them), or a CustomResourceDefinition whose
+    conversion webhook we serve (`conversion`)."""
 
-    kind: Literal["mutating", "validating"]
+    kind: Literal["mutating", "validating", "conversion"]
     name: str
     webhooks: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("mutating", "validating"):
-            raise ValueError(f"kind: must be 'mutating' or 'validating', got {self.kind!r}")
+        if self.kind not in ("mutating", "validating", "conversion"):
+            raise ValueError(f"kind: must be 'mutating', 'validating' or 'conversion', got {self.kind!r}")
         if not self.name or "/" in self.name:
             raise ValueError(f"name: must be a non-empty object name, got {self.name!r}")
+        if self.kind == "conversion" and self.webhooks is not None:
+            raise ValueError("webhooks: a CustomResourceDefinition has one conversion webhook, not named ones")
 
     @property
     def path(self) -> str:
+        if self.kind == "conversion":
+            return f"{CRD_API}/{self.name}"
         return f"{ADMISSION_API}/{self.kind}webhookconfigurations/{self.name}"
 
 
@@ -333,18 +342,15 @@ class CABundleSyncer:
                 *self.owner_marker,
             )
             return SyncResult.NOT_OWNED
-        webhooks = obj.get("webhooks")
-        if webhooks is None:
-            webhooks = []
-        if not isinstance(webhooks, list):
-            self._once(ref, "invalid", "caBundle sync: %s .webhooks is not a list; skipped", ref.path)
+        clients = self._clients(ref, obj)
+        if clients is None:
             return SyncResult.INVALID
-        ops = self._ops(ref, webhooks, now)
+        ops = self._ops(clients, now)
         if ops and self._source is not None:
             latest = await self._source()
             if latest is not None and latest != self._local:
                 self._local = latest  # our files are behind the Secret: publish what it says
-                ops = self._ops(ref, webhooks, now)
+                ops = self._ops(clients, now)
         if not ops:
             self._clear_logged(ref)
             return SyncResult.IN_SYNC
@@ -365,8 +371,27 @@ class CABundleSyncer:
         log.info("caBundle sync: updated %d webhook(s) in %s", len(ops), ref.path)
         return SyncResult.WRITTEN
 
-    def _ops(self, ref: WebhookConfigRef, webhooks: list[Any], now: datetime) -> list[dict[str, Any]]:
-        ops: list[dict[str, Any]] = []
+    def _clients(self, ref: WebhookConfigRef, obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+        """(JSON pointer, clientConfig) of every webhook of `ref` to keep; None: the object is unusable."""
+        if ref.kind == "conversion":
+            spec = obj.get("spec")
+            conversion = spec.get("conversion") if isinstance(spec, dict) else None
+            if not isinstance(conversion, dict) or conversion.get("strategy") != "Webhook":
+                self._once(ref, "invalid", "caBundle sync: %s has no conversion webhook; skipped", ref.path)
+                return None
+            webhook = conversion.get("webhook")
+            client = webhook.get("clientConfig") if isinstance(webhook, dict) else None
+            if not isinstance(client, dict):
+                self._once(ref, "noclient", "caBundle sync: %s has no conversion webhook clientConfig", ref.path)
+                return []
+            return [(_CONVERSION_CLIENT, client)]
+        webhooks = obj.get("webhooks")
+        if webhooks is None:
+            webhooks = []
+        if not isinstance(webhooks, list):
+            self._once(ref, "invalid", "caBundle sync: %s .webhooks is not a list; skipped", ref.path)
+            return None
+        out: list[tuple[str, dict[str, Any]]] = []
         for i, hook in enumerate(webhooks):
             if not isinstance(hook, dict):
                 continue
@@ -376,6 +401,12 @@ class CABundleSyncer:
             if not isinstance(client, dict):
                 self._once(ref, f"noclient:{i}", "caBundle sync: %s webhooks[%d] has no clientConfig", ref.path, i)
                 continue
+            out.append((f"/webhooks/{i}/clientConfig", client))
+        return out
+
+    def _ops(self, clients: list[tuple[str, dict[str, Any]]], now: datetime) -> list[dict[str, Any]]:
+        ops: list[dict[str, Any]] = []
+        for pointer, client in clients:
             current = _decode(client.get("caBundle"))
             desired = desired_bundle(current or b"", self._local, now=now, keep_existing=self.keep_existing)
             if current is not None and not bundle_differs(current, desired):
@@ -383,7 +414,7 @@ class CABundleSyncer:
             ops.append(
                 {
                     "op": "replace" if "caBundle" in client else "add",
-                    "path": f"/webhooks/{i}/clientConfig/caBundle",
+                    "path": f"{pointer}/caBundle",
                     "value": base64.b64encode(desired).decode("ascii"),
                 }
             )

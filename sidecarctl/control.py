@@ -76,6 +76,17 @@ def _merges(opts: ManagerOptions) -> bool:
     return policy == "merge" or (policy == "auto" and not opts.tls.self_signed)
 
 
+def _bundle_owners(opts: ManagerOptions) -> tuple[WebhookConfigRef, ...]:
+    """The objects whose caBundle the manager keeps: both webhook configurations and the CRD's conversion."""
+    refs = [
+        WebhookConfigRef("mutating", opts.ca_bundle.mutating_config),
+        WebhookConfigRef("validating", opts.ca_bundle.validating_config),
+    ]
+    if opts.ca_bundle.conversion_crd:
+        refs.append(WebhookConfigRef("conversion", opts.ca_bundle.conversion_crd))
+    return tuple(refs)
+
+
 @dataclass
 class Term:
     """One leadership term: its controller and the watches that feed it, discarded at its end."""
@@ -113,10 +124,7 @@ class ControlRole:
         if opts.ca_bundle.sync_ca_bundle:
             self.syncer = CABundleSyncer(
                 self.client,
-                configs=(
-                    WebhookConfigRef("mutating", opts.ca_bundle.mutating_config),
-                    WebhookConfigRef("validating", opts.ca_bundle.validating_config),
-                ),
+                configs=_bundle_owners(opts),
                 resync_interval=opts.ca_bundle.ca_bundle_resync,
                 keep_existing=_merges(opts),
                 source=None if self.issuer is None else self.issuer.secret_ca,

@@ -88,6 +88,9 @@ class CABundleOptions:
     validating_config: str = opt(
         names.VALIDATING_WEBHOOK_CONFIG, "ValidatingWebhookConfiguration whose caBundle is kept"
     )
+    conversion_crd: str = opt(
+        names.CRD_NAME, "CustomResourceDefinition whose conversion webhook caBundle is kept; empty: none"
+    )
 
 
 @dataclass(frozen=True)

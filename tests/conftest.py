@@ -1,7 +1,8 @@
 """Session fixtures: the background loop, the real control plane, API clients, the fake kubelet.
 
-Everything under tests/e2e/ is marked `e2e`, everything under tests/node/ `node`. Under CI=true
-a test of either tier that skips is reported as a failure: those tiers must really run there.
+Everything under tests/e2e/ is marked `e2e`, everything under tests/node/ `node`, everything under
+tests/reliability/ `reliability`. Under CI=true a test of any of these tiers that skips is reported
+as a failure: those tiers must really run there.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from kuberuntime import kubeapi, kubeconfig
 from tests.kube import node
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane, ControlPlaneError
+from tests.kube.controlplane import ControlPlane, ControlPlaneError, free_port
 from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
+from tests.kube.managerharness import conversion_crd
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -32,6 +33,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if "/tests/node/" in str(item.path):
             item.add_marker(pytest.mark.node)
+        if "/tests/reliability/" in str(item.path):
+            item.add_marker(pytest.mark.reliability)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -47,7 +50,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report: pytest.TestReport = yield
-    tier = next((m for m in ("e2e", "node") if item.get_closest_marker(m) is not None), None)
+    tier = next((m for m in ("e2e", "node", "reliability") if item.get_closest_marker(m) is not None), None)
     # An expected failure (xfail) is reported as skipped too; it ran, so it stands.
     if IN_CI and report.skipped and tier is not None and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
@@ -97,26 +100,27 @@ def kubelet(aloop: BackgroundLoop, kube_client: kubeapi.KubeClient) -> Iterator[
 
 
 @pytest.fixture(scope="session")
-def crd(kube: Kube) -> dict[str, object]:
-    """The SidecarSet CRD from config/crd, installed and Established."""
-    docs = [d for p in sorted((REPO / "config" / "crd").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
-    crds = [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
-    assert crds, "config/crd holds no CustomResourceDefinition"
+def manager_port() -> int:
+    """The port the session's manager serves its webhooks on, known before it starts: the CRD's
+    conversion webhook points there from the moment the CRD is installed."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def crd(kube: Kube, manager_port: int) -> dict[str, object]:
+    """The SidecarSet CRD from config/crd, installed and Established, converting through the session's
+    manager (by URL). Until that manager runs, v1alpha1 (stored) works and v1beta1 fails to convert."""
+    obj = conversion_crd(f"https://127.0.0.1:{manager_port}")
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    for obj in crds:
-        kube.apply(path, obj)
+    kube.apply(path, obj)
 
     def established() -> bool:
-        for obj in crds:
-            got = kube.get(f"{path}/{obj['metadata']['name']}")
-            conds = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
-            if conds.get("Established") != "True":
-                return False
-        return True
+        got = kube.get(f"{path}/{obj['metadata']['name']}")
+        conds = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
+        return conds.get("Established") == "True"
 
     eventually(established, timeout=30, what="CRD Established")
-    found: dict[str, object] = crds[0]
-    return found
+    return obj
 
 
 def _ns_name(nodeid: str) -> str:

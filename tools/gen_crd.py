@@ -28,8 +28,14 @@ Conversions (what an apiextensions.k8s.io/v1 schema does not allow, or what woul
 - `x-kubernetes-patch-*`, `x-kubernetes-unions` and discriminators are dropped (not CRD fields);
 - Container `env` and `ports` become atomic lists: pods accept duplicate env names and duplicate
   ports (with a warning), a list-map would reject such a SidecarSet;
-- descriptions of Kubernetes fields are cut to their first sentence so the CRD stays well under
-  the 256 KiB that client-side `kubectl apply` can store in its last-applied annotation.
+- descriptions of Kubernetes fields are cut to their first sentence so the CRD stays under the
+  256 KiB that client-side `kubectl apply` can store in its last-applied annotation (with two
+  versions it holds the schema twice).
+
+Versions: v1alpha1 (stored) and v1beta1 share one schema but for the fields where they differ
+(sidecarsets.conversion): v1beta1 has `specificNamespace{namespace, namespaceSelector}` or Kruise
+1.9's top-level `namespaceSelector` (a CEL rule keeps them apart) and `customVersion`. Conversion is
+the manager's webhook at /convert behind the `sidecarctl-webhook` Service.
 """
 
 from __future__ import annotations
@@ -63,7 +69,11 @@ REPO = Path(__file__).resolve().parent.parent
 OUTPUT = REPO / "config" / "crd" / "sidecarctl.io_sidecarsets.yaml"
 
 GROUP = names.GROUP
-VERSION = names.VERSION
+# Both served; stored as v1alpha1 (README: "Storage version"): the manager reads and writes it, so
+# neither its own watches nor objects stored before v1beta1 existed depend on the conversion webhook.
+VERSIONS = (names.VERSION, names.VERSION_V1BETA1)
+STORAGE_VERSION = names.VERSION
+CONVERSION_SERVICE = (names.DEFAULT_MANAGER_NAMESPACE, "sidecarctl-webhook")
 KIND = names.KIND
 PLURAL = names.PLURAL
 SINGULAR = "sidecarset"
@@ -77,6 +87,7 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 DESCRIPTION_MAX = 200
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 Schema = dict[str, Any]
 
@@ -456,17 +467,45 @@ def injection_strategy() -> Schema:
     }
 
 
-def spec_schema(inl: Inliner) -> Schema:
+def namespace_fields(inl: Inliner) -> Schema:
+    """v1alpha1's `namespace` and `namespaceSelector`; v1beta1 groups them under `specificNamespace`."""
     return {
+        "namespace": {
+            "type": "string",
+            "description": "Only pods in this namespace; overrides namespaceSelector.",
+        },
+        "namespaceSelector": label_selector(inl, "Only pods in matching namespaces; unset means all."),
+    }
+
+
+def v1beta1_namespace_fields(inl: Inliner) -> Schema:
+    return {
+        "specificNamespace": {
+            "type": "object",
+            "description": "The namespaces whose pods are injected; unset means all.",
+            "minProperties": 1,
+            "properties": namespace_fields(inl),
+        },
+        "namespaceSelector": label_selector(
+            inl, "Kruise 1.9's spelling of specificNamespace.namespaceSelector; set one or the other."
+        ),
+        "customVersion": {
+            "type": "string",
+            "description": "Custom version of this spec, put as a label on its ControllerRevisions.",
+            "maxLength": 63,
+            "pattern": LABEL_VALUE_PATTERN,
+        },
+    }
+
+
+def spec_schema(inl: Inliner, version: str) -> Schema:
+    beta = version == names.VERSION_V1BETA1
+    schema: Schema = {
         "type": "object",
-        "description": "Sidecars to inject, where, and how to upgrade them (OpenKruise SidecarSet v1alpha1).",
+        "description": f"Sidecars to inject, where, and how to upgrade them (OpenKruise SidecarSet {version}).",
         "properties": {
             "selector": label_selector(inl, "Pods to inject; required and not empty."),
-            "namespace": {
-                "type": "string",
-                "description": "Only pods in this namespace; overrides namespaceSelector.",
-            },
-            "namespaceSelector": label_selector(inl, "Only pods in matching namespaces; unset means all."),
+            **(v1beta1_namespace_fields(inl) if beta else namespace_fields(inl)),
             "initContainers": {
                 "type": "array",
                 "description": "Injected at pod creation only, sorted by name.",
@@ -531,6 +570,15 @@ def spec_schema(inl: Inliner) -> Schema:
             },
         ],
     }
+    if beta:
+        schema["x-kubernetes-validations"].append(
+            {
+                "rule": "!has(self.namespaceSelector) || !has(self.specificNamespace)",
+                "message": "namespaceSelector and specificNamespace are mutually exclusive",
+                "fieldPath": ".namespaceSelector",
+            }
+        )
+    return schema
 
 
 def status_schema() -> Schema:
@@ -595,7 +643,7 @@ def with_table_defaults(schema: Schema) -> Schema:
     return schema
 
 
-def crd(inl: Inliner) -> Schema:
+def root_schema(inl: Inliner, version: str) -> Schema:
     schema: Schema = {
         "type": "object",
         "description": "SidecarSet injects sidecar containers into matching pods and upgrades them in place.",
@@ -604,15 +652,32 @@ def crd(inl: Inliner) -> Schema:
             "apiVersion": {"type": "string", "description": "Versioned schema of this object."},
             "kind": {"type": "string", "description": "REST resource this object represents."},
             "metadata": {"type": "object"},
-            "spec": spec_schema(inl),
+            "spec": spec_schema(inl, version),
             "status": status_schema(),
         },
     }
-    with_table_defaults(schema)
+    return with_table_defaults(schema)
+
+
+def conversion() -> Schema:
+    """The manager converts between the versions; caBundle is left out (the manager or cainjector fills it)."""
+    service = {
+        "namespace": CONVERSION_SERVICE[0],
+        "name": CONVERSION_SERVICE[1],
+        "path": names.CONVERT_PATH,
+        "port": 443,
+    }
+    return {
+        "strategy": "Webhook",
+        "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": {"service": service}},
+    }
+
+
+def crd(inl: Inliner) -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": names.CRD_NAME},
         "spec": {
             "group": GROUP,
             "names": {
@@ -623,43 +688,46 @@ def crd(inl: Inliner) -> Schema:
                 "shortNames": SHORT_NAMES,
             },
             "scope": "Cluster",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {
-                            "name": "MATCHED",
-                            "type": "integer",
-                            "jsonPath": ".status.matchedPods",
-                            "description": "The number of pods matched.",
-                        },
-                        {
-                            "name": "UPDATED",
-                            "type": "integer",
-                            "jsonPath": ".status.updatedPods",
-                            "description": "The number of pods matched and updated.",
-                        },
-                        {
-                            "name": "READY",
-                            "type": "integer",
-                            "jsonPath": ".status.readyPods",
-                            "description": "The number of pods matched and ready.",
-                        },
-                        {
-                            "name": "POLICY",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="PolicyInjection")].status',
-                            "description": "True: injected by a MutatingAdmissionPolicy, without a webhook call.",
-                        },
-                        {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
+            "conversion": conversion(),
+            "versions": [version_entry(inl, version) for version in VERSIONS],
         },
+    }
+
+
+def version_entry(inl: Inliner, version: str) -> Schema:
+    return {
+        "name": version,
+        "served": True,
+        "storage": version == STORAGE_VERSION,
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": [
+            {
+                "name": "MATCHED",
+                "type": "integer",
+                "jsonPath": ".status.matchedPods",
+                "description": "The number of pods matched.",
+            },
+            {
+                "name": "UPDATED",
+                "type": "integer",
+                "jsonPath": ".status.updatedPods",
+                "description": "The number of pods matched and updated.",
+            },
+            {
+                "name": "READY",
+                "type": "integer",
+                "jsonPath": ".status.readyPods",
+                "description": "The number of pods matched and ready.",
+            },
+            {
+                "name": "POLICY",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="PolicyInjection")].status',
+                "description": "True: injected by a MutatingAdmissionPolicy, without a webhook call.",
+            },
+            {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        "schema": {"openAPIV3Schema": root_schema(inl, version)},
     }
 
 

@@ -349,6 +349,7 @@ class Rig:
             f"--lease-name={self.lease}",
             f"--mutating-config={self.mwc}",
             f"--validating-config={self.vwc}",
+            "--conversion-crd=",  # the session's manager keeps the CRD's caBundle; these CAs are the test's own
             f"--ca-bundle-resync={RESYNC:g}",
             "--log-format=text",
             "--webhook-workers=1",  # one serving process: reload counts are per swap
@@ -382,6 +383,7 @@ class Rig:
             lease_name=self.lease,
             mutating_config=self.mwc,
             validating_config=self.vwc,
+            conversion_crd="",
             ca_bundle_resync=RESYNC,
         )
 

@@ -25,6 +25,8 @@ from tests.kube.managerharness import (
     MWC_PATH,
     VWC_PATH,
     RunningManager,
+    conversion_bundle_synced,
+    conversion_works,
     ensure_namespace,
     start_in_process,
     wait_ready,
@@ -35,12 +37,18 @@ from tests.kube.managerharness import (
 
 @pytest.fixture(scope="session")
 def manager(
-    aloop: BackgroundLoop, control_plane: ControlPlane, kube: Kube, crd: dict[str, Any], kubelet: FakeKubelet
+    aloop: BackgroundLoop,
+    control_plane: ControlPlane,
+    kube: Kube,
+    crd: dict[str, Any],
+    kubelet: FakeKubelet,
+    manager_port: int,
 ) -> Iterator[RunningManager]:
+    """The session's manager, on the port the CRD's conversion webhook already names."""
     ensure_namespace(kube, MANAGER_NS)
     cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-e2e-certs-"))
     write_cert_dir(cert_dir)
-    m = start_in_process(aloop, control_plane, cert_dir, identity="e2e-main")
+    m = start_in_process(aloop, control_plane, cert_dir, identity="e2e-main", webhook_port=manager_port)
     mwc, vwc = webhook_configs(
         m.webhook_url, mutating=names.MUTATING_WEBHOOK_CONFIG, validating=names.VALIDATING_WEBHOOK_CONFIG
     )
@@ -58,9 +66,10 @@ def manager(
                 bundle = got["webhooks"][0]["clientConfig"].get("caBundle", "")
                 if b"BEGIN CERTIFICATE" not in base64.b64decode(bundle):
                     return False
-            return True
+            return conversion_bundle_synced(kube)
 
         eventually(bundle_synced, timeout=20, what="caBundle filled by the manager")
+        eventually(lambda: conversion_works(kube), timeout=20, what="v1beta1 converted through the manager")
         eventually(lambda: m.manager.leading, timeout=30, what="manager leads")
         yield m
     finally:

@@ -11,24 +11,26 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets import names
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import REPO, ControlPlane, free_port
+from tests.kube.controlplane import ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import (
     MANAGER_NS,
     MWC_PATH,
     VWC_PATH,
     ManagerProcess,
+    conversion_bundle_synced,
+    conversion_crd,
     start_process,
     wait_ready,
     webhook_configs,
@@ -86,10 +88,7 @@ class PrivateCluster:
 
 
 def _install(kube: Kube, url: str) -> None:
-    crds = [d for p in sorted((REPO / "config" / "crd").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
-    for obj in crds:
-        if obj and obj.get("kind") == "CustomResourceDefinition":
-            kube.apply(CRD_PATH, obj)
+    kube.apply(CRD_PATH, conversion_crd(url))
 
     def established() -> bool:
         got = kube.get(f"{CRD_PATH}/{names.PLURAL}.{names.GROUP}")
@@ -105,14 +104,53 @@ def _install(kube: Kube, url: str) -> None:
 
 def bundle_synced(kube: Kube) -> bool:
     hook = kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")["webhooks"][0]
-    return b"BEGIN CERTIFICATE" in base64.b64decode(hook["clientConfig"].get("caBundle", ""))
+    filled = b"BEGIN CERTIFICATE" in base64.b64decode(hook["clientConfig"].get("caBundle", ""))
+    return filled and conversion_bundle_synced(kube)
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def kill_all(m: ManagerProcess) -> None:
+    """SIGKILL every process of a `sidecarctl run` (its children would otherwise drain, release
+    the Lease and answer for a moment on their own)."""
+    pids = descendants(m.proc.pid)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    eventually(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=10, what="every process gone")
 
 
 @contextlib.contextmanager
 def private_cluster(
-    aloop: BackgroundLoop, bin_dir: Path, *, injection: str, extra: tuple[str, ...] = ()
+    aloop: BackgroundLoop,
+    bin_dir: Path,
+    *,
+    injection: str,
+    extra: tuple[str, ...] = (),
+    controller_manager: bool = False,
 ) -> Iterator[PrivateCluster]:
-    cp = ControlPlane(bin_dir=bin_dir, controller_manager=False).start()
+    """A control plane of its own (with kube-controller-manager if asked: ReplicaSets, disruption
+    budgets) and `sidecarctl run --injection=<injection>` leading it."""
+    cp = ControlPlane(bin_dir=bin_dir, controller_manager=controller_manager).start()
     client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
     port = free_port()
     cert_dir = Path(tempfile.mkdtemp(prefix=f"sidecarctl-{injection}-certs-"))

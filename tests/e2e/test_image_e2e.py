@@ -197,6 +197,7 @@ def test_installed_manager_becomes_ready_and_stops_cleanly_on_sigterm(
         f"--secret-name=image-{suffix}-certs",
         f"--mutating-config={mwc['metadata']['name']}",
         f"--validating-config={vwc['metadata']['name']}",
+        "--conversion-crd=",  # its own CA: the session's manager keeps the shared CRD's caBundle
         f"--identity={identity}",
         "--log-format=text",
     ]

@@ -101,6 +101,7 @@ def test_certmanager_overlay_swaps_certificates_and_drops_the_unused_rules(contr
         ("Role", MANAGER_NS, "sidecarctl"),
         ("MutatingWebhookConfiguration", "", names.MUTATING_WEBHOOK_CONFIG),
         ("ValidatingWebhookConfiguration", "", names.VALIDATING_WEBHOOK_CONFIG),
+        ("CustomResourceDefinition", "", names.CRD_NAME),
     }
 
     pod = overlay[deployment_key]["spec"]["template"]["spec"]
@@ -127,22 +128,31 @@ def test_certmanager_overlay_swaps_certificates_and_drops_the_unused_rules(contr
             "cert-manager.io/inject-ca-from": f"{MANAGER_NS}/sidecarctl-serving-cert",
         }
         assert got["webhooks"] == was["webhooks"]
+    crd_key = ("CustomResourceDefinition", "", names.CRD_NAME)
+    assert overlay[crd_key]["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{MANAGER_NS}/sidecarctl-serving-cert"
+    }, "cainjector keeps the conversion webhook's caBundle"
+    assert overlay[crd_key]["spec"] == base[crd_key]["spec"]
 
     cluster_rules = overlay[("ClusterRole", "", "sidecarctl")]["rules"]
     role_rules = overlay[("Role", MANAGER_NS, "sidecarctl")]["rules"]
-    assert not [r for r in cluster_rules if r["apiGroups"] == ["admissionregistration.k8s.io"]]
+    # Without caBundle sync: no validating webhook configuration, no CRD, no Secrets. The mutating
+    # configuration stays (the policy sync keeps its matchCondition), as do the policies.
+    dropped = {"validatingwebhookconfigurations", "customresourcedefinitions"}
+    assert not [r for r in cluster_rules if dropped & set(r["resources"])]
     assert not [r for r in role_rules if "secrets" in r["resources"]]
-    kept_cluster = [r for r in base[("ClusterRole", "", "sidecarctl")]["rules"] if r in cluster_rules]
-    kept_role = [r for r in base[("Role", MANAGER_NS, "sidecarctl")]["rules"] if r in role_rules]
-    assert (len(kept_cluster), len(kept_role)) == (len(cluster_rules), len(role_rules)) == (6, 3)
+    base_cluster = base[("ClusterRole", "", "sidecarctl")]["rules"]
+    base_role = base[("Role", MANAGER_NS, "sidecarctl")]["rules"]
+    assert cluster_rules == [r for r in base_cluster if not dropped & set(r["resources"])]
+    assert role_rules == [r for r in base_role if "secrets" not in r["resources"]]
 
 
 # ---------------------------------------------------------------------------------------------
 # The API server's view
 
 
-def dry_run_apply(cp: ControlPlane, *args: str) -> list[str]:
-    out = ok(kubectl(cp, "apply", "--dry-run=server", *args))
+def dry_run_apply(cp: ControlPlane, *args: str, stdin: str | None = None) -> list[str]:
+    out = ok(kubectl(cp, "apply", "--dry-run=server", *args, stdin=stdin))
     lines = [line for line in out.splitlines() if line.strip()]
     assert lines and all(line.endswith("(server dry run)") for line in lines), out
     return lines
@@ -330,11 +340,11 @@ def test_kubectl_get_sidecarsets_shows_kruise_printer_columns(
             timeout=20,
             what="status written by the controller",
         )
-        out = ok(kubectl(control_plane, "get", "sidecarsets", name))
+        out = ok(kubectl(control_plane, "get", "sidecarsets", name))  # v1beta1, the preferred version
         header, row = (line.split() for line in out.splitlines())
-        assert header == ["NAME", "MATCHED", "UPDATED", "READY", "AGE"]
+        assert header == ["NAME", "MATCHED", "UPDATED", "READY", "POLICY", "AGE"]
         assert row[:4] == [name, "0", "0", "0"]
-        assert row[4].endswith("s"), f"AGE of a new object is in seconds: {row[4]}"
+        assert row[-1].endswith("s"), f"AGE of a new object is in seconds: {row[-1]}"
         short = ok(kubectl(control_plane, "get", "scs", name, "-o", "name"))
         assert short.strip() == f"sidecarset.{names.GROUP}/{name}"
     finally:

@@ -2,9 +2,10 @@
 
 On its own control plane (its controller must be the only one acting there), the install's
 ServiceAccount, roles, bindings, CRD and webhook configurations are applied as config/default
-renders them (the webhooks pointed at a loopback URL: there is no cluster network). The manager
-runs as `sidecarctl run --self-signed` with a token of that ServiceAccount and goes through a
-whole life: certificate Secret created, caBundle synced, Lease taken, a SidecarSet whose first
+renders them (the webhooks and the CRD's conversion pointed at a loopback URL: there is no cluster
+network). The manager runs as `sidecarctl run --self-signed` with a token of that ServiceAccount and
+goes through a whole life: certificate Secret created, caBundle synced (the CRD's too, and a
+SidecarSet read back in v1beta1 through the conversion webhook), Lease taken, a SidecarSet whose first
 revision name is already taken, pods injected and made Ready, an upgrade in two batches (an Event
 created and then bumped), a rollback (revision renumbered), an upgrade that cannot be done in place
 (pods marked not upgradable, history truncated), SIGTERM (Lease released), and a restart that
@@ -52,7 +53,15 @@ from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
 from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
-from tests.kube.managerharness import MWC_PATH, VWC_PATH, ManagerProcess, start_process, wait_ready
+from tests.kube.managerharness import (
+    MWC_PATH,
+    VWC_PATH,
+    ManagerProcess,
+    conversion_bundle_synced,
+    conversion_works,
+    start_process,
+    wait_ready,
+)
 
 MANAGER_NS = names.DEFAULT_MANAGER_NAMESPACE
 SA = "sidecarctl"
@@ -256,7 +265,13 @@ def rendered_default(cp: ControlPlane) -> list[dict[str, Any]]:
 
 
 def by_url(obj: dict[str, Any], url: str) -> dict[str, Any]:
-    """A webhook configuration pointed at `url` instead of the in-cluster Service (same paths)."""
+    """A webhook configuration, or the CRD's conversion webhook, pointed at `url` instead of the
+    in-cluster Service (same paths)."""
+    if obj["kind"] == "CustomResourceDefinition":
+        webhook = obj["spec"]["conversion"]["webhook"]
+        client = {"url": url + webhook["clientConfig"]["service"]["path"]}
+        conversion = {**obj["spec"]["conversion"], "webhook": {**webhook, "clientConfig": client}}
+        return {**obj, "spec": {**obj["spec"], "conversion": conversion}}
     if not obj["kind"].endswith("WebhookConfiguration"):
         return obj
     hooks = [
@@ -295,7 +310,7 @@ def _bundle_synced(kube: Kube) -> bool:
     for path in (f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}", f"{VWC_PATH}/{names.VALIDATING_WEBHOOK_CONFIG}"):
         if not kube.get(path)["webhooks"][0]["clientConfig"].get("caBundle"):
             return False
-    return True
+    return conversion_bundle_synced(kube)
 
 
 def _start(cluster: Cluster, kubeconfig: Path, port: int, metrics_port: int) -> ManagerProcess:
@@ -426,7 +441,8 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         eventually(
             lambda: _scrape(kube, metrics_port, reader) == 200, timeout=10, what="the bound scraper reads /metrics"
         )
-        eventually(lambda: _bundle_synced(kube), timeout=20, what="caBundle synced in both configurations")
+        eventually(lambda: _bundle_synced(kube), timeout=20, what="caBundle synced in both configurations and the CRD")
+        eventually(lambda: conversion_works(kube), timeout=20, what="v1beta1 converted by the manager")
         eventually(lambda: kube.get(LEASE_PATH)["spec"].get("holderIdentity") == "rbac-audit", timeout=20)
 
         ns = f"audit-{secrets.token_hex(3)}"
@@ -441,6 +457,9 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         cluster.kubelet.namespaces.add(ns)
         eventually(lambda: kube.get_or_none(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), timeout=30)
         kube.create(SS_PATH, ss_body)
+        # Read back through the conversion webhook (the CRD's caBundle is the manager's to keep).
+        beta = kube.get(f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.PLURAL}/{ss_name}")
+        assert beta["apiVersion"] == names.API_VERSION_V1BETA1
         wait_injecting(kube, ns, app, lambda p: [c["name"] for c in p["spec"]["containers"]] == ["proxy", "app"])
         create_ready_pods(kube, ns, app, 2)
         status = wait_status(kube, ss_name, matchedPods=2, updatedPods=2, readyPods=2)

@@ -1,14 +1,15 @@
 """Run the real manager against the test control plane, in process or as a `sidecarctl run` child.
 
-The webhook configurations are the ones an install would create, except that `clientConfig`
-points at a loopback URL instead of a Service (there is no cluster network here), and caBundle
-starts empty: the manager's own caBundle sync has to fill it before the API server can call
-the webhooks, so every e2e test exercises that path too.
+The webhook configurations and the CRD's conversion webhook are the ones an install would create,
+except that `clientConfig` points at a loopback URL instead of a Service (there is no cluster network
+here), and caBundle starts empty: the manager's own caBundle sync has to fill it before the API server
+can call the webhooks, so every e2e test exercises that path too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import os
@@ -35,6 +36,7 @@ from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop
 
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 VWC_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 MANAGER_NS = names.DEFAULT_MANAGER_NAMESPACE
@@ -63,6 +65,45 @@ def webhook_configs(url: str, *, mutating: str, validating: str) -> tuple[dict[s
             hook["clientConfig"] = {"url": url + hook["clientConfig"]["service"]["path"]}
         out.append(obj)
     return out[0], out[1]
+
+
+def conversion_crd(url: str) -> dict[str, Any]:
+    """The SidecarSet CRD of config/crd with its conversion webhook's Service replaced by `url` + its path.
+
+    Until a manager serves that URL with the CA in caBundle, only reads and writes in v1alpha1 (the
+    storage version) work; anything needing v1beta1 fails with the API server's conversion error.
+    """
+    docs = [d for p in sorted((REPO / "config" / "crd").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
+    (crd,) = [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
+    webhook = crd["spec"]["conversion"]["webhook"]
+    webhook["clientConfig"] = {"url": url + webhook["clientConfig"]["service"]["path"]}
+    found: dict[str, Any] = crd
+    return found
+
+
+def conversion_bundle_synced(kube: Kube) -> bool:
+    """Whether the CRD's conversion webhook has a caBundle (the manager writes it)."""
+    crd = kube.get(f"{CRD_PATH}/{names.CRD_NAME}")
+    client = crd["spec"]["conversion"]["webhook"]["clientConfig"]
+    return b"BEGIN CERTIFICATE" in base64.b64decode(client.get("caBundle", ""))
+
+
+def conversion_works(kube: Kube) -> bool:
+    """Whether the API server converts SidecarSets now: a dry-run create in v1beta1 is converted to
+    v1alpha1 and back (the API server takes a moment to use a caBundle just written), and stores nothing."""
+    probe = {
+        "apiVersion": names.API_VERSION_V1BETA1,
+        "kind": names.KIND,
+        "metadata": {"name": "conversion-probe"},
+        "spec": {"selector": {"matchLabels": {"conversion": "probe"}}, "containers": [{"name": "p", "image": "p"}]},
+    }
+    try:
+        kube.create(f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.PLURAL}", probe, dryRun="All")
+    except api.ApiError as e:
+        if "conversion webhook" in e.message:
+            return False
+        raise
+    return True
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
@@ -112,9 +153,10 @@ def start_in_process(
     *,
     identity: str,
     lease_duration: int = 15,
+    webhook_port: int | None = None,
     **overrides: Any,
 ) -> RunningManager:
-    webhook_port, probe_port = free_port(), free_port()
+    webhook_port, probe_port = webhook_port or free_port(), free_port()
     settings: dict[str, Any] = {
         "kubeconfig": str(cp.kubeconfig),
         "namespace": MANAGER_NS,

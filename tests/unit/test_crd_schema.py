@@ -184,15 +184,16 @@ def load_crd() -> dict[str, Any]:
     return crd
 
 
-def version_entry() -> dict[str, Any]:
-    versions = load_crd()["spec"]["versions"]
-    assert len(versions) == 1
-    entry: dict[str, Any] = versions[0]
+def version_entry(version: str = names.VERSION) -> dict[str, Any]:
+    """The CRD's entry for `version` (v1alpha1 unless told; tests/unit/test_crd_versions.py compares the two)."""
+    versions = {v["name"]: v for v in load_crd()["spec"]["versions"]}
+    assert set(versions) == {names.VERSION, names.VERSION_V1BETA1}
+    entry: dict[str, Any] = versions[version]
     return entry
 
 
-def root_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = version_entry()["schema"]["openAPIV3Schema"]
+def root_schema(version: str = names.VERSION) -> dict[str, Any]:
+    schema: dict[str, Any] = version_entry(version)["schema"]["openAPIV3Schema"]
     return schema
 
 
@@ -303,8 +304,9 @@ def test_crd_identity() -> None:
     assert entry["subresources"] == {"status": {}}
 
 
-def test_printer_columns() -> None:
-    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version_entry()["additionalPrinterColumns"]}
+@pytest.mark.parametrize("version", [names.VERSION, names.VERSION_V1BETA1])
+def test_printer_columns(version: str) -> None:
+    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version_entry(version)["additionalPrinterColumns"]}
     assert columns == {
         "MATCHED": ("integer", ".status.matchedPods"),
         "UPDATED": ("integer", ".status.updatedPods"),

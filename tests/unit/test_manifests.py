@@ -216,7 +216,11 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         ),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get", (args.validating_config,)),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", (args.validating_config,)),
+        # caBundle of the CRD's conversion webhook
+        ("apiextensions.k8s.io", "customresourcedefinitions", "get", (args.conversion_crd,)),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "patch", (args.conversion_crd,)),
     }
+    assert args.conversion_crd == one(default, "CustomResourceDefinition", names.CRD_NAME)["metadata"]["name"]
     assert rules(one(default, "Role", SA, MANAGER_NS)) == {
         ("coordination.k8s.io", "leases", "create", ()),
         ("coordination.k8s.io", "leases", "get", (args.lease_name,)),
@@ -375,7 +379,7 @@ def test_validation_webhook_settings(default: dict[tuple[str, str, str], Obj]) -
     assert hook["rules"] == [
         {
             "apiGroups": [names.GROUP],
-            "apiVersions": [names.VERSION],
+            "apiVersions": [names.VERSION, names.VERSION_V1BETA1],
             "operations": ["CREATE", "UPDATE"],
             "resources": [names.PLURAL],
             "scope": "Cluster",
@@ -385,6 +389,19 @@ def test_validation_webhook_settings(default: dict[tuple[str, str, str], Obj]) -
     assert hook["sideEffects"] == "None"
     assert hook["timeoutSeconds"] == 10
     assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
+
+
+def test_conversion_webhook_is_the_manager_s_service(
+    default: dict[tuple[str, str, str], Obj], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = manager_args(one(default, "Deployment", "sidecarctl", MANAGER_NS), monkeypatch)
+    conversion = one(default, "CustomResourceDefinition", names.CRD_NAME)["spec"]["conversion"]
+    assert conversion["strategy"] == "Webhook" and conversion["webhook"]["conversionReviewVersions"] == ["v1"]
+    # The Service the serving certificate names, as for both webhook configurations; caBundle the manager's.
+    assert conversion["webhook"]["clientConfig"] == {
+        "service": {"name": args.service_name, "namespace": MANAGER_NS, "path": names.CONVERT_PATH, "port": 443}
+    }
+    one(default, "Service", args.service_name, MANAGER_NS)
 
 
 NAMESPACE_NAMES = st.one_of(
