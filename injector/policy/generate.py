@@ -56,6 +56,10 @@ def check_servable(ss: SidecarSet) -> None:
     """Raise NeedsWebhook for a feature of `ss` that a policy cannot express (or its owner keeps off them)."""
     if ss.annotations.get(names.ANN_INJECTION_PATH) == "webhook":
         raise NeedsWebhook(f"annotation {names.ANN_INJECTION_PATH}=webhook")
+    if ss.canary_base is not None:
+        # On the webhook, the pods a canary selects are served whole there (the base's policy leaves
+        # them alone), so the engine drops the base for them; the base itself can stay on a policy.
+        raise NeedsWebhook(f"canary SidecarSet (it replaces its base {ss.canary_base} in the pods it selects)")
     for sc in ss.containers + ss.init_containers:
         if sc.upgrade_type is UpgradeType.HOT:
             raise NeedsWebhook(

@@ -22,6 +22,7 @@ from typing import Any
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.defaults import apply_defaults
 from sidecarsets.validation.base import Errors, FieldError, obj_field, type_name, validate_selector
+from sidecarsets.validation.canary import validate_canary
 from sidecarsets.validation.conflicts import validate_conflicts
 from sidecarsets.validation.containers import validate_containers
 from sidecarsets.validation.metadata import validate_name, validate_patch_pod_metadata
@@ -43,8 +44,8 @@ def _spec(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> None
     validate_version_fields(obj, spec, errs)
     validate_injection_strategy(spec, errs)
     validate_update_strategy(spec, errs)
-    validate_containers(spec, errs)
-    validate_volumes(spec, errs)
+    volumes = validate_volumes(spec, errs)
+    validate_containers(spec, errs, volumes=volumes)
     validate_pull_secrets(spec, errs)
     validate_revision_history_limit(spec, errs)
     validate_patch_pod_metadata(spec, errs)
@@ -77,7 +78,9 @@ def validate_sidecarset(
         return [too_many]  # checked first: everything else is work per sidecar
     errs: Errors = []
     current = apply_defaults(raw)
+    others = list(others)
     validate_name(current, errs)
+    validate_canary(current, old if isinstance(old, Mapping) else None, others, errs)
     spec = obj_field(current, "spec", "spec", errs)
     if spec is None:
         if current.get("spec") is None:

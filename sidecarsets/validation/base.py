@@ -7,12 +7,14 @@ modules can stay readable and the validator as a whole never raises.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from sidecarsets import selectors
+from sidecarsets.gofmt import format_g, quote
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,55 @@ class FieldError:
 
 
 Errors = list[FieldError]
+
+
+# Constructors in the API server's wording (apimachinery's field.Error): `<Type>[: <value>][: <detail>]`,
+# so that a SidecarSet refused here reads like the pod the API server would refuse later.
+def go_value(value: Any) -> str:
+    """A bad value as apimachinery prints it: strings quoted, numbers and booleans bare, the rest JSON."""
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return format_g(value)
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return "null"
+
+
+def _body(kind: str, value: Any, detail: str, *, show_value: bool = True) -> str:
+    out = f"{kind}: {go_value(value)}" if show_value else kind
+    return f"{out}: {detail}" if detail else out
+
+
+def invalid(field: str, value: Any, detail: str) -> FieldError:
+    return FieldError(field, _body("Invalid value", value, detail))
+
+
+def not_found(field: str, value: Any) -> FieldError:
+    return FieldError(field, _body("Not found", value, ""))
+
+
+def duplicate(field: str, value: Any) -> FieldError:
+    return FieldError(field, _body("Duplicate value", value, ""))
+
+
+def required(field: str, detail: str = "") -> FieldError:
+    return FieldError(field, _body("Required value", None, detail, show_value=False))
+
+
+def forbidden(field: str, detail: str) -> FieldError:
+    return FieldError(field, _body("Forbidden", None, detail, show_value=False))
+
+
+def unsupported(field: str, value: Any, supported: Iterable[str]) -> FieldError:
+    listed = ", ".join(quote(v) for v in supported)
+    return FieldError(field, _body("Unsupported value", value, f"supported values: {listed}" if listed else ""))
+
 
 DNS1123_LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

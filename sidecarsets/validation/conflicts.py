@@ -5,6 +5,11 @@ same volume name with different contents, or fight over an annotation: the pod w
 rejected, or the result would depend on the order of injection. Only SidecarSets whose
 namespace scopes and pod selectors can overlap are compared (Kruise's rule: scopes are
 disjoint only when both pin namespaces that cannot coincide).
+
+A canary and its base never reach the same pod together (the canary replaces the base), so
+they are not compared: the canary usually defines the very same containers. Kruise skips the
+base only when the canary is validated, so that a later edit of the base is refused for
+clashing with its own canary; here the pair is skipped both ways.
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ def validate_conflicts(obj: Mapping[str, Any], others: Iterable[Any], errs: Erro
         if not isinstance(raw, Mapping):
             continue
         other = SidecarSet.from_object(raw, tolerant=True)
-        if other.name == own.name or not _may_share_pods(own, other):
+        if other.name == own.name or own.canary_base == other.name or other.canary_base == own.name:
+            continue
+        if not _may_share_pods(own, other):
             continue
         for path, name in _containers(spec):
             if name in other.all_container_names:

@@ -2,33 +2,33 @@
 
 A bad sidecar does not fail when the SidecarSet is written but when it is injected: every pod
 the selector matches would then be refused by the API server. Kruise guards against that by
-running pod validation on a fake pod; we check the fields whose mistakes are common (names,
-image, env names, mounts, ports) plus every SidecarSet-specific field, and leave the rest of
-core/v1 Container validation to the API server.
+running pod validation on a pod built from the sidecars; here each sidecar is checked as the
+container it becomes (sidecarsets.validation.podrules, in the API server's words), and then its
+SidecarSet-only fields (inject and share policies, upgrade strategy, transferEnv, resourcesPolicy).
 
-Volume mounts may name volumes that are not in `spec.volumes`: a sidecar may mount a volume
-the pod itself defines (Kruise allows this too), so that is not an error.
+Volume mounts must name a volume of the SidecarSet, as in Kruise: the pod's own volumes are not
+known when the SidecarSet is written (a sidecar reaches them with `shareVolumePolicy`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sidecarsets.enums import InjectPolicy, SharePolicy, UpgradeType, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
-    dns1123_label_problem,
-    is_int,
     list_field,
     obj_field,
     objects,
     qualified_name_problem,
+    required,
     str_field,
     type_name,
 )
+from sidecarsets.validation.podrules import validate_pod_container
 from sidecarsets.validation.resources import validate_resources_policy
 
 # Printable ASCII except '=' (Kubernetes relaxed env var names, GA since 1.34).
@@ -102,38 +102,6 @@ def _transfer_env(container: Mapping[str, Any], path: str, errs: Errors) -> None
                 errs.append(FieldError(f"{item_path}.envNames[{i}]", problem))
 
 
-def _env(container: Mapping[str, Any], path: str, errs: Errors) -> None:
-    epath = f"{path}.env"
-    for _, item_path, item in objects(list_field(container, "env", epath, errs), epath, errs):
-        problem = env_name_problem(item.get("name"))
-        if problem:
-            errs.append(FieldError(f"{item_path}.name", problem))
-
-
-def _volume_mounts(container: Mapping[str, Any], path: str, errs: Errors) -> None:
-    mpath = f"{path}.volumeMounts"
-    seen: set[str] = set()
-    for _, item_path, item in objects(list_field(container, "volumeMounts", mpath, errs), mpath, errs):
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            errs.append(FieldError(f"{item_path}.name", "volume mount needs the name of a volume"))
-        mount_path = item.get("mountPath")
-        if not isinstance(mount_path, str) or not mount_path:
-            errs.append(FieldError(f"{item_path}.mountPath", "mountPath is required"))
-        elif mount_path in seen:
-            errs.append(FieldError(f"{item_path}.mountPath", f"mountPath {mount_path!r} is mounted twice"))
-        else:
-            seen.add(mount_path)
-
-
-def _ports(container: Mapping[str, Any], path: str, errs: Errors) -> None:
-    ppath = f"{path}.ports"
-    for _, item_path, item in objects(list_field(container, "ports", ppath, errs), ppath, errs):
-        port = item.get("containerPort")
-        if not is_int(port) or not 1 <= port <= 65535:
-            errs.append(FieldError(f"{item_path}.containerPort", f"must be a port number 1-65535, not {port!r}"))
-
-
 def _enum(parent: Mapping[str, Any], key: str, allowed: list[str], path: str, what: str, errs: Errors) -> None:
     value = parent.get(key)
     if value not in allowed:
@@ -153,41 +121,24 @@ def _sidecar_fields(container: Mapping[str, Any], path: str, errs: Errors) -> No
             _enum(share, "type", values(SharePolicy), f"{path}.{key}.type", "share volume policy", errs)
 
 
-def _container(container: Mapping[str, Any], path: str, errs: Errors, *, init: bool) -> None:
-    name = container.get("name")
-    if not isinstance(name, str) or not name:
-        errs.append(FieldError(f"{path}.name", "container name is required"))
-    else:
-        problem = dns1123_label_problem(name)
-        if problem:
-            errs.append(FieldError(f"{path}.name", problem))
-    image = container.get("image")
-    if not isinstance(image, str) or not image.strip():
-        errs.append(FieldError(f"{path}.image", "image is required"))
+def _container(
+    container: Mapping[str, Any], path: str, errs: Errors, *, init: bool, volumes: Collection[str], seen: set[str]
+) -> None:
+    validate_pod_container(container, path, init=init, volumes=volumes, seen=seen, errs=errs)
     _sidecar_fields(container, path, errs)
     _transfer_env(container, path, errs)
-    _env(container, path, errs)
-    _volume_mounts(container, path, errs)
-    _ports(container, path, errs)
     native = container.get("restartPolicy") == "Always"
     validate_resources_policy(container, path, errs, native_or_main=native or not init)
 
 
-def validate_containers(spec: Mapping[str, Any], errs: Errors) -> None:
-    """Both lists, with names unique across them (they end up in one pod)."""
+def validate_containers(spec: Mapping[str, Any], errs: Errors, *, volumes: Collection[str] = ()) -> None:
+    """Both lists, with names unique across them (they end up in one pod); `volumes` are the names
+    of the SidecarSet's valid volumes, which the sidecars' mounts must name."""
     lists = {key: list_field(spec, key, f"spec.{key}", errs) for key in ("containers", "initContainers")}
     if not lists["containers"] and not lists["initContainers"]:
-        errs.append(FieldError("spec.containers", "no initContainer or container defined for SidecarSet"))
+        errs.append(required("spec", "no initContainer or container defined for SidecarSet"))
         return
-    seen: dict[str, str] = {}
+    seen: set[str] = set()
     for key, items in lists.items():
         for _, path, container in objects(items, f"spec.{key}", errs):
-            _container(container, path, errs, init=key == "initContainers")
-            name = container.get("name")
-            if isinstance(name, str) and name:
-                if name in seen:
-                    errs.append(
-                        FieldError(f"{path}.name", f"duplicate container name {name!r}: already used by {seen[name]}")
-                    )
-                else:
-                    seen[name] = path
+            _container(container, path, errs, init=key == "initContainers", volumes=volumes, seen=seen)

@@ -1,8 +1,9 @@
 """Validation of what a SidecarSet adds to the pod besides containers: volumes and pull secrets.
 
-These are merged into the pod by name at injection; a nameless or doubly-defined volume would
-make the merged pod invalid, so names are checked here. The volume sources themselves are left
-to the API server's pod validation (the CRD schema already checks their structure).
+These are merged into the pod by name at injection; a nameless, misnamed or doubly-defined volume,
+or one with two sources, would make the merged pod invalid, so they are checked here in the API
+server's words. The sources' own fields are left to the API server's pod validation (the CRD
+schema already checks their structure).
 """
 
 from __future__ import annotations
@@ -13,30 +14,56 @@ from typing import Any
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
-    dns1123_label_problem,
+    duplicate,
+    forbidden,
     is_int,
     list_field,
     objects,
+    required,
+    type_name,
 )
+from sidecarsets.validation.podrules import dns_label_errors, quantity_value
+
+# The order in which the API server looks at a volume's sources: the second one found is the one
+# reported. Its path for downwardAPI is misspelt ("downwarAPI") in kube-apiserver, and kept so here.
+VOLUME_SOURCES = (
+    "emptyDir", "hostPath", "gitRepo", "gcePersistentDisk", "awsElasticBlockStore", "secret", "nfs", "iscsi",
+    "glusterfs", "flocker", "persistentVolumeClaim", "rbd", "quobyte", "cinder", "cephfs", "flexVolume",
+    "downwardAPI", "fc", "configMap", "azureFile", "vsphereVolume", "photonPersistentDisk", "portworxVolume",
+    "azureDisk", "storageos", "scaleIO", "projected", "csi", "ephemeral", "image",
+)  # fmt: skip
+_REPORTED_AS = {"downwardAPI": "downwarAPI"}
 
 
-def validate_volumes(spec: Mapping[str, Any], errs: Errors) -> None:
-    seen: dict[str, str] = {}
+def validate_volumes(spec: Mapping[str, Any], errs: Errors) -> set[str]:
+    """The volumes as the API server checks a pod's; returns the names of the valid ones (which
+    the sidecars' volumeMounts may name: the pod's own volumes are not known here)."""
+    valid: set[str] = set()
+    seen: set[str] = set()
     for _, path, volume in objects(list_field(spec, "volumes", "spec.volumes", errs), "spec.volumes", errs):
+        found: Errors = []
+        sources = [key for key in VOLUME_SOURCES if volume.get(key) is not None]
+        found.extend(
+            forbidden(f"{path}.{_REPORTED_AS.get(key, key)}", "may not specify more than 1 volume type")
+            for key in sources[1:]
+        )
+        empty_dir = volume.get("emptyDir")
+        if isinstance(empty_dir, Mapping) and empty_dir.get("sizeLimit") is not None:
+            quantity_value(empty_dir["sizeLimit"], f"{path}.emptyDir.sizeLimit", found)
         name = volume.get("name")
-        if not isinstance(name, str) or not name:
-            errs.append(FieldError(f"{path}.name", "volume name is required"))
-            continue
-        problem = dns1123_label_problem(name)
-        if problem:
-            errs.append(FieldError(f"{path}.name", problem))
-        if name in seen:
-            errs.append(FieldError(f"{path}.name", f"duplicate volume name {name!r}: already used by {seen[name]}"))
+        if name is None or name == "":
+            found.append(required(f"{path}.name"))
+        elif not isinstance(name, str):
+            found.append(FieldError(f"{path}.name", f"must be a string, not {type_name(name)}"))
         else:
-            seen[name] = path
-        sources = [key for key, value in volume.items() if key != "name" and value is not None]
-        if len(sources) > 1:
-            errs.append(FieldError(path, f"may not specify more than 1 volume type, got {', '.join(sorted(sources))}"))
+            found.extend(dns_label_errors(name, f"{path}.name"))
+            if name in seen:
+                found.append(duplicate(f"{path}.name", name))
+            seen.add(name)
+            if not found:
+                valid.add(name)
+        errs.extend(found)
+    return valid
 
 
 def validate_pull_secrets(spec: Mapping[str, Any], errs: Errors) -> None:
