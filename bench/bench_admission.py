@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import ctypes
 import http.client
@@ -46,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from injector import admission, engine
 from injector.app import WebhookSettings, create_webhook_app
+from injector.body import BodyLimits
+from sidecarctl.supervisor import MALLOC_ENV
 from sidecarsets import names
 from sidecarsets.pins import pinned_sidecarsets
 from sidecarsets.store import TemplateStore
@@ -214,11 +217,27 @@ async def empty_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]
     await send({"type": "http.response.body", "body": EMPTY_RESPONSE})
 
 
-def serve(kind: str, bind: str, cert_dir: str) -> None:
-    """Child process: serve one app the way the manager serves its webhook port, until SIGTERM."""
+def serve(kind: str, bind: str, cert_dir: str, workers: int = 1) -> None:
+    """Child process: serve one app the way the manager serves its webhook port, until SIGTERM.
+
+    With `workers` > 1 the socket is bound once and shared by that many processes, each with its
+    own Listener and app, as `sidecarctl run` shares it between its admission workers (and with
+    the same allocator settings the supervisor gives them).
+    """
     from certwatcher.reloader import CertReloader
+    from injector.budget import ByteBudget
     from injector.server import Limits, Listener  # the manager's own listener, so the comparison is exact
     from sidecarctl.probes import listen
+
+    sock = listen(bind)
+    children: list[int] = []
+    for _ in range(workers - 1):
+        pid = os.fork()
+        if pid == 0:
+            children = []
+            _die_with_parent()
+            break
+        children.append(pid)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -228,13 +247,23 @@ def serve(kind: str, bind: str, cert_dir: str) -> None:
         reloader = CertReloader(cert_dir)
         reloader.reload_now()
         app: Any = empty_app
+        # As sidecarctl.webhook builds it: the default settings (replay on) and the body budget.
+        limits = BodyLimits(budget=ByteBudget(64 * 1024 * 1024))
         if kind == "webhook":
-            app = create_webhook_app(build_store())
+            app = create_webhook_app(build_store(), WebhookSettings(), limits)
         elif kind == "webhook-noreplay":
-            app = create_webhook_app(build_store(), WebhookSettings(replay=None))
-        await Listener(app, listen(bind), reloader.front_context, Limits()).serve(stop)
+            app = create_webhook_app(build_store(), WebhookSettings(replay=None), limits)
+        await Listener(app, sock, reloader.front_context, Limits()).serve(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def _die_with_parent() -> None:
@@ -258,18 +287,20 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(kind: str, cert_dir: Path, workdir: Path) -> Server:
+def start_server(kind: str, cert_dir: Path, workdir: Path, workers: int = 1) -> Server:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    log = workdir / f"server-{kind}.log"
+    log = workdir / f"server-{kind}-{workers}.log"
+    args = [sys.executable, __file__, "--serve", kind, "--bind", f"127.0.0.1:{port}", "--cert-dir", str(cert_dir)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", kind, "--bind", f"127.0.0.1:{port}", "--cert-dir", str(cert_dir)],
+            [*args, "--workers", str(workers)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
+            env={**os.environ, **MALLOC_ENV},
         )
     server = Server(proc, port, log)
     deadline = time.monotonic() + 30
@@ -324,10 +355,18 @@ end
 """
 
 
-def run_wrk(port: int, body_file: Path, script: Path, *, connections: int, seconds: int) -> Load:
+def run_wrk(
+    port: int,
+    body_file: Path | None,
+    script: Path,
+    *,
+    connections: int,
+    seconds: int,
+    env: dict[str, str] | None = None,
+) -> Load:
     url = f"https://127.0.0.1:{port}{names.INJECT_PATH}"
     args = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script), url]
-    env = {**os.environ, "BENCH_BODY": str(body_file)}
+    env = {**os.environ, **(env or {}), **({"BENCH_BODY": str(body_file)} if body_file else {})}
     out = subprocess.run(args, capture_output=True, text=True, env=env, check=False, timeout=seconds + 60)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")), None)
     if out.returncode != 0 or line is None:
@@ -469,6 +508,90 @@ def run_https(seconds: int, connections: int) -> tuple[list[list[object]], list[
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+# Every request a different pod: a counter (per wrk thread) in a label, so no answer can be replayed.
+WRK_DISTINCT_SCRIPT = """
+local function slurp(name)
+  local f = assert(io.open(os.getenv(name), "rb"))
+  local data = f:read("*a")
+  f:close()
+  return data
+end
+local prefix, suffix = slurp("BENCH_PREFIX"), slurp("BENCH_SUFFIX")
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+local counter = 0
+local headers = {["Content-Type"] = "application/json"}
+function request()
+  counter = counter + 1
+  return wrk.format("POST", nil, headers, prefix .. tostring(tid) .. "-" .. tostring(counter) .. suffix)
+end
+""" + WRK_SCRIPT.split("wrk.headers", 1)[1].split("\n", 1)[1]
+
+DISTINCT_MARK = "@@BENCH-ID@@"
+
+
+def distinct_template() -> tuple[bytes, bytes]:
+    """The benchmark pod's review split around a label value that each request fills with its own id."""
+    pod = common.deployment_pod()
+    pod["metadata"]["labels"]["bench-id"] = DISTINCT_MARK
+    body = orjson.dumps(common.admission_review(pod, namespace=NAMESPACE))
+    prefix, _, suffix = body.partition(DISTINCT_MARK.encode())
+    return prefix, suffix
+
+
+def run_distinct(seconds: int, connections: int, workers: int) -> tuple[list[list[object]], list[str]]:
+    """c) every pod distinct, `workers` processes sharing the socket, against the empty endpoint served alike."""
+    from tests.kube.managerharness import write_cert_dir
+
+    if shutil.which("wrk") is None:
+        return [], [f"wrk not found: part c needs it to send a different pod each time (install: {INSTALL_HINT})"]
+    workdir = common.temp_dir("sidecarctl-bench-distinct-")
+    try:
+        cert_dir = workdir / "certs"
+        write_cert_dir(cert_dir)
+        prefix, suffix = distinct_template()
+        (workdir / "prefix").write_bytes(prefix)
+        (workdir / "suffix").write_bytes(suffix)
+        script = workdir / "distinct.lua"
+        script.write_text(WRK_DISTINCT_SCRIPT)
+        env = {"BENCH_PREFIX": str(workdir / "prefix"), "BENCH_SUFFIX": str(workdir / "suffix")}
+        results: dict[str, Load] = {}
+        for kind in ("empty", "webhook"):
+            server = start_server(kind, cert_dir, workdir, workers=workers)
+            try:
+                reply = post_once(server.port, prefix + b"check" + suffix)
+                if kind != "empty":
+                    check_response(reply)
+                print(f"   load: {kind} endpoint, {workers} processes, every pod distinct, {seconds}s ...", flush=True)
+                run_wrk(server.port, None, script, connections=connections, seconds=2, env=env)  # warm-up
+                results[kind] = run_wrk(server.port, None, script, connections=connections, seconds=seconds, env=env)
+            finally:
+                server.stop()
+        empty = results["empty"]
+        rows: list[list[object]] = []
+        for kind, load in (("empty", empty), ("/inject, every pod distinct", results["webhook"])):
+            ratio = load.rps / empty.rps
+            rows.append(
+                [
+                    f"HTTP/1.1 (wrk), {workers} workers",
+                    kind,
+                    f"{load.rps:,.0f}",
+                    f"{load.p50_ms:.2f}",
+                    f"{load.p99_ms:.2f}",
+                    f"{load.requests:,}",
+                    load.errors,
+                    f"{ratio:.0%} ({common.verdict(ratio >= 0.85)})" if kind != "empty" else "",
+                    common.verdict(load.p99_ms <= 20) if kind != "empty" else "",
+                ]
+            )
+        return rows, []
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--iterations", type=common.positive_int, default=20_000, help="in-process samples")
@@ -477,12 +600,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--connections", type=common.positive_int, default=16, help="keep-alive connections")
     parser.add_argument("--skip-https", action="store_true", help="only the in-process part")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process handler")
+    parser.add_argument("--workers", type=common.positive_int, default=2, help="server processes in part c")
     parser.add_argument("--serve", choices=APPS, help=argparse.SUPPRESS)
     parser.add_argument("--bind", help=argparse.SUPPRESS)
     parser.add_argument("--cert-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.bind, args.cert_dir)
+        serve(args.serve, args.bind, args.cert_dir, args.workers)
         return 0
 
     common.print_machine("bench_admission: /inject with a 3-container, 120-env-var pod and 3 matching SidecarSets")
@@ -501,11 +625,25 @@ def main(argv: list[str]) -> int:
         print(profile_handler(3000))
     if args.skip_https:
         return 0
-    print(f"\nb) HTTPS on 127.0.0.1, hypercorn 1 worker, {args.connections} keep-alive connections:\n", flush=True)
+    print(
+        f"\nb) HTTPS on 127.0.0.1, the manager's Listener in 1 process, {args.connections} keep-alive connections:\n",
+        flush=True,
+    )
     https_rows, notes = run_https(args.seconds, args.connections)
     if https_rows:
         headers = ["protocol", "endpoint", "req/s", "p50 ms", "p99 ms", "requests", "errors", "vs empty (>= 85%)"]
         print(common.table([*headers, "p99 <= 20 ms"], https_rows))
+    for note in notes:
+        print(f"note: {note}")
+    print(
+        f"\nc) HTTPS on 127.0.0.1, the manager's Listener in {args.workers} processes sharing the socket (as "
+        f"--webhook-workers {args.workers}), {args.connections} keep-alive connections, every pod distinct:\n",
+        flush=True,
+    )
+    distinct_rows, notes = run_distinct(args.seconds, args.connections, args.workers)
+    if distinct_rows:
+        headers = ["server", "endpoint", "req/s", "p50 ms", "p99 ms", "requests", "errors", "vs empty (>= 85%)"]
+        print(common.table([*headers, "p99 <= 20 ms"], distinct_rows))
     for note in notes:
         print(f"note: {note}")
     return 0

@@ -1,0 +1,186 @@
+"""Watches that lag or stall, between the real manager and the real API server.
+
+The manager's kubeconfig names a proxy (tests/kube/apiproxy.py) that forwards every request to
+kube-apiserver with the manager's own ServiceAccount token, and misbehaves only where told: it
+delays the namespace watch's bytes, or stops forwarding the SidecarSet watch without closing it.
+The webhooks are registered with the API server by URL and caBundle, as an install does, so pods
+are created through the real admission chain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kuberuntime import api
+from tests.kube import builders
+from tests.kube.apiproxy import ApiProxy
+from tests.kube.loop import BackgroundLoop
+from tests.kube.managerharness import ManagerProcess
+from tests.kube.measure import Metrics
+from tests.reliability.harness import SS_PATH, Cluster, report
+
+LAG = 3.0
+LAG_ROUNDS = 50
+STALL_BOUND = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
+    c = Cluster(aloop, k8s_bin_dir)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(aloop: BackgroundLoop, cluster: Cluster) -> Iterator[ApiProxy]:
+    p = aloop.run(ApiProxy(cluster.cp).start())
+    try:
+        yield p
+    finally:
+        aloop.run(p.stop())
+
+
+@pytest.fixture(scope="module")
+def manager(cluster: Cluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
+    cluster.sidecarset("lag", "lag")
+    # The webhook's snapshot is what lags or stalls here, so the webhook injects every pod (in the
+    # default mode, SidecarSets that a MutatingAdmissionPolicy can express are injected by the API server).
+    m = cluster.start_manager(
+        "watch-trouble", kubeconfig_path=cluster.kubeconfig_for(proxy.url), extra=("--injection=webhook",)
+    )
+    try:
+        cluster.register_webhooks(m, "lag")
+        yield m
+    finally:
+        cluster.stop_manager(m)
+
+
+def _containers(pod: dict[str, object]) -> list[str]:
+    spec = pod["spec"]
+    assert isinstance(spec, dict)
+    return [str(c["name"]) for c in spec["containers"]]
+
+
+def test_a_namespace_the_watch_has_not_delivered_never_admits_a_pod_without_its_sidecars(
+    cluster: Cluster, proxy: ApiProxy, manager: ManagerProcess
+) -> None:
+    kube = cluster.kube
+    metrics = Metrics(manager.probe_url)
+    found_before = metrics.value("sidecarctl_namespace_lookups_total", result="found")
+    proxy.delay("namespaces", LAG)
+    admitted: dict[str, list[str]] = {}
+    refusals: list[str] = []
+    took: list[float] = []
+    try:
+        for i in range(LAG_ROUNDS):
+            ns = cluster.labelled_namespace(f"lag{i}")
+            started = time.monotonic()
+            while True:  # as the ReplicaSet controller does: a refused pod is created again
+                try:
+                    pod = kube.create(f"/api/v1/namespaces/{ns}/pods", builders.pod("web", labels={"app": "lag"}))
+                    admitted[ns] = _containers(pod)
+                    break
+                except api.ApiError as e:
+                    refusals.append(f"{ns}: {e.status} {e.message[:160]}")
+                    assert time.monotonic() - started < 30, f"pod in {ns} refused for 30 s: {refusals[-1]}"
+                    time.sleep(0.2)
+            took.append(time.monotonic() - started)
+        # The lag was real: the namespaces were still arriving on the watch after the pods.
+        lagging = [s for s in proxy.open_streams("namespaces") if s.chunks]
+    finally:
+        proxy.delay("namespaces", 0.0)
+    found = metrics.value("sidecarctl_namespace_lookups_total", result="found") - found_before
+    without = {ns: c for ns, c in admitted.items() if "proxy" not in c}
+    report(
+        f"namespace lag: the namespace watch delayed {LAG:g} s; {LAG_ROUNDS} x (labelled namespace + pod at once)",
+        {
+            "pods admitted": len(admitted),
+            "admitted without the sidecar": len(without),
+            "refusals (retried)": f"{len(refusals)} {refusals[:3]}",
+            "namespaces read from the API server (metric)": f"{found:.0f}",
+            "namespace + pod, created to admitted": f"max {max(took):.2f} s",
+            "namespace watch streams through the proxy": len(lagging),
+        },
+    )
+    assert len(admitted) == LAG_ROUNDS
+    assert not without, f"pods admitted without their sidecars: {without}"
+    # Each worker that saw a pod in a namespace its snapshot did not have yet read it from the API server.
+    assert found >= LAG_ROUNDS * 0.8, f"only {found:.0f} namespace lookups: the lag did not reach the webhook"
+    assert lagging, "the manager's namespace watches did not go through the proxy"
+
+
+def test_a_stalled_sidecarset_watch_is_restarted_and_new_pods_get_the_new_image_within_a_minute(
+    cluster: Cluster, proxy: ApiProxy, manager: ManagerProcess
+) -> None:
+    kube = cluster.kube
+    ns = cluster.labelled_namespace("stall")
+    cluster.sidecarset("stall", "stall", image="proxy:1")
+
+    def image() -> str | None:
+        try:
+            pod = kube.create(
+                f"/api/v1/namespaces/{ns}/pods", builders.pod("probe", labels={"app": "stall"}), dryRun="All"
+            )
+        except api.ApiError:
+            return None
+        return next((str(c["image"]) for c in pod["spec"]["containers"] if c["name"] == "proxy"), None)
+
+    deadline = time.monotonic() + 30
+    while image() != "proxy:1":
+        assert time.monotonic() < deadline, "pods never got proxy:1"
+        time.sleep(0.2)
+    streams = proxy.open_streams("sidecarsets")
+    assert len(streams) >= 3, f"expected the control process's and both workers' SidecarSet watches: {streams}"
+    metrics = Metrics(manager.probe_url)
+    stalled_before = metrics.value("sidecarctl_watch_restarts_total", informer="sidecarsets", cause="stalled")
+    restarts_before = metrics.value("sidecarctl_watch_restarts_total", informer="sidecarsets")
+
+    # The worst moment to stall: right after the streams delivered something, so each one's silence
+    # starts only now. A label change gives every stream one event; then nothing more gets through.
+    marks = {id(s): s.chunks for s in streams}
+    kube.patch(f"{SS_PATH}/stall", {"metadata": {"labels": {"touched": "1"}}})
+    deadline = time.monotonic() + 10
+    while any(s.chunks == marks[id(s)] for s in streams):
+        assert time.monotonic() < deadline, "the label change did not reach every SidecarSet watch"
+        time.sleep(0.02)
+    stalled = proxy.stall("sidecarsets")
+    changed = time.monotonic()
+    kube.patch(
+        f"{SS_PATH}/stall",
+        [{"op": "replace", "path": "/spec/containers/0/image", "value": "proxy:2"}],
+        patch_type="json",
+    )
+
+    # New pods must get proxy:2 from whichever worker the API server reaches: ten in a row.
+    seen: list[tuple[float, str | None]] = []
+    streak = 0
+    while streak < 10:
+        got = image()
+        seen.append((time.monotonic() - changed, got))
+        streak = streak + 1 if got == "proxy:2" else 0
+        assert time.monotonic() - changed < STALL_BOUND + 30, f"still old images after {STALL_BOUND + 30:.0f} s"
+        time.sleep(0.25)
+    first_new = next(t for t, img in seen if img == "proxy:2")
+    all_new = next(t for n, (t, _) in enumerate(seen) if all(img == "proxy:2" for _, img in seen[n:]))
+    stalled_after = metrics.value("sidecarctl_watch_restarts_total", informer="sidecarsets", cause="stalled")
+    restarts_after = metrics.value("sidecarctl_watch_restarts_total", informer="sidecarsets")
+    report(
+        "stalled watch: the SidecarSet watch streams stop forwarding (not closed), then the image changes",
+        {
+            "streams stalled": stalled,
+            "first pod with the new image": f"{first_new:.1f} s after the change",
+            "every pod with the new image from": f"{all_new:.1f} s after the change (bound {STALL_BOUND:.0f} s)",
+            "watch restarts, cause stalled (metric)": f"{stalled_before:.0f} -> {stalled_after:.0f}",
+            "watch restarts, all causes (metric)": f"{restarts_before:.0f} -> {restarts_after:.0f}",
+        },
+    )
+    assert stalled >= 3
+    assert all_new <= STALL_BOUND, f"pods got the new image only {all_new:.1f} s after the change"
+    assert stalled_after - stalled_before >= stalled, "every stalled watch is counted as restarted for cause stalled"
+    assert restarts_after > restarts_before
