@@ -14,7 +14,9 @@ where Kruise leaves a gap:
 As in Kruise, a canary SidecarSet that selects the pod replaces its base for that pod (the base is
 dropped before anything else is decided), and a sidecar with a resourcesPolicy gets resources
 computed from the pod's containers (injector.resources); a policy that cannot be applied refuses
-the pod.
+the pod. A HotUpgrade sidecar is built as a cold one and then split into the pair `<n>-1` /
+`<n>-2` with its version and working annotations (injector.hotupgrade); the hash annotations
+still list it by its own name.
 
 The clock is read by the caller and passed in `now`, which keeps the function pure.
 """
@@ -26,7 +28,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from injector import eligibility, envs, metadata, patchops, placement, podcheck, resources, selection, volumes
+from injector import (
+    eligibility,
+    envs,
+    hotupgrade,
+    metadata,
+    patchops,
+    placement,
+    podcheck,
+    resources,
+    selection,
+    volumes,
+)
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
@@ -60,6 +73,7 @@ class _Built:
     volumes: list[JsonObj]
     pull_secrets: list[JsonObj]
     warnings: list[str]
+    hot: list[str]  # the HotUpgrade sidecars split into pairs, by their own names
 
 
 def inject(
@@ -122,7 +136,9 @@ def inject(
     ops = _metadata_ops(pod, new_labels, new_annotations)
     spec_ops = _spec_ops(spec, built)
     if isinstance(spec_ops, str):
-        # Unreachable by construction; kept so that a bug can never emit a pod the API server rejects.
+        # The selection compares sidecars by their own names, so only a HotUpgrade pair can get
+        # here (`<n>-1` also named by another SidecarSet, or by an init container of the pod when
+        # `<n>` is a container); kept so that the API server is never sent such a pod.
         return InjectionResult(patch=[], denied=f"injection would duplicate container name {spec_ops}")
     # Every object in `ops` is already the patch's own (see `_sidecar` and the model's `fresh_*`).
     return InjectionResult(patch=ops + spec_ops, injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
@@ -155,6 +171,8 @@ def _annotations(
     out[names.ANN_INJECTED_LIST] = metadata.with_injected_list(
         annotations.get(names.ANN_INJECTED_LIST), [ss.name for ss in todo]
     )
+    if built.hot:
+        out.update(hotupgrade.pod_annotations(annotations.get(names.ANN_WORKING_HOT), built.hot, warnings))
     sidecar_names = {str(c["name"]) for _, c in built.containers}
     first_app = next((str(c["name"]) for c in apps.containers if c["name"] not in sidecar_names), None)
     if names.ANN_DEFAULT_CONTAINER not in out and first_app is not None:
@@ -268,12 +286,27 @@ def _build(
     apps: _Apps,
     volumes_in_pod: Sequence[JsonObj],
 ) -> _Built:
-    built = _Built(init_containers=[], containers=[], volumes=[], pull_secrets=[], warnings=[])
+    built = _Built(init_containers=[], containers=[], volumes=[], pull_secrets=[], warnings=[], hot=[])
     pod_volume_names = {v.get("name") for v in volumes_in_pod}
     for ss in todo:
-        for group, out in ((ss.init_containers, built.init_containers), (ss.containers, built.containers)):
+        pairs = hotupgrade.pairs_of(ss)
+        for init, group, out in (
+            (True, ss.init_containers, built.init_containers),
+            (False, ss.containers, built.containers),
+        ):
             for sc in group:
-                out.append((sc.inject_policy, _sidecar(sc, ss, pod_metadata, containers, apps, built.warnings)))
+                container = _sidecar(sc, ss, pod_metadata, containers, apps, built.warnings)
+                pair = pairs.get((init, sc.name)) if pairs else None
+                if pair is None:
+                    out.append((sc.inject_policy, container))
+                else:
+                    # Both containers go where the sidecar would, `-1` first. A pod that already
+                    # has `<n>-1` / `<n>-2` gets them replaced at their places, as a cold sidecar
+                    # replaces its namesake (Kruise's mergeSidecarContainers); a pod already at
+                    # this SidecarSet's hash was left out by the selection.
+                    first, second = hotupgrade.split(container, pair)
+                    out += [(sc.inject_policy, first), (sc.inject_policy, second)]
+                    built.hot.append(sc.name)
                 for vol_name in sc.mounted_volume_names():
                     vol = ss.fresh_volume(vol_name)
                     if vol is not None:
@@ -300,8 +333,6 @@ def _sidecar(
     The result shares no object with the SidecarSet or the pod: the SidecarSet's part is a fresh
     copy and what comes from the pod is copied as it is added.
     """
-    if sc.hot:
-        warnings.append(_where(ss, sc) + ": HotUpgrade is not supported; injected as one container (ColdUpgrade)")
     out = sc.fresh_container()
     if sc.resources_policy is not None:
         try:

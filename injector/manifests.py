@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from injector import eligibility, engine, envs, patchapply
+from injector import eligibility, engine, envs, hotupgrade, patchapply
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names, revisions, selectors
 from sidecarsets.model import ModelError, SidecarSet
@@ -488,14 +488,15 @@ def _note_replaced(pod: Mapping[str, Any], injected: Sequence[str], ctx: Context
             ss = ctx.sidecarset(name)
             if ss is None:
                 continue
-            group = ss.containers if list_key == "containers" else ss.init_containers
-            for sc in group:
-                if sc.name in own:
-                    ctx.notes.add(
-                        f"SidecarSet {ss.name}: its container {sc.name} replaces the pod's own container "
-                        f"of that name in spec.{list_key}",
-                        where,
-                    )
+            init = list_key == "initContainers"
+            for sc in ss.init_containers if init else ss.containers:
+                for taken in hotupgrade.pod_names(sc, init=init):  # a HotUpgrade pair takes two names
+                    if taken in own:
+                        ctx.notes.add(
+                            f"SidecarSet {ss.name}: its container {taken} replaces the pod's own container "
+                            f"of that name in spec.{list_key}",
+                            where,
+                        )
 
 
 def _own_copy(pod: JsonObj) -> JsonObj:

@@ -187,8 +187,14 @@ class SidecarSet:
 
     @property
     def native_init_names(self) -> list[str]:
-        """Init containers with `restartPolicy: Always` run for the pod's lifetime (native sidecars)."""
-        return [c.name for c in self.init_containers if c.native]
+        """Init containers with `restartPolicy: Always` run for the pod's lifetime (native sidecars);
+        the HotUpgrade ones are in `hot_init_names` (the pod has their -1/-2 pair)."""
+        return [c.name for c in self.init_containers if c.native and not c.hot]
+
+    @property
+    def hot_init_names(self) -> list[str]:
+        """Native-sidecar init containers with HotUpgrade: injected as a -1/-2 pair of init containers."""
+        return [c.name for c in self.init_containers if c.native and c.hot]
 
     @property
     def cold_images(self) -> dict[str, str]:

@@ -39,15 +39,23 @@ def is_updated(pod: PodProjection, *, sidecarset: str, spec_hash: str) -> bool:
     return entry is not None and bool(entry.hash) and entry.hash == spec_hash
 
 
-def has_sidecars(pod: PodProjection, *, cold: Iterable[str], hot: Iterable[str], native_init: Iterable[str]) -> bool:
-    """Every sidecar of the SidecarSet is in the pod (hot ones as their -1/-2 pair, with the working
-    annotation naming one)."""
+def has_sidecars(
+    pod: PodProjection,
+    *,
+    cold: Iterable[str],
+    hot: Iterable[str],
+    native_init: Iterable[str],
+    hot_init: Iterable[str] = (),
+) -> bool:
+    """Every sidecar of the SidecarSet is in the pod (hot ones, containers or native-sidecar init
+    containers, as their -1/-2 pair, with the working annotation naming one)."""
     names = {n for n, _ in pod.containers}
     inits = {n for n, _ in pod.init_containers}
     return (
         all(n in names for n in cold)
         and all(f"{n}-1" in names and f"{n}-2" in names and pod.working(n) is not None for n in hot)
         and all(n in inits for n in native_init)
+        and all(f"{n}-1" in inits and f"{n}-2" in inits and pod.working(n) is not None for n in hot_init)
     )
 
 

@@ -34,7 +34,7 @@ def matched_pods(
     name = ss.name
     if not name or selectors.is_empty(ss.selector):
         return []  # an empty selector would claim every pod; admission refuses it
-    cold, hot, native = ss.cold_names, ss.hot_names, ss.native_init_names
+    cold, hot, native, hot_init = ss.cold_names, ss.hot_names, ss.native_init_names, ss.hot_init_names
     ns_cache: dict[str, bool] = {}
     labels_cache: dict[int, bool] = {}
     sidecars_cache: dict[tuple[int, int, int], bool] = {}
@@ -56,7 +56,9 @@ def matched_pods(
         key = (id(pod.containers), id(pod.init_containers), id(pod.hot_working))
         complete = sidecars_cache.get(key)
         if complete is None:
-            complete = sidecars_cache[key] = podstate.has_sidecars(pod, cold=cold, hot=hot, native_init=native)
+            complete = sidecars_cache[key] = podstate.has_sidecars(
+                pod, cold=cold, hot=hot, native_init=native, hot_init=hot_init
+            )
         if complete:
             out.append(pod)
     return out
@@ -114,6 +116,12 @@ def set_condition(
     since = old.get("lastTransitionTime") if old and old.get("status") == condition["status"] else None
     others = [c for c in status.get("conditions") or [] if c.get("type") != kind]
     status["conditions"] = [*others, {**condition, "lastTransitionTime": since or now}]
+
+
+def put_condition(status: JsonObj, condition: Mapping[str, Any]) -> None:
+    """Put `condition` in `status` as it is, its lastTransitionTime included (the caller owns it)."""
+    others = [c for c in status.get("conditions") or [] if c.get("type") != condition["type"]]
+    status["conditions"] = [*others, dict(condition)]
 
 
 def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
