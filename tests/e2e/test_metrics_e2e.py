@@ -65,7 +65,14 @@ def _all_on(kube: Kube, ns: str, app: str, image: str) -> bool:
 def test_injection_and_upgrade_move_their_counters_by_the_expected_amount(
     kube: Kube, injected_ns: str, manager: RunningManager, sidecarsets: Callable[..., dict[str, Any]]
 ) -> None:
-    ss = sidecarsets("metrics", initContainers=[], updateStrategy={"type": "RollingUpdate", "maxUnavailable": "100%"})
+    # Served by the webhook (these are its counters): under --injection=auto a policy would take the
+    # pods over as soon as it is in force, part way through the creations.
+    ss = sidecarsets(
+        "metrics",
+        initContainers=[],
+        updateStrategy={"type": "RollingUpdate", "maxUnavailable": "100%"},
+        metadata={"annotations": {names.ANN_INJECTION_PATH: "webhook"}},
+    )
     name = ss["metadata"]["name"]
     wait_injecting(kube, injected_ns, "metrics", lambda p: p["spec"]["containers"][0]["name"] == "proxy")
 
@@ -147,6 +154,9 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_reconciles_total": {"result"},
         "sidecarctl_inplace_upgrades_total": {"result"},
         "sidecarctl_pods_not_upgradable": {"sidecarset"},
+        "sidecarctl_pods_missing_sidecars": {"sidecarset"},
+        "sidecarctl_rollout_stalled": {"sidecarset"},
+        "sidecarctl_missed_pods_recreated_total": {"result"},
         "sidecarctl_cabundle_writes_total": {"configuration"},
         "sidecarctl_cabundle_conflicts_total": {"configuration"},
         "sidecarctl_cert_reload_errors_total": {"reason"},

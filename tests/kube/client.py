@@ -45,14 +45,24 @@ class Kube:
             return None
 
     def apply(self, path: str, body: JsonObj) -> JsonObj:
-        """Create, or replace keeping the server's resourceVersion (a minimal `kubectl apply`)."""
+        """Create, or replace keeping the server's resourceVersion (a minimal `kubectl apply`).
+
+        `kubectl apply` patches, so a status write by a controller between its read and its write
+        never conflicts; the replace here is retried on a conflict for the same effect."""
         name = body["metadata"]["name"]
         try:
             return self.create(path, body)
         except api.Conflict:
+            pass
+        for attempt in range(5):
             current = self.get(f"{path}/{name}")
-            body = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
-            return self.update(f"{path}/{name}", body)
+            meta = {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+            try:
+                return self.update(f"{path}/{name}", {**body, "metadata": meta})
+            except api.Conflict:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
 
 
 def eventually(check: Callable[[], T | None], *, timeout: float = 10.0, interval: float = 0.05, what: str = "") -> T:

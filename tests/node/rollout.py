@@ -368,6 +368,41 @@ def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], 
     )
 
 
+def timeline(
+    samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], marks: dict[str, float], limit: int = 80
+) -> str:
+    """The rollout sample by sample, one line per change, for a failure message: time from the first
+    sample, pods patched and not yet running the target / really updated / not Ready, the status
+    counters, and `marks` (events such as a deletion) where they fall."""
+    if not samples:
+        return "(no samples)"
+    t0, lines, last = samples[0].t, [], None
+    pending = sorted(marks.items(), key=lambda kv: kv[1])
+    for s in samples:
+        while pending and pending[0][1] <= s.t:
+            name, at = pending.pop(0)
+            lines.append(f"  {at - t0:6.2f}s --- {name}")
+        in_flight = sorted(p.name[-5:] for p in s.pods if p.spec_image == target and not p.runs(target, old_ids))
+        really = sum(p.runs(target, old_ids) for p in s.pods)
+        not_ready = sum(not p.ready for p in s.pods)
+        st = s.status
+        status = (
+            f"og={st.get('observedGeneration')}/{s.generation} "
+            f"upd={st.get('updatedPods')} updReady={st.get('updatedReadyPods')}"
+        )
+        row = (tuple(in_flight), really, not_ready, status)
+        if row != last:
+            last = row
+            lines.append(
+                f"  {s.t - t0:6.2f}s in flight {len(in_flight)} {','.join(in_flight)} | really {really} | "
+                f"not ready {not_ready} | {status}"
+            )
+    lines += [f"  {at - t0:6.2f}s --- {name}" for name, at in pending]
+    if len(lines) > limit:
+        lines = [*lines[: limit // 2], "  ...", *lines[-limit // 2 :]]
+    return "\n".join(lines)
+
+
 # -- load -----------------------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ only what this machine forces set as values: `image.pullPolicy=Never` (the image
 registry) and the API server's address as `extraEnv` (no kube-proxy; see tests/node/install). Both
 replicas become Ready, the SidecarSet webhook is called through the Service and a pod in a
 labelled namespace is injected and runs its sidecar on containerd. `helm uninstall` then removes
-every object the chart made, and the policies the manager generated for SidecarSets with them.
+every object the chart made, and with them every policy the manager made.
 
 Runs before the kustomize install of the other node tests (tests/node/conftest.py FIRST_MODULES):
 both install the same cluster-scoped objects.
@@ -126,10 +126,6 @@ def release(cluster: Cluster, manager_image: Built, tmp_path_factory: pytest.Tem
         if RELEASE in listing.split():  # the uninstall test did not run or failed before uninstalling
             run_helm(cluster, env, "uninstall", RELEASE, "--namespace", "default", "--wait")
         _wait_gone(cluster, f"/api/v1/namespaces/{MANAGER_NS}", timeout=180)
-        # The manager's support probe (a policy and binding named sidecarctl-canary) is not part of
-        # the chart and has no owner; the next install makes it again.
-        for kind in ("mutatingadmissionpolicybindings", "mutatingadmissionpolicies"):
-            api.delete(f"{POLICY_GROUP}/{kind}/sidecarctl-canary")
 
 
 def _wait_gone(cluster: Cluster, path: str, *, timeout: float) -> None:
@@ -198,10 +194,9 @@ def test_helm_uninstall_removes_what_the_chart_made(cluster: Cluster, release: R
         # The namespace and the CRD finish deleting in the background (their contents go first).
         _wait_gone(cluster, object_path(obj), timeout=180)
 
-    def generated() -> list[str]:  # owned by their SidecarSets: the garbage collector removes them
-        return [name for name in _managed_policies(cluster) if not name.endswith("/sidecarctl-canary")]
-
-    wait_for(lambda: not generated(), timeout=60, interval=0.2, what="generated policies removed")
+    # The policies the manager made (for SidecarSets, and its support probe) are owned by the
+    # SidecarSets and by its namespace: the garbage collector removes them with those.
+    wait_for(lambda: not _managed_policies(cluster), timeout=60, interval=0.2, what="the manager's policies removed")
 
 
 def _managed_policies(cluster: Cluster) -> list[str]:
@@ -210,14 +205,3 @@ def _managed_policies(cluster: Cluster) -> list[str]:
         for kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
         for p in cluster.api.get(f"{POLICY_GROUP}/{kind}?labelSelector={MANAGED_BY}")["items"]
     ]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the manager's support probe (MutatingAdmissionPolicy and binding sidecarctl-canary, "
-    "injector/policy/support.py) has no owner and is in no manifest, so uninstalling leaves both behind",
-)
-def test_helm_uninstall_leaves_nothing_of_the_manager_behind(cluster: Cluster, uninstalled: float) -> None:
-    _wait_gone(cluster, f"/api/v1/namespaces/{MANAGER_NS}", timeout=180)
-    left = _managed_policies(cluster)
-    assert not left, f"left behind after helm uninstall: {left}"

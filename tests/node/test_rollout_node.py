@@ -60,6 +60,7 @@ from tests.node.rollout import (
     create_workload,
     lease_watch,
     sidecarset,
+    timeline,
 )
 
 FLEET = 12
@@ -391,6 +392,14 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
                 what="the rollout completed after the leader's pod was deleted",
             )
             time.sleep(0.3)
+            # The deleted pod keeps leading through its preStop pause and until SIGTERM releases the
+            # Lease, and the rollout may finish in that time: watch until the other replica holds it.
+            wait_for(
+                lambda: any(t > deleted_at and h and not h.startswith(leader) for t, h in holders),
+                timeout=LEASE_DURATION + 30,
+                interval=0.2,
+                what=f"another replica holds the Lease after {leader} was deleted",
+            )
         rollout_done = sampler.latest()
         assert rollout_done is not None
         wait_manager_ready(cluster, what="manager back to 2 replicas after the leader's pod was deleted")
@@ -429,9 +438,15 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
     assert takeover is not None, f"no other holder after {leader} was deleted: {holders}"
     handover = takeover[0] - deleted_at
     assert handover <= LEASE_DURATION, f"Lease taken over {handover:.1f}s after the leader's pod was deleted"
-    report = analyse([s for s in sampler.samples if s.t >= patched_at], target=target, old_ids=old_ids, total=FLEET)
-    assert report.max_in_flight <= FLEET_MAX_UNAVAILABLE and report.max_unavailable_seen <= FLEET_MAX_UNAVAILABLE
-    assert not report.early_counts, report.early_counts[:5]
+    rollout = [s for s in sampler.samples if s.t >= patched_at]
+    report = analyse(rollout, target=target, old_ids=old_ids, total=FLEET)
+    marks = {f"Lease: {h or '(released)'}": at for at, h in holders if at >= patched_at}
+    marks[f"leader pod {leader} deleted"] = deleted_at
+    story = timeline(rollout, target=target, old_ids=old_ids, marks=marks)
+    assert report.max_in_flight <= FLEET_MAX_UNAVAILABLE and report.max_unavailable_seen <= FLEET_MAX_UNAVAILABLE, (
+        f"{report}\n{story}"
+    )
+    assert not report.early_counts, f"{report.early_counts[:5]}\n{story}"
     _check_upgraded_pods(before, fleet.pods(), target)
 
     record(f"manager roll (rollout restart) under {LOAD_RATE:.0f} pods/s, to 2 new replicas", roll_took)
