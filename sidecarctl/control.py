@@ -36,6 +36,7 @@ from kuberuntime.metrics import IS_LEADER
 from sidecarctl.options import ManagerOptions
 from sidecarsets import names
 from sidecarsets.controller import SS_PATH, Controller
+from sidecarsets.missedscan import MissedScan
 from sidecarsets.projection import PodProjection, project
 from sidecarsets.store import namespace_labels
 
@@ -56,13 +57,21 @@ def _both(*handlers: Handler) -> Handler:
     return handle
 
 
-def _policy_condition(sync: PolicySync) -> Callable[[str], list[dict[str, str]]]:
+def _conditions(sync: PolicySync, scan: MissedScan) -> Callable[[str], list[dict[str, str]]]:
+    """The status conditions other parts own: PolicyInjection (the policy sync), PodsMissingSidecars."""
+
     def conditions(name: str) -> list[dict[str, str]]:
+        out = []
         route = sync.routes.get(name)
-        if route is None:
-            return []
-        status, reason, message = route.condition()
-        return [{"type": names.CONDITION_POLICY_INJECTION, "status": status, "reason": reason, "message": message}]
+        if route is not None:
+            status, reason, message = route.condition()
+            out.append(
+                {"type": names.CONDITION_POLICY_INJECTION, "status": status, "reason": reason, "message": message}
+            )
+        missing = scan.condition_of(name)
+        if missing is not None:
+            out.append(missing)
+        return out
 
     return conditions
 
@@ -94,6 +103,7 @@ class Term:
     controller: Controller
     policies: PolicySync
     informers: list[Informer[Any]]
+    missed: MissedScan | None = None
 
     @property
     def pod_informer(self) -> Informer[Any]:
@@ -180,6 +190,19 @@ class ControlRole:
             settle=self.opts.injection.policy_settle,
             may_write=may_write,
         )
+        missed_opts = self.opts.missed
+        scan = MissedScan(
+            self.client,
+            manager_namespace=self.opts.namespace,
+            sidecarsets=lambda: controller.sidecarsets,
+            namespaces=lambda: ns_informer.store,
+            injected_pods=lambda: controller.pods.values(),
+            recorder=self.recorder,
+            interval=missed_opts.missed_scan_interval,
+            recreate=missed_opts.recreate_missed,
+            recreate_per_minute=missed_opts.recreate_missed_per_minute,
+            may_write=may_write,
+        )
         controller = Controller(
             self.client,
             namespace=self.opts.namespace,
@@ -188,9 +211,10 @@ class ControlRole:
             recorder=self.recorder,
             workers=self.opts.controller.workers,
             may_write=may_write,
-            conditions=_policy_condition(sync),
+            conditions=_conditions(sync, scan),
         )
         sync.on_routes = controller.refresh
+        scan.on_change = controller.refresh
         ns_informer.handler = controller.on_namespace
         ss_handler = _both(controller.on_sidecarset, sync.on_sidecarset)
         informers: list[Informer[Any]] = [
@@ -232,7 +256,7 @@ class ControlRole:
                 page_size=100,
             ),
         ]
-        return Term(controller, sync, informers)
+        return Term(controller, sync, informers, scan)
 
     async def _lead(self, lost: asyncio.Event) -> None:
         """Runs while this replica holds the Lease; everything it built is dropped when it ends."""
@@ -246,12 +270,15 @@ class ControlRole:
         try:
             for inf in term.informers:
                 await inf.synced.wait()
-            sync = asyncio.create_task(term.policies.run(stop), name="policy-sync")
+            helpers = [asyncio.create_task(term.policies.run(stop), name="policy-sync")]
+            if term.missed is not None and term.missed.interval > 0:
+                helpers.append(asyncio.create_task(term.missed.run(stop), name="missed-scan"))
             try:
                 await term.controller.run(stop)
             finally:
-                sync.cancel()
-                await asyncio.gather(sync, return_exceptions=True)
+                for task in helpers:
+                    task.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
         finally:
             stop.set()
             for task in watches:

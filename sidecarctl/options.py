@@ -127,7 +127,9 @@ class ControllerOptions:
 class MissedOptions:
     """Pods that run without the sidecars their SidecarSets select (sidecarsets.missedscan)."""
 
-    missed_scan_interval: float = opt(60.0, "seconds between looks for running pods that lack their sidecars")
+    missed_scan_interval: float = opt(
+        60.0, "seconds between looks for running pods that lack their sidecars; 0: never look"
+    )
     recreate_missed: bool = opt(
         False,
         "evict such pods that a controller owns (PodDisruptionBudgets honoured), so they come back injected; "

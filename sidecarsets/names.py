@@ -52,6 +52,9 @@ ANN_CANARY = "sidecarctl.io/sidecarset-canary"
 ANN_BASE = "sidecarctl.io/sidecarset-base"
 # SidecarSet status condition: whether MutatingAdmissionPolicies inject it, or why the webhook must.
 CONDITION_POLICY_INJECTION = "PolicyInjection"
+CONDITION_MISSING_SIDECARS = "PodsMissingSidecars"
+CONDITION_PROGRESSING = "Progressing"
+REASON_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 
 # SidecarSet-side annotations, as Kruise keeps them on the SidecarSet object.
 SS_ANN_HASH = "sidecarctl.io/sidecarset-hash"

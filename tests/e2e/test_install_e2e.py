@@ -35,7 +35,7 @@ from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import MANAGER_NS, RunningManager, ensure_namespace
-from tests.unit.test_manifests import key, render
+from tests.unit.test_manifests import key, manager_container, parse_run, render
 
 CONFIG = REPO / "config"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -145,6 +145,33 @@ def test_certmanager_overlay_swaps_certificates_and_drops_the_unused_rules(contr
     base_role = base[("Role", MANAGER_NS, "sidecarctl")]["rules"]
     assert cluster_rules == [r for r in base_cluster if not dropped & set(r["resources"])]
     assert role_rules == [r for r in base_role if "secrets" not in r["resources"]]
+
+
+def test_recreate_missed_overlay_adds_the_flag_and_only_the_eviction_rule(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = keyed(kustomize(control_plane, CONFIG / "default"))
+    overlay = keyed(kustomize(control_plane, CONFIG / "recreate-missed"))
+    added = set(overlay) - set(base)
+    assert added == {
+        ("ClusterRole", "", "sidecarctl-recreate-missed"),
+        ("ClusterRoleBinding", "", "sidecarctl-recreate-missed"),
+    }
+    assert overlay[("ClusterRole", "", "sidecarctl-recreate-missed")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+    ]
+    binding = overlay[("ClusterRoleBinding", "", "sidecarctl-recreate-missed")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sidecarctl", "namespace": MANAGER_NS}]
+    deployment_key = ("Deployment", MANAGER_NS, "sidecarctl")
+    changed = [k for k in base if k != deployment_key and base[k] != overlay[k]]
+    assert not changed, f"the overlay changes more than the Deployment: {changed}"
+    container = manager_container(overlay[deployment_key])
+    assert container["args"] == [*manager_container(base[deployment_key])["args"], "--recreate-missed"]
+    args = parse_run(container, MANAGER_NS, monkeypatch)
+    assert args.recreate_missed is True
+    # the two new objects are cluster-scoped: the API server accepts them as they are
+    docs = "\n---\n".join(yaml.safe_dump(overlay[k]) for k in sorted(added))
+    assert len(dry_run_apply(control_plane, "-f", "-", stdin=docs)) == 2
 
 
 # ---------------------------------------------------------------------------------------------
