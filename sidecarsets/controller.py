@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets import history, metrics, names, planner, podmeta, status
+from sidecarsets import deadline, history, metrics, names, planner, podmeta, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.podfailures import PodFailures
 from sidecarsets.projection import PodProjection
@@ -78,6 +79,8 @@ class Controller:
         # pod key → resourceVersion our last patch produced; planning waits until the cache has it.
         self.expected: dict[str, int] = {}
         self.reconciles = 0
+        # SidecarSet -> seconds until its next pod reaches the progress deadline (sidecarsets.deadline)
+        self._deadline_check: dict[str, float] = {}
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -90,6 +93,8 @@ class Controller:
         old_gen = ((old or {}).get("metadata") or {}).get("generation")
         if old is None or old_gen != new.get("metadata", {}).get("generation"):
             self.queue.add(name)
+        elif _progressing(old) != _progressing(new):
+            self.queue.add(name)  # the stop condition removed by hand: the rollout resumes
 
     def refresh(self, which: Iterable[str]) -> None:
         """Reconcile these SidecarSets again (something their status reports has changed)."""
@@ -154,11 +159,15 @@ class Controller:
         if ss is None:
             metrics.RECONCILES.labels("success").inc()
             return None
+        self._deadline_check.pop(name, None)
         try:
             result = await self._reconcile(ss)
         except Exception:
             metrics.RECONCILES.labels("error").inc()
             raise
+        check = self._deadline_check.pop(name, None)
+        if check is not None:  # a pod reaches its progress deadline then: look again at that moment
+            result = check if result is None else min(result, check)
         metrics.RECONCILES.labels("requeue" if result is not None else "success").inc()
         return result
 
@@ -175,12 +184,23 @@ class Controller:
         new_status = status.compute_status(
             ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
         )
+        now = self.clock()
         for condition in self.conditions(name) if self.conditions is not None else ():
-            status.set_condition(new_status, ss.status, condition, now=self.clock())
+            status.set_condition(new_status, ss.status, condition, now=now)
+        progress = deadline.progress(ss, matched, verdicts, revision=latest, now=_time(now))
+        if progress.condition is not None:
+            status.put_condition(new_status, progress.condition)
+        metrics.ROLLOUT_STALLED.labels(name).set(1 if progress.stopped else 0)
+        if progress.recheck is not None:
+            self._deadline_check[name] = progress.recheck
         if status.status_changed(ss.status, new_status):
             if not await self._writable():
                 return None
             await self._write_status(ss, new_status)
+        if progress.newly_overdue:
+            await self._report_stall(ss, progress)
+        if progress.stopped:
+            return None  # no pod is touched; a spec change or the condition's removal brings it back
 
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
         if stale:
@@ -255,6 +275,23 @@ class Controller:
                     "it is retried with backoff while the rollout goes on with other pods"
                 ),
             )
+
+    async def _report_stall(self, ss: SidecarSet, progress: deadline.Progress) -> None:
+        late = progress.newly_overdue
+        shown = ", ".join(f"{o.key} ({o.why})" for o in late[:10]) + (" ..." if len(late) > 10 else "")
+        log.warning(
+            "rollout stopped: %d upgraded pod(s) not ready within the progress deadline: %s",
+            len(late),
+            shown,
+            extra={"sidecarset": ss.name},
+        )
+        await self.recorder.event(
+            ss.obj,
+            type="Warning",
+            reason=names.REASON_DEADLINE_EXCEEDED,
+            message=f"rollout stopped: {len(late)} upgraded pod(s) not ready within "
+            f"{ss.update_strategy.progress_deadline_seconds}s: {shown}",
+        )
 
     async def _write_status(self, ss: SidecarSet, new_status: JsonObj) -> None:
         name = ss.name
@@ -356,3 +393,17 @@ class Controller:
                     f"upgraded in place; recreate them to pick up the change: {shown}"
                 ),
             )
+
+
+def _progressing(obj: JsonObj | None) -> Any:
+    """The Progressing condition of a SidecarSet object, or None."""
+    status = (obj or {}).get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for c in conditions if isinstance(conditions, list) else []:
+        if isinstance(c, dict) and c.get("type") == names.CONDITION_PROGRESSING:
+            return c
+    return None
+
+
+def _time(value: str) -> datetime:
+    return deadline.parse_time(value) or datetime.now(UTC)

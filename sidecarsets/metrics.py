@@ -30,6 +30,12 @@ PODS_MISSING_SIDECARS = Gauge(
     ["sidecarset"],
     multiprocess_mode="livemax",
 )
+ROLLOUT_STALLED = Gauge(
+    "sidecarctl_rollout_stalled",
+    "1 while a SidecarSet's rollout is stopped by its progress deadline (updateStrategy.progressDeadlineSeconds).",
+    ["sidecarset"],
+    multiprocess_mode="livemax",
+)
 MISSED_RECREATED = Counter(
     "sidecarctl_missed_pods_recreated_total",
     "Pods missing their sidecars evicted for their controller to recreate injected, by result "

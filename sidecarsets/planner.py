@@ -294,11 +294,20 @@ def _candidates(
         entry = pod.hash_without_image_for(ss.name)
         if entry is None or entry.hash != ss.hash_without_image:
             not_upgradable.append(pod.key)
-        elif moving:
+        elif moving and not _superseded(ss, pod):
             waiting += 1
         else:
             candidates.append(pod)
     return candidates, tuple(not_upgradable), waiting
+
+
+def _superseded(ss: SidecarSet, pod: PodProjection) -> bool:
+    """The pod waits for an image the SidecarSet no longer asks for (say one that cannot be pulled,
+    since replaced): the kubelet will never report it, so the pod is patched again, to the image
+    wanted now, instead of holding maxUnavailable forever. Not yet ready, it costs no budget."""
+    wanted = {**ss.cold_images, **ss.native_images}
+    specs = dict(pod.containers) | dict(pod.init_containers)
+    return any(name in specs and specs[name] != image for name, image in wanted.items())
 
 
 def _ready(ss: SidecarSet, pod: PodProjection) -> bool:

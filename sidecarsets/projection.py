@@ -63,6 +63,7 @@ class ContainerState(NamedTuple):
     image_id: str
     ready: bool
     restart_count: int
+    waiting: str = ""  # state.waiting.reason (ErrImagePull, CrashLoopBackOff...): why it is not running
 
 
 class Labels(Mapping[str, str]):
@@ -335,6 +336,7 @@ def _statuses(raw: Any) -> tuple[ContainerState, ...]:
                 _istr(cs.get("imageID")),
                 cs.get("ready") is True,
                 _int(cs.get("restartCount")),
+                _istr(_map(_map(cs.get("state")).get("waiting")).get("reason")),
             )
         )
     return _share(tuple(out))  # replicas in the same state share one tuple

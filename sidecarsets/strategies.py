@@ -31,6 +31,9 @@ class UpdateStrategy:
     selector: JsonObj | None = None
     priority: JsonObj | None = None
     scatter: tuple[JsonObj, ...] = ()
+    # Our extension (sidecarsets.deadline): seconds an upgraded pod may take to be ready again
+    # before the rollout stops itself; None: no deadline.
+    progress_deadline_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,14 @@ def read_update_strategy(reader: Reader, value: Any) -> UpdateStrategy:
         selector=selector,
         priority=priority,
         scatter=scatter,
+        progress_deadline_seconds=_checked(reader, raw, "progressDeadlineSeconds", _deadline),
     )
+
+
+def _deadline(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise ValueError(f"must be a whole number of seconds from 1 to 2147483647, got {value!r}")
+    return value
 
 
 def _checked(reader: Reader, raw: JsonObj, key: str, check: Callable[[Any], object]) -> Any:

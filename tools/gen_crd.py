@@ -366,6 +366,14 @@ def update_strategy(inl: Inliner) -> Schema:
                 **int_or_string(),
                 "description": "Number or percentage (rounded up) of pods unavailable at once during an upgrade.",
             },
+            "progressDeadlineSeconds": {
+                "type": "integer",
+                "format": "int32",
+                "minimum": 1,
+                "description": "sidecarctl extension: seconds an upgraded pod may take to be ready again. Past it "
+                "the rollout stops itself (condition Progressing=False, reason ProgressDeadlineExceeded) until "
+                "the spec changes or that condition is removed. Absent: no deadline.",
+            },
             "priorityStrategy": {
                 "type": "object",
                 "description": "Order in which pods are upgraded: weightPriority or orderPriority, not both.",
@@ -604,7 +612,10 @@ def status_schema() -> Schema:
             "conditions": {
                 "type": "array",
                 "description": "PolicyInjection: True when a MutatingAdmissionPolicy injects this SidecarSet "
-                "(no webhook call), False with the reason the webhook serves it.",
+                "(no webhook call), False with the reason the webhook serves it. PodsMissingSidecars: True "
+                "while running pods it selects lack its sidecars (which and why in the message). Progressing "
+                "(with updateStrategy.progressDeadlineSeconds): False, reason ProgressDeadlineExceeded, once "
+                "the rollout stopped itself at observedGeneration.",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
                 "items": {

@@ -16,6 +16,7 @@ from sidecarsets.validation.base import (
     Errors,
     FieldError,
     bool_field,
+    invalid,
     is_int,
     list_field,
     obj_field,
@@ -114,6 +115,13 @@ def validate_update_strategy(spec: Mapping[str, Any], errs: Errors) -> None:
     if priority is not None:
         _priority(priority, f"{path}.priorityStrategy", errs)
     _scatter(list_field(strategy, "scatterStrategy", f"{path}.scatterStrategy", errs), f"{path}.scatterStrategy", errs)
+    deadline = strategy.get("progressDeadlineSeconds")
+    if deadline is not None and (not is_int(deadline) or not 1 <= deadline <= 2**31 - 1):
+        errs.append(
+            invalid(
+                f"{path}.progressDeadlineSeconds", deadline, "must be a whole number of seconds from 1 to 2147483647"
+            )
+        )
 
 
 def validate_injection_strategy(spec: Mapping[str, Any], errs: Errors) -> None:

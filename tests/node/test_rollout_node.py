@@ -301,13 +301,6 @@ def test_a_bad_image_stops_the_rollout_at_max_unavailable(broken: Broken) -> Non
     record("bad image: SidecarSet patch to maxUnavailable pods in ErrImagePull", broken.stuck_at - broken.patched_at)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: a pod whose patched sidecar image cannot be pulled stays 'in flight' for ever (the kubelet "
-    "keeps reporting the old image and imageID while the container waits in ErrImagePull), so it is neither "
-    "re-patched nor released from maxUnavailable and the rollout to a fixed image never starts "
-    "(sidecarsets/podstate.upgrade_in_flight; planner: 'waiting: 2/2 unavailable')",
-)
 def test_a_bad_image_rollout_recovers_when_the_image_is_fixed(cluster: Cluster, broken: Broken) -> None:
     w, old_ids, target = broken.w, broken.old_ids, images.sidecar_image("v2")
     last = broken.held[-1]

@@ -287,15 +287,26 @@ class TestDoneDetection:
         patched["status"]["containerStatuses"][0]["imageID"] = "docker-pullable://envoy@sha256:" + "2" * 64
         assert plan(d2, [patched, injected_pod("b", d1)]).unavailable == 0
 
-    def test_pod_still_upgrading_to_an_older_version_is_skipped_and_counted(self) -> None:
+    def test_pod_still_upgrading_to_an_older_version_is_patched_again_to_the_new_one(self) -> None:
+        # Kruise waits for the older upgrade to land, forever if its image cannot be pulled; here
+        # the pod is patched to the image wanted now (sidecarsets.planner._superseded). It is
+        # counted unavailable, and, still reported ready, its new patch costs budget too.
         ss2 = v2(maxUnavailable=2)
         ss3 = with_images(ss2, envoy="envoy:v3")
         moving = self.rolled(ss2)[0]  # mid-upgrade to v2 when v3 arrives
         p = plan(ss3, [moving])
-        assert (p.upgrades, p.unavailable, p.reason) == ((), 1, "waiting: 1 pods still upgrading")
+        assert (chosen(p), p.unavailable, p.reason) == (["a"], 1, "upgrading 1")
+        (upgrade,) = p.upgrades
+        assert {"op": "replace", "path": "/spec/containers/0/image", "value": "envoy:v3"} in upgrade.patch
         p = plan(ss3, [moving, injected_pod("b", V1)])
-        assert (chosen(p), p.unavailable) == (["b"], 1)
+        assert (chosen(p), p.unavailable) == (["a"], 1)
         assert chosen(plan(ss3, [kubelet_sync(moving)])) == ["a"]
+
+    def test_pod_upgrading_to_the_current_image_is_waited_for(self) -> None:
+        ss2 = v2(maxUnavailable=2)
+        moving = self.rolled(ss2)[0]
+        p = plan(ss2, [moving, injected_pod("b", V1)])
+        assert (chosen(p), p.unavailable) == (["b"], 1), "a is not patched again: its image is the one wanted"
 
     def test_older_upgrade_whose_image_is_reported_is_not_in_flight(self) -> None:
         ss2 = v2()
