@@ -242,6 +242,10 @@ class Listener:
         slot = False
         try:
             conn.setblocking(False)
+            # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and an accepted
+            # socket inherits proto 0 from socket.socket(): without it, an answer written as two TLS
+            # records (headers, body) waits for the client's delayed ACK, ~40 ms per request.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 await asyncio.wait_for(_readable(loop, conn), self.limits.handshake_timeout)
             except TimeoutError:
