@@ -1,18 +1,6 @@
 """Keeping `caBundle` in our webhook configurations, and the CRD's conversion webhook, in step with the local CA.
 
-Bundle policy (`desired_bundle`), after cert-manager's CA-injector merging:
-- the local CAs from `ca.crt` always go in first, in file order (a self-signed non-CA certificate
-  that an operator uses as its own trust anchor counts as local too);
-- by default the bundle is exactly the local CAs: a CA removed from `ca.crt` is withdrawn from
-  caBundle at the next sync. This is safe across a CA rotation because `ca.crt` itself carries the
-  old CA beside the new one until the old one expires (the self-signed issuer keeps it there, as
-  cert-manager's CA bundles do), and a `source` read before every write (the Secret itself) keeps a
-  replica whose files are behind from writing a withdrawn CA back;
-- with `keep_existing` (for clusters that inject further CAs by other means) a certificate already in
-  the bundle stays while it is a CA and has not expired, even when no replica holds it locally (the
-  merge of cert-manager's cainjector); such a CA then lingers until it expires;
-- expired certificates, non-CA certificates, duplicates and unreadable blocks are dropped;
-- kept CAs follow the local ones ordered by notAfter (then fingerprint), so the result is deterministic.
+What the bundle should hold (which CAs, in which order) is `desired_bundle` of certwatcher.bundlepolicy.
 
 Writes (`CABundleSyncer`) touch only `/webhooks/<i>/clientConfig/caBundle` of the configurations named
 in `configs` (for a CustomResourceDefinition, `/spec/conversion/webhook/clientConfig/caBundle` of its
@@ -33,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import enum
 import logging
@@ -44,9 +31,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from cryptography import x509
-
-from certwatcher import metrics, pem
+from certwatcher import metrics
+from certwatcher.bundlepolicy import bundle_differs, decode_bundle, desired_bundle, local_anchors
+from certwatcher.writebudget import WriteBudget
 from kuberuntime import api as kube
 from kuberuntime import backoff
 from kuberuntime.clock import utc_now
@@ -90,37 +77,6 @@ DEFAULT_CONFIGS = (
 )
 
 
-def _local_anchors(local_ca_pem: bytes, now: datetime) -> list[x509.Certificate]:
-    certs = pem.dedupe(pem.certificates(local_ca_pem))
-    return [c for c in certs if not pem.expired(c, now) and (pem.is_ca(c) or pem.is_self_signed(c))]
-
-
-def desired_bundle(current: bytes, local_ca_pem: bytes, *, now: datetime, keep_existing: bool = True) -> bytes:
-    """The bundle to publish given what is published now and our `ca.crt` (policy: module docstring)."""
-    local = _local_anchors(local_ca_pem, now)
-    seen = {pem.fingerprint(c) for c in local}
-    kept: list[x509.Certificate] = []
-    if keep_existing:
-        for cert in pem.certificates(current):
-            fp = pem.fingerprint(cert)
-            if fp in seen or not pem.is_ca(cert) or pem.expired(cert, now):
-                continue
-            seen.add(fp)
-            kept.append(cert)
-        kept.sort(key=lambda c: (pem.not_after(c), pem.fingerprint(c)))
-    return pem.to_pem([*local, *kept])
-
-
-def bundle_differs(current: bytes, desired: bytes) -> bool:
-    """True when a write is needed: other certificates, duplicates or unreadable blocks in `current`."""
-    now_parsed = pem.parse_bundle(current)
-    if now_parsed.bad_blocks:
-        return True
-    have = sorted(pem.fingerprint(c) for c in now_parsed.certs)
-    want = sorted(pem.fingerprint(c) for c in pem.certificates(desired))
-    return have != want
-
-
 class SyncResult(enum.Enum):
     IN_SYNC = "in_sync"
     WRITTEN = "written"
@@ -131,48 +87,6 @@ class SyncResult(enum.Enum):
     INVALID = "invalid"
     NO_LOCAL_CA = "no_local_ca"
     ERROR = "error"
-
-
-class WriteBudget:
-    """Token bucket: `burst` writes at once, then one per `refill_interval` seconds."""
-
-    def __init__(self, *, burst: int, refill_interval: float, now: float) -> None:
-        self.burst = burst
-        self.refill_interval = refill_interval
-        self._tokens = float(burst)
-        self._at = now
-
-    def _refill(self, now: float) -> None:
-        if now > self._at:
-            self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.refill_interval)
-            self._at = now
-
-    def available(self, now: float) -> bool:
-        self._refill(now)
-        return self._tokens >= 1.0
-
-    def take(self, now: float) -> bool:
-        self._refill(now)
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True
-
-    def wait(self, now: float) -> float:
-        self._refill(now)
-        return max(0.0, (1.0 - self._tokens) * self.refill_interval)
-
-
-def _decode(raw: object) -> bytes | None:
-    """caBundle is base64 in JSON; None when the field holds something that is not."""
-    if raw is None or raw == "":
-        return b""
-    if not isinstance(raw, str):
-        return None
-    try:
-        return base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError):
-        return None
 
 
 def _marked(obj: dict[str, Any], marker: tuple[str, str]) -> bool:
@@ -321,7 +235,7 @@ class CABundleSyncer:
 
     async def _sync(self, ref: WebhookConfigRef) -> SyncResult:
         now = self._clock()
-        if not _local_anchors(self._local, now):
+        if not local_anchors(self._local, now):
             self._once(ref, "no-ca", "caBundle sync: no valid CA in the local ca.crt yet; not touching %s", ref.path)
             return SyncResult.NO_LOCAL_CA
         try:
@@ -407,7 +321,7 @@ class CABundleSyncer:
     def _ops(self, clients: list[tuple[str, dict[str, Any]]], now: datetime) -> list[dict[str, Any]]:
         ops: list[dict[str, Any]] = []
         for pointer, client in clients:
-            current = _decode(client.get("caBundle"))
+            current = decode_bundle(client.get("caBundle"))
             desired = desired_bundle(current or b"", self._local, now=now, keep_existing=self.keep_existing)
             if current is not None and not bundle_differs(current, desired):
                 continue

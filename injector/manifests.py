@@ -9,133 +9,27 @@ warning that says so. There is no cluster here, so namespace labels are whatever
 declares, and an object that names no namespace (and is given none) is not namespace-scoped at
 all: `kubectl apply` would put it in a namespace this tool cannot know.
 
-Everything the webhook would decide from its store is decided the same way here: revision pins
-with `sidecarsets.revisions` over the ControllerRevisions given, and the engine itself. Two
-things differ, both because the output must be reproducible: a Partial pin's per-pod draw is a
-hash of the object and the SidecarSet instead of a random number, and the `updateTimestamp` of a
-SidecarSet's hash entry is the SidecarSet's own last change (or the caller's fixed time), never
-the clock.
+Revision pins and the timestamps of hash entries are decided as injector.manifestpins says.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import orjson
 
 from injector import eligibility, engine, envs, hotupgrade, patchapply
+from injector.manifestcontext import WORKLOAD_TEMPLATES, Context, ManifestError, Stats, TemplateKey
+from injector.manifestpins import EPOCH, pinned_sidecarsets, stamp
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names, revisions, selectors
-from sidecarsets.model import ModelError, SidecarSet
+from sidecarsets import names, selectors
+from sidecarsets.model import SidecarSet
 
-TemplateKey = tuple[str, str]  # (API group, kind); "" is the core group
-
-# Where each workload kind keeps its pod template; () is the object itself (a Pod).
-WORKLOAD_TEMPLATES: dict[TemplateKey, tuple[str, ...]] = {
-    ("", "Pod"): (),
-    ("", "ReplicationController"): ("spec", "template"),
-    ("apps", "Deployment"): ("spec", "template"),
-    ("apps", "StatefulSet"): ("spec", "template"),
-    ("apps", "DaemonSet"): ("spec", "template"),
-    ("apps", "ReplicaSet"): ("spec", "template"),
-    ("batch", "Job"): ("spec", "template"),
-    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
-}
 _BUILTIN_GROUP = {kind: group for group, kind in WORKLOAD_TEMPLATES}
 _SIDECARSET_GROUPS = frozenset({names.GROUP, names.KRUISE_API_VERSION.split("/")[0]})
-EPOCH = "1970-01-01T00:00:00Z"
-_PIN = "spec.injectionStrategy.revision"
 _SEARCH_DEPTH = 5
-_MAX_SUBJECTS = 3
-
-
-class ManifestError(ValueError):
-    """An object that cannot be injected; the message names the object and the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    """A warning about something that was not injected, or not as asked; said once per run."""
-
-    message: str
-    level: str = "warning"
-
-
-class Notes:
-    """Warnings collected over a run: each said once, naming the objects (or files) it concerns."""
-
-    def __init__(self) -> None:
-        self._subjects: dict[Note, list[str]] = {}
-
-    def add(self, message: str, subject: str | None = None, *, level: str = "warning") -> None:
-        subjects = self._subjects.setdefault(Note(message, level), [])
-        if subject is not None and subject not in subjects:
-            subjects.append(subject)
-
-    def lines(self) -> list[str]:
-        """`level: subjects: message`, in the order first seen; long subject lists are cut short."""
-        out = []
-        for note, subjects in self._subjects.items():
-            shown = ", ".join(subjects[:_MAX_SUBJECTS])
-            if len(subjects) > _MAX_SUBJECTS:
-                shown += f" and {len(subjects) - _MAX_SUBJECTS} more"
-            out.append(f"{note.level}: {shown}: {note.message}" if shown else f"{note.level}: {note.message}")
-        return out
-
-    def __bool__(self) -> bool:
-        return bool(self._subjects)
-
-
-@dataclass(slots=True)
-class Stats:
-    """What happened to the pods of a file, for the "nothing matched" warning."""
-
-    pods: int = 0
-    injected: int = 0
-    already: int = 0
-    unmatched: int = 0
-
-    def add(self, other: Stats) -> None:
-        self.pods += other.pods
-        self.injected += other.injected
-        self.already += other.already
-        self.unmatched += other.unmatched
-
-
-@dataclass(slots=True)
-class Context:
-    """What manual injection knows: the SidecarSets, the declared namespaces, revisions and time."""
-
-    sidecarsets: Sequence[SidecarSet]
-    # A fixed `updateTimestamp`; None: each SidecarSet's own last change (`last_change`).
-    now: str | None = None
-    # Labels per namespace name; `default_labels` for any namespace not listed; None = unknown.
-    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    default_labels: Mapping[str, str] | None = None
-    manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
-    # The namespace of objects that name none (`-n`); None: such objects are not namespace-scoped.
-    default_namespace: str | None = None
-    templates: Mapping[TemplateKey, tuple[str, ...]] = field(default_factory=lambda: dict(WORKLOAD_TEMPLATES))
-    # ControllerRevision name → object; None: none were given (pins then use the current spec).
-    revisions: Mapping[str, JsonObj] | None = None
-    notes: Notes = field(default_factory=Notes)
-    _pinned: dict[tuple[str, str], SidecarSet] = field(default_factory=dict)
-    _stamps: dict[str, str] = field(default_factory=dict)
-    _by_name: dict[str, SidecarSet] = field(default_factory=dict)
-
-    def labels_of(self, namespace: str) -> Mapping[str, str] | None:
-        return self.namespace_labels.get(namespace, self.default_labels)
-
-    def sidecarset(self, name: str) -> SidecarSet | None:
-        if not self._by_name:
-            self._by_name.update((ss.name, ss) for ss in self.sidecarsets)
-        return self._by_name.get(name)
 
 
 def api_group(obj: Mapping[str, Any]) -> str | None:
@@ -177,35 +71,6 @@ def describe(obj: Mapping[str, Any]) -> str:
     ns = meta.get("namespace")
     kind = obj.get("kind") or "(no kind)"
     return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
-
-
-def last_change(obj: Mapping[str, Any]) -> str:
-    """The object's last change as written in it: the latest of `creationTimestamp` and the
-    `managedFields` times of writes to the object itself (not its status); EPOCH when none.
-
-    Objects exported from a cluster (`kubectl get -o yaml`) carry these; a hand-written file has
-    none, and then every run gives the same EPOCH rather than the clock.
-    """
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    times = [meta.get("creationTimestamp")]
-    managed = meta.get("managedFields")
-    for entry in managed if isinstance(managed, list) else ():
-        if isinstance(entry, Mapping) and not entry.get("subresource"):
-            times.append(entry.get("time"))
-    best: tuple[datetime, str] | None = None
-    for text in times:
-        if not isinstance(text, str):
-            continue
-        try:
-            when = datetime.fromisoformat(text)
-        except ValueError:
-            continue
-        if when.tzinfo is None:
-            continue
-        if best is None or when > best[0]:
-            best = (when, text)
-    return best[1] if best else EPOCH
 
 
 def inject_document(doc: Any, ctx: Context) -> tuple[Any, Stats]:
@@ -296,7 +161,7 @@ def _inject_pod(pod: JsonObj, owner: Mapping[str, Any], ctx: Context, stats: Sta
     namespace, scoped = scope(ns, ctx.sidecarsets)
     ns_labels = ctx.labels_of(namespace) if ns else None
     pod_labels = _pod_labels(pod)
-    candidates, stamps = _pinned(
+    candidates, stamps = pinned_sidecarsets(
         scoped, ctx, pod_labels=pod_labels, namespace=namespace, ns_labels=ns_labels, where=where
     )
     if ns is None:
@@ -334,7 +199,7 @@ def _inject_pod(pod: JsonObj, owner: Mapping[str, Any], ctx: Context, stats: Sta
     patched = _own_copy(pod)
     patchapply.apply_in_place(patched, result.patch)
     if ctx.now is None:
-        _stamp(patched, result.injected, stamps, ctx)
+        stamp(patched, result.injected, stamps, ctx)
     return patched
 
 
@@ -342,87 +207,6 @@ def _pod_labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
     meta = pod.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     return labels if isinstance(labels, Mapping) else {}
-
-
-def _draw(where: str, ss: SidecarSet) -> float:
-    """A Partial pin's draw in [0, 1), fixed for the object and SidecarSet (the webhook draws at random)."""
-    digest = hashlib.sha256(f"{where}\x00{ss.name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def _pinned(
-    sidecarsets: Sequence[SidecarSet],
-    ctx: Context,
-    *,
-    pod_labels: Mapping[str, str],
-    namespace: str,
-    ns_labels: Mapping[str, str] | None,
-    where: str,
-) -> tuple[list[SidecarSet], dict[str, str]]:
-    """The SidecarSets with `injectionStrategy.revision` pins resolved as the webhook resolves them
-    (sidecarsets.pins), plus the timestamps of the pinned revisions used."""
-    out: list[SidecarSet] = []
-    stamps: dict[str, str] = {}
-    for ss in sidecarsets:
-        try:
-            use_pin = (
-                (ss.injection_revision is not None or ss.problem(_PIN) is not None)
-                and ss.matches_pod(pod_labels)
-                and ss.matches_namespace(namespace, ns_labels)
-                and revisions.should_use_pinned(ss, pod_labels=pod_labels, rand=_draw(where, ss))
-            )
-            if not use_pin:
-                out.append(ss)
-                continue
-            if ctx.revisions is None:
-                pin = ss.injection_revision
-                what = "" if pin is None else f" to revisionName {pin.revision_name}"
-                if pin is not None and not pin.revision_name:
-                    what = f" to customVersion {pin.custom_version}"
-                ctx.notes.add(
-                    f"SidecarSet {ss.name} pins {_PIN}{what}, but no --revisions were given: "
-                    "its current spec was injected instead",
-                    where,
-                )
-                out.append(ss)
-                continue
-            revision = revisions.resolve_pinned(ss, ctx.revisions.values())
-            if revision is None:
-                out.append(ss)
-                continue
-            rev_name = str((revision.get("metadata") or {}).get("name") or "")
-            cache_key = (ss.name, rev_name)
-            pinned = ctx._pinned.get(cache_key)
-            if pinned is None:
-                pinned = ctx._pinned[cache_key] = SidecarSet.from_object(revisions.apply_revision(ss, revision))
-            out.append(pinned)
-            stamp = last_change(revision)
-            stamps[ss.name] = stamp if stamp != EPOCH else _stamp_of(ss, ctx)
-        except revisions.PinnedRevisionNotFound as e:
-            raise ManifestError(f"{where}: SidecarSet {ss.name}: {e} (among the --revisions given)") from None
-        except (revisions.RevisionError, ModelError) as e:
-            raise ManifestError(f"{where}: SidecarSet {ss.name}: pinned revision is unusable: {e}") from None
-    return out, stamps
-
-
-def _stamp_of(ss: SidecarSet, ctx: Context) -> str:
-    found = ctx._stamps.get(ss.name)
-    if found is None:
-        found = ctx._stamps[ss.name] = last_change(ss.obj)
-    return found
-
-
-def _stamp(pod: JsonObj, injected: Sequence[str], pinned: Mapping[str, str], ctx: Context) -> None:
-    """Write each injected SidecarSet's own time into its hash entries, in the engine's JSON form."""
-    annotations = pod["metadata"]["annotations"]
-    for key in (names.ANN_HASH, names.ANN_HASH_WITHOUT_IMAGE):
-        entries = json.loads(annotations[key])
-        for name in injected:
-            entry = entries.get(name)
-            ss = ctx.sidecarset(name)
-            if isinstance(entry, dict) and ss is not None:
-                entry["updateTimestamp"] = pinned.get(name) or _stamp_of(ss, ctx)
-        annotations[key] = json.dumps(entries, separators=(",", ":"), ensure_ascii=False)
 
 
 def _note_unknown_labels(

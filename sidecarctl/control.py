@@ -182,14 +182,7 @@ class ControlRole:
             label_selector=names.REVISION_LABEL_SIDECARSET,
         )
         may_write = None if self.elector is None else self.elector.confirm
-        sync = PolicySync(
-            self.client,
-            mode=policy_plan.Mode(self.opts.injection.injection),
-            manager_namespace=self.opts.namespace,
-            webhook_config=self.opts.ca_bundle.mutating_config,
-            settle=self.opts.injection.policy_settle,
-            may_write=may_write,
-        )
+        sync = self._policy_sync(may_write)
         missed_opts = self.opts.missed
         scan = MissedScan(
             self.client,
@@ -216,6 +209,28 @@ class ControlRole:
         sync.on_routes = controller.refresh
         scan.on_change = controller.refresh
         ns_informer.handler = controller.on_namespace
+        informers = self._term_informers(controller, sync, ns_informer, rev_informer)
+        return Term(controller, sync, informers, scan)
+
+    def _policy_sync(self, may_write: Callable[[], Awaitable[bool]] | None) -> PolicySync:
+        """The term's MutatingAdmissionPolicy sync (injector.policy.sync), writing only while `may_write`."""
+        return PolicySync(
+            self.client,
+            mode=policy_plan.Mode(self.opts.injection.injection),
+            manager_namespace=self.opts.namespace,
+            webhook_config=self.opts.ca_bundle.mutating_config,
+            settle=self.opts.injection.policy_settle,
+            may_write=may_write,
+        )
+
+    def _term_informers(
+        self,
+        controller: Controller,
+        sync: PolicySync,
+        ns_informer: Informer[dict[str, str]],
+        rev_informer: Informer[JsonObj],
+    ) -> list[Informer[Any]]:
+        """The term's watches, each wired to the parts it feeds; the pods' informer comes last (`Term.pod_informer`)."""
         ss_handler = _both(controller.on_sidecarset, sync.on_sidecarset)
         informers: list[Informer[Any]] = [
             Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=ss_handler),
@@ -256,7 +271,7 @@ class ControlRole:
                 page_size=100,
             ),
         ]
-        return Term(controller, sync, informers, scan)
+        return informers
 
     async def _lead(self, lost: asyncio.Event) -> None:
         """Runs while this replica holds the Lease; everything it built is dropped when it ends."""

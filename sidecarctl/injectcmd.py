@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from injector import manifests
+from injector import manifestcontext, manifestpins, manifests
 from injector.policy import plan as policy_plan
 from sidecarctl import injectinputs, manifestio
 from sidecarctl.injectinputs import CliError, InputFile
@@ -49,7 +49,7 @@ A namespace without labels given is unknown: only a selector on {names.NS_NAME_L
 neither it is not namespace-scoped: every SidecarSet whose pod selector matches is injected.
 
 The time in the hash annotations is each SidecarSet's last change as its file records it
-(creationTimestamp, managedFields), {manifests.EPOCH} when it records none, or --timestamp
+(creationTimestamp, managedFields), {manifestpins.EPOCH} when it records none, or --timestamp
 (also ${NOW_ENV}): the same inputs always give the same output.
 
 Both {names.API_VERSION} and {names.KRUISE_API_VERSION} SidecarSets are accepted.
@@ -168,8 +168,8 @@ def run_inject(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifests.Notes]:
-    notes = manifests.Notes()
+def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifestcontext.Notes]:
+    notes = manifestcontext.Notes()
     inputs = injectinputs.read_inputs(args.filename)
     cluster = injectinputs.load_cluster(
         args.sidecarset, args.revisions, manager_namespace=args.manager_namespace, notes=notes
@@ -180,9 +180,9 @@ def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifests.N
         for line in explain([ss for ss, _ in cluster.sidecarsets], manager_namespace=args.manager_namespace):
             _stderr(line)
     given, default_labels = injectinputs.load_label_specs(args.namespace_labels)
-    templates = dict(manifests.WORKLOAD_TEMPLATES)
+    templates = dict(manifestcontext.WORKLOAD_TEMPLATES)
     templates.update(args.kind_template)
-    ctx = manifests.Context(
+    ctx = manifestcontext.Context(
         sidecarsets=[ss for ss, _ in cluster.sidecarsets],
         now=now,
         namespace_labels={**injectinputs.input_namespaces(inputs), **cluster.namespaces, **given},
@@ -193,7 +193,7 @@ def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifests.N
         revisions=cluster.revisions if args.revisions else None,
         notes=notes,
     )
-    total = manifests.Stats()
+    total = manifestcontext.Stats()
     out = [_inject_file(f, ctx, total) for f in inputs]
     if total.pods == 0 and any(d.value is not None for f in inputs for d in f.stream.documents):
         notes.add("nothing to inject: no Pod, and no workload with a pod template, in the input")
@@ -228,10 +228,10 @@ def explain(sidecarsets: list[SidecarSet], *, manager_namespace: str) -> list[st
 _EXPLAIN_TIME = "1970-01-01T00:00:00Z"
 
 
-def _inject_file(f: InputFile, ctx: manifests.Context, total: manifests.Stats) -> str:
+def _inject_file(f: InputFile, ctx: manifestcontext.Context, total: manifestcontext.Stats) -> str:
     """The file's text with each injected document replaced; the others as they were."""
     stream = f.stream
-    stats = manifests.Stats()
+    stats = manifestcontext.Stats()
     parts: list[str] = []
     for doc in stream.documents:
         if doc.value is None:
@@ -239,7 +239,7 @@ def _inject_file(f: InputFile, ctx: manifests.Context, total: manifests.Stats) -
             continue
         try:
             value, doc_stats = manifests.inject_document(doc.value, ctx)
-        except manifests.ManifestError as e:
+        except manifestcontext.ManifestError as e:
             raise CliError(f"{f.name}: document {doc.index}: {e}") from None
         stats.add(doc_stats)
         parts.append(stream.original(doc) if value is doc.value else manifestio.replaced(stream, doc, value))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from injector import manifests
+from injector import manifestcontext, manifests
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl import manifestio
 from sidecarsets import names, validation
@@ -144,7 +144,11 @@ def _is(obj: Mapping[str, Any], group: str, kind: str) -> bool:
 
 
 def load_cluster(
-    sidecarset_paths: Sequence[str], revision_paths: Sequence[str], *, manager_namespace: str, notes: manifests.Notes
+    sidecarset_paths: Sequence[str],
+    revision_paths: Sequence[str],
+    *,
+    manager_namespace: str,
+    notes: manifestcontext.Notes,
 ) -> ClusterState:
     """SidecarSets and Namespaces from `--sidecarset`, ControllerRevisions from `--revisions`.
 
@@ -192,7 +196,7 @@ def _add_revision(
     obj: JsonObj,
     manager_namespace: str,
     seen: dict[str, str],
-    notes: manifests.Notes,
+    notes: manifestcontext.Notes,
 ) -> None:
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
@@ -320,7 +324,7 @@ def load_label_specs(specs: Sequence[LabelSpec]) -> tuple[dict[str, dict[str, st
     return by_name, default
 
 
-def kind_template(text: str) -> tuple[manifests.TemplateKey, tuple[str, ...]]:
+def kind_template(text: str) -> tuple[manifestcontext.TemplateKey, tuple[str, ...]]:
     """`Kind.group=path.to.template` (`Kind=...` for the core group)."""
     qualified, sep, path = text.partition("=")
     kind, _, group = qualified.partition(".")

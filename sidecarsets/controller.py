@@ -23,9 +23,10 @@ from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets import deadline, history, metrics, names, planner, podmeta, status
+from sidecarsets import deadline, history, metrics, names, planner, podstate, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.podfailures import PodFailures
+from sidecarsets.podwrites import PodWrites, rv_number
 from sidecarsets.projection import PodProjection
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,7 @@ RESYNC_SECONDS = 30.0
 REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
 
 
-def _rv(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return 0
-
-
-class Controller:
+class Controller(PodWrites):
     """Reconciles every SidecarSet; run it only while holding the leader Lease."""
 
     def __init__(
@@ -122,7 +116,7 @@ class Controller:
         else:
             self.pods[key] = new
             exp = self.expected.get(key)
-            if exp is not None and _rv(new.resource_version) >= exp:
+            if exp is not None and rv_number(new.resource_version) >= exp:
                 del self.expected[key]
         for ss in before - after:
             self.pods_by_ss.get(ss, set()).discard(key)
@@ -172,9 +166,20 @@ class Controller:
         return result
 
     async def _reconcile(self, ss: SidecarSet) -> float | None:
-        name = ss.name
-        pods = self._pods_of(name)
+        pods = self._pods_of(ss.name)
         matched = status.matched_pods(ss, pods, self.namespaces())
+        synced = await self._sync_status(ss, pods, matched)
+        if synced is None:
+            return None
+        latest, verdicts = synced
+        return await self._roll_out(ss, matched, latest=latest, verdicts=verdicts)
+
+    async def _sync_status(
+        self, ss: SidecarSet, pods: list[PodProjection], matched: list[PodProjection]
+    ) -> tuple[str, podstate.Verdicts] | None:
+        """Revision history and status brought up to date; (latest revision, the pods' verdicts) to
+        plan with, or None when no pod is to be touched now (writes are not ours, or the rollout stopped)."""
+        name = ss.name
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
         cached = None if self.revisions is None else self.revisions()
         latest, collisions = await history.sync_history(
@@ -201,7 +206,13 @@ class Controller:
             await self._report_stall(ss, progress)
         if progress.stopped:
             return None  # no pod is touched; a spec change or the condition's removal brings it back
+        return latest, verdicts
 
+    async def _roll_out(
+        self, ss: SidecarSet, matched: list[PodProjection], *, latest: str, verdicts: podstate.Verdicts
+    ) -> float | None:
+        """Plan the next step of the rollout and patch its pods; returns when to look again, or None."""
+        name = ss.name
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
         if stale:
             return 0.5  # our own pod writes are not in the cache yet: plan again once they are
@@ -230,6 +241,10 @@ class Controller:
             return RESYNC_SECONDS if backing_off is None else min(RESYNC_SECONDS, backing_off + 0.05)
         if not await self._writable():
             return None
+        return await self._upgrade(ss, plan, latest=latest)
+
+    async def _upgrade(self, ss: SidecarSet, plan: planner.Plan, *, latest: str) -> float | None:
+        """Patch the plan's pods and report how it went; returns when to look again, or None."""
         results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))
         if any(results) and plan.stage is planner.Stage.FLIPPING:
             await self.recorder.event(
@@ -305,94 +320,6 @@ class Controller:
             raise  # the watch brings the newer object; the queue retries with backoff
         except api.NotFound:
             self.sidecarsets.pop(name, None)
-
-    async def _with_metadata(self, upgrade: planner.PodUpgrade, path: str) -> list[JsonObj] | None:
-        """The upgrade's patch plus its patchPodMetadata operations, from the pod as it is now;
-        None when the pod moved on since it was planned (the watch brings it; planned again)."""
-        if not upgrade.metadata:
-            return upgrade.patch
-        pod = await self.client.get(path)
-        meta = pod.get("metadata") or {}
-        if str(meta.get("resourceVersion")) != upgrade.resource_version:
-            return None
-        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if isinstance(v, str)}
-        ops, warnings = podmeta.upgrade_ops(annotations, upgrade.metadata, sidecarset=upgrade.sidecarset)
-        for w in warnings:
-            log.warning("pod %s/%s: %s", upgrade.namespace, upgrade.name, w)
-        return upgrade.patch + ops
-
-    async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
-        key = f"{upgrade.namespace}/{upgrade.name}"
-        path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
-        try:
-            patch = await self._with_metadata(upgrade, path)
-            if patch is None:
-                metrics.INPLACE_UPGRADES.labels("conflict").inc()
-                return False
-            result = await self.client.patch(path, patch, patch_type="json")
-        except api.NotFound:
-            metrics.INPLACE_UPGRADES.labels("gone").inc()
-            self.failures.forget(key)
-            return False
-        except (api.Conflict, api.Invalid) as e:
-            # Usually a failed resourceVersion test (the cache was behind, the watch catches up);
-            # an admission policy refusing the patch looks the same, so it backs off like any failure.
-            metrics.INPLACE_UPGRADES.labels("conflict").inc()
-            failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
-            log.info("pod %s: patch refused (%s), attempt %d; backing off", key, e.reason, failure.count)
-            return False
-        except api.ApiError as e:
-            metrics.INPLACE_UPGRADES.labels("error").inc()
-            failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
-            log.warning("upgrading pod %s failed (attempt %d): %s", key, failure.count, e)
-            return False
-        self.failures.succeeded(key)
-        written = _rv(str((result.get("metadata") or {}).get("resourceVersion") or "0"))
-        cached = self.pods.get(key)
-        # The watch may have delivered our write before the response arrived: expect only what is missing.
-        if cached is None or _rv(cached.resource_version) < written:
-            self.expected[key] = written
-        metrics.INPLACE_UPGRADES.labels("patched").inc()
-        return True
-
-    async def _mark_upgradable(self, ss: SidecarSet, matched: list[PodProjection], stuck: set[tuple[str, str]]) -> None:
-        """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers."""
-        name = ss.name
-        now = self.clock()
-        newly_stuck: list[str] = []
-        # Pods of one workload share their condition tuple, so each distinct (condition, verdict)
-        # is worked out once.
-        verdicts: dict[tuple[tuple[str, ...], bool], tuple[JsonObj, bool]] = {}
-        for pod in matched:
-            blocked = bool(stuck) and pod.key in stuck
-            if not pod.upgradable_condition and not blocked:
-                continue  # no condition yet and nothing to report: do not write to every pod
-            found = verdicts.get((pod.upgradable_condition, blocked))
-            if found is None:
-                cond = planner.upgradable_condition(pod, {name: blocked}, now=now)
-                found = verdicts[(pod.upgradable_condition, blocked)] = (cond, planner.condition_current(pod, cond))
-            cond, current = found
-            if current:
-                continue
-            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
-            try:
-                await self.client.patch(path, {"status": {"conditions": [cond]}}, patch_type="strategic")
-            except api.ApiError as e:
-                log.info("could not set %s on %s/%s: %s", names.POD_CONDITION_UPGRADABLE, *pod.key, e)
-                continue
-            if blocked:
-                newly_stuck.append(f"{pod.namespace}/{pod.name}")
-        if newly_stuck:
-            shown = ", ".join(newly_stuck[:10]) + (" ..." if len(newly_stuck) > 10 else "")
-            await self.recorder.event(
-                ss.obj,
-                type="Warning",
-                reason="NotUpgradablePods",
-                message=(
-                    f"{len(newly_stuck)} pod(s) differ from the SidecarSet in more than the image and cannot be "
-                    f"upgraded in place; recreate them to pick up the change: {shown}"
-                ),
-            )
 
 
 def _progressing(obj: JsonObj | None) -> Any:

@@ -21,7 +21,8 @@ from enum import StrEnum
 import orjson
 
 from injector.policy import bookkeeping, cel
-from injector.policy.generate import Generated, NeedsWebhook, check_servable, generate
+from injector.policy.build import NeedsWebhook
+from injector.policy.generate import Generated, check_servable, generate
 from sidecarsets import names, selectors
 from sidecarsets.enums import PatchPolicy
 from sidecarsets.model import SidecarSet

@@ -15,14 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from certwatcher import metrics, pem
-from certwatcher.cabundle import (
-    CABundleSyncer,
-    SyncResult,
-    WebhookConfigRef,
-    WriteBudget,
-    bundle_differs,
-    desired_bundle,
-)
+from certwatcher.bundlepolicy import bundle_differs, desired_bundle
+from certwatcher.cabundle import CABundleSyncer, SyncResult, WebhookConfigRef
+from certwatcher.writebudget import WriteBudget
 from kuberuntime import api as kube
 from tests.certutil import (
     MWC_PATH,

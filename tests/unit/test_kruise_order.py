@@ -20,7 +20,8 @@ import pytest
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import ordering
-from sidecarsets.planner import plan_upgrade, pod_patch
+from sidecarsets.planner import plan_upgrade
+from sidecarsets.podpatch import pod_patch
 from sidecarsets.projection import PodProjection, project
 from tests.kube import builders
 

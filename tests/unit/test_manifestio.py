@@ -9,9 +9,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecarctl import manifestio
+from sidecarctl import manifestio, yamlcodec
 
-needs_libyaml = pytest.mark.skipif(manifestio.pure_python(), reason="this PyYAML has no libyaml")
+needs_libyaml = pytest.mark.skipif(yamlcodec.pure_python(), reason="this PyYAML has no libyaml")
 
 STREAM = """\
 %YAML 1.1

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from sidecarsets import selectors
 from sidecarsets.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INJECTED_LIST, ANN_INPLACE_STATE
-from sidecarsets.projection import ContainerState, HashEntry, InplaceEntry, Labels, PodProjection, project
+from sidecarsets.podrecords import ContainerState, HashEntry, InplaceEntry, Labels
+from sidecarsets.projection import PodProjection, project
 from tests.kube.builders import T0, image_id, injected_pod, shop_sidecarset
 
 
