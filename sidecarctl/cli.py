@@ -1,9 +1,10 @@
 """The `sidecarctl` command line.
 
 Each subcommand is registered by a small `add_<name>` function of its own module
-(`sidecarctl.injectcmd`, `sidecarctl.runcmd`), so commands stay independent and `main` only parses
-and dispatches. Bad input ends with one line on stderr and exit status 1, a bad command line with
-argparse's usage message and exit status 2; never a traceback.
+(`sidecarctl.injectcmd`, `sidecarctl.runcmd`, `sidecarctl.previewcmd`, `sidecarctl.statuscmd`), so
+commands stay independent and `main` only parses and dispatches. Bad input ends with one line on
+stderr and exit status 1, a bad command line with argparse's usage message and exit status 2; never
+a traceback.
 """
 
 from __future__ import annotations
@@ -13,9 +14,16 @@ import sys
 from collections.abc import Callable
 
 from sidecarctl.injectcmd import add_inject
+from sidecarctl.previewcmd import add_preview
 from sidecarctl.runcmd import add_run
+from sidecarctl.statuscmd import add_status
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [add_inject, add_run]
+_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    add_inject,
+    add_run,
+    add_preview,
+    add_status,
+]
 
 
 def _parser() -> argparse.ArgumentParser:
