@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kuberuntime.jsontypes import JsonObj
+from sidecarctl import stdout
 from sidecarctl.injectinputs import CliError
 from sidecarsets import names
 
@@ -207,30 +207,8 @@ def stderr(line: str) -> None:
 
 
 def write_stdout(text: str) -> None:
-    """Write all of `text`; a closed pipe (`| head`) or a full disk is a CliError, never a traceback."""
-    try:
-        stdout = sys.stdout.buffer
-        view = memoryview(text.encode("utf-8"))
-        while view:
-            written = stdout.write(view)
-            if not written:
-                raise OSError(errno.EIO, "nothing could be written")
-            view = view[written:]
-        stdout.flush()
-    except BrokenPipeError:
-        _discard_stdout()
-        raise CliError("stdout was closed before all of the output was written") from None
-    except OSError as e:
-        _discard_stdout()
-        raise CliError(f"cannot write to stdout: {e.strerror or e}") from None
-
-
-def _discard_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's final flush cannot fail with a traceback."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    """Write all of `text` (sidecarctl.stdout: a closed pipe or a full disk is a CliError)."""
+    stdout.write_stdout(text.encode("utf-8"))
 
 
 def main_of(command: str, body: Callable[[argparse.Namespace], str]) -> Callable[[argparse.Namespace], int]:

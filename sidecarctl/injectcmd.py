@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from injector import manifestcontext, manifestpins, manifests
 from injector.policy import plan as policy_plan
 from sidecarctl import injectinputs, manifestio
 from sidecarctl.injectinputs import CliError, InputFile
+from sidecarctl.stdout import write_stdout
 from sidecarsets import names
 from sidecarsets.model import SidecarSet
 
@@ -277,30 +277,7 @@ def _write(data: bytes, output: str | None) -> None:
     if output:
         _write_file(Path(output), data)
         return
-    try:
-        stdout = sys.stdout.buffer
-        view = memoryview(data)
-        while view:
-            # A pipe closed halfway through gives a short count first; the next write raises.
-            written = stdout.write(view)
-            if not written:
-                raise OSError(errno.EIO, "nothing could be written")
-            view = view[written:]
-        stdout.flush()
-    except BrokenPipeError:
-        _discard_stdout()
-        raise CliError("stdout was closed before all of the output was written") from None
-    except OSError as e:
-        _discard_stdout()
-        raise CliError(f"cannot write to stdout: {e.strerror or e}") from None
-
-
-def _discard_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's final flush cannot fail with a traceback."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    write_stdout(data)
 
 
 def _write_file(path: Path, data: bytes) -> None:
