@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import deadline, missed, names, planner, preview, selectors, status
+from sidecarsets import deadline, missed, names, planner, rolloutsim, selectors, specdiff, status
 from sidecarsets.model import SidecarSet
 from sidecarsets.projection import PodProjection
 
@@ -33,7 +33,7 @@ class Glance:
     stopped: bool  # Progressing=False, ProgressDeadlineExceeded at this generation
     upgrading: tuple[tuple[str, str], ...]  # (pod, why not ready yet): the batch in flight
     not_ready: tuple[tuple[str, str], ...]  # other matched pods not available
-    not_upgradable: tuple[preview.Blocked, ...]
+    not_upgradable: tuple[specdiff.Blocked, ...]
     excluded_by_selector: tuple[str, ...]
     missing: tuple[missed.MissedPod, ...]
     conditions: tuple[Mapping[str, Any], ...]
@@ -98,11 +98,11 @@ def glance(
     for p, is_new, moving, ok in zip(matched, verdicts.updated, verdicts.in_flight, verdicts.available, strict=True):
         if ok:
             continue
-        entry = (f"{p.namespace}/{p.name}", preview.not_ready_reason(ss, p))
+        entry = (f"{p.namespace}/{p.name}", rolloutsim.not_ready_reason(ss, p))
         (upgrading if is_new or moving else not_ready).append(entry)
-    specs = preview.known_specs(ss, stored_revisions)
+    specs = specdiff.known_specs(ss, stored_revisions)
     blocked = tuple(
-        preview.why_not_upgradable(ss, raw_pods[f"{ns}/{n}"], specs)
+        specdiff.why_not_upgradable(ss, raw_pods[f"{ns}/{n}"], specs)
         for ns, n in plan.not_upgradable
         if f"{ns}/{n}" in raw_pods
     )
