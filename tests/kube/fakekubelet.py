@@ -72,10 +72,15 @@ class FakeKubelet:
         await self.informer.synced.wait()
 
     async def stop(self) -> None:
+        """Stop watching and every pod sync in flight or scheduled: a stopped kubelet whose API
+        server is gone must not go on retrying (and logging) into the tests that follow."""
         self._stop.set()
         self._task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _on_event(self, kind: str, old: Any, new: Any) -> None:
         if kind == "DELETED" or new is None:
@@ -90,6 +95,8 @@ class FakeKubelet:
 
     def kick(self, key: str, delay: float = 0.0) -> None:
         """Schedule a sync of one pod; a sync already running re-runs once it is done."""
+        if self._stop.is_set():
+            return
         loop = asyncio.get_running_loop()
         if delay > 0:
             loop.call_later(delay, self.kick, key)
