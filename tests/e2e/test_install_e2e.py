@@ -201,7 +201,15 @@ def fresh(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Fresh]
     kube = Kube(aloop, client)
     try:
         ok(kubectl(cp, "apply", "-k", str(CONFIG / "crd")))
-        ok(kubectl(cp, "wait", "--for=condition=Established", "crd/sidecarsets.sidecarctl.io", "--timeout=30s"))
+        # Not `kubectl wait --for=condition=Established`: right after the create the CRD may have no
+        # status.conditions at all, which that command reports as an error instead of waiting.
+        crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{names.CRD_NAME}"
+
+        def established() -> bool:
+            conditions = (kube.get(crd_path).get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+        eventually(established, timeout=30, what="the CRD Established")
         # Namespaced objects need their namespace to exist for a dry run (nothing is persisted).
         ensure_namespace(kube, MANAGER_NS)
         yield Fresh(cp, kube)
