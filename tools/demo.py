@@ -74,6 +74,20 @@ class Demo:
             print(proc.stdout.rstrip(), flush=True)
         return proc.stdout
 
+    def wait_established(self, crd: str, timeout: float = 30.0) -> None:
+        """Until the CRD is Established (read from the API server: `kubectl wait --for=condition=...`
+        fails, instead of waiting, while the new CRD has no status.conditions yet)."""
+        deadline = time.monotonic() + timeout
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+        while True:
+            conditions = (self.kube.get(path).get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                print(f"customresourcedefinition.apiextensions.k8s.io/{crd} condition met", flush=True)
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRD {crd} not Established within {timeout:.0f}s")
+            time.sleep(0.1)
+
     def pod_table(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.kube.get(f"/api/v1/namespaces/{DEMO_NS}/pods")["items"]
         return sorted(items, key=lambda p: p["metadata"]["name"])
@@ -109,7 +123,7 @@ def run(workdir: Path) -> None:
 
         say("Installing sidecarctl: kubectl apply -k config/default")
         demo.kubectl("apply", "--server-side", "-k", str(REPO / "config/default"))
-        demo.kubectl("wait", "--for=condition=Established", "crd/sidecarsets.sidecarctl.io", "--timeout=30s")
+        demo.wait_established("sidecarsets.sidecarctl.io")
         print("(no container runtime here: the Deployment is scaled to 0 and the manager runs as a local process)")
         demo.kubectl("-n", NS, "scale", "deployment/sidecarctl", "--replicas=0", show=False, check=False)
 
@@ -144,6 +158,20 @@ def run(workdir: Path) -> None:
                     ],
                     patch_type="json",
                 )
+        # So does the CRD's conversion webhook (kubectl reads SidecarSets in v1beta1, the preferred
+        # version, converted by the manager from the stored v1alpha1).
+        crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{names.CRD_NAME}"
+        demo.kube.patch(
+            crd_path,
+            [
+                {
+                    "op": "replace",
+                    "path": "/spec/conversion/webhook/clientConfig",
+                    "value": {"url": manager.webhook_url + names.CONVERT_PATH},
+                }
+            ],
+            patch_type="json",
+        )
         try:
             wait_ready(manager, timeout=60)
         except AssertionError:
@@ -153,7 +181,8 @@ def run(workdir: Path) -> None:
         def bundle_synced() -> bool:
             obj = demo.kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")
             raw = obj["webhooks"][0]["clientConfig"].get("caBundle") or ""
-            return b"BEGIN CERTIFICATE" in base64.b64decode(raw)
+            crd = demo.kube.get(crd_path)["spec"]["conversion"]["webhook"]["clientConfig"]
+            return all(b"BEGIN CERTIFICATE" in base64.b64decode(b) for b in (raw, crd.get("caBundle") or ""))
 
         eventually(bundle_synced, timeout=30, what="caBundle synced")
         print("manager ready; it generated a CA and serving certificate and wrote the CA into caBundle:")
@@ -167,8 +196,18 @@ def run(workdir: Path) -> None:
         )
         print(f"  {names.MUTATING_WEBHOOK_CONFIG}: caBundle set")
 
-        say("Applying the samples: a namespace labelled for injection, two SidecarSets, a Deployment")
-        demo.kubectl("apply", "-f", str(REPO / "config/samples"))
+        say("Applying the samples: a namespace labelled for injection, two SidecarSets, then a Deployment")
+        setup_files, workload_files = demonode.sample_files()
+        for sample in setup_files:
+            demo.kubectl("apply", "-f", str(sample))
+        pods_path = f"/api/v1/namespaces/{DEMO_NS}/pods"
+        eventually(
+            lambda: demonode.injected(demo.kube.create(pods_path, demonode.probe_pod(), dryRun="All")),
+            timeout=30,
+            what="the SidecarSets in force",
+        )
+        for sample in workload_files:
+            demo.kubectl("apply", "-f", str(sample))
         demo.kubectl("-n", DEMO_NS, "scale", "deployment/shop", "--replicas=5")
 
         def all_running() -> list[dict[str, Any]] | None:
