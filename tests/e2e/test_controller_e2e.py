@@ -86,7 +86,23 @@ def test_overlapping_sidecarset_with_same_container_name_is_rejected(
 ) -> None:
     first = sidecarsets("overlap")
     second = make_sidecarset("overlap-second", "overlap")
-    msg = _rejected(kube, second)
+
+    # Each admission worker checks against its own watch of the SidecarSets, which may lag the first
+    # create by a moment: a dry run until one rejects it, then every real create is rejected.
+    def rejected_now() -> str | None:
+        try:
+            kube.create(SS_PATH, second, dryRun="All")
+        except api.ApiError as e:
+            return e.message
+        return None
+
+    try:
+        eventually(rejected_now, timeout=10, what="the validating webhook sees the first SidecarSet")
+        time.sleep(0.5)  # every worker's watch
+        msg = _rejected(kube, second)
+    finally:
+        if kube.get_or_none(f"{SS_PATH}/overlap-second") is not None:
+            kube.delete(f"{SS_PATH}/overlap-second")
     assert first["metadata"]["name"] in msg and "proxy" in msg
     # Disjoint selectors do not conflict.
     disjoint = make_sidecarset("overlap-disjoint", "other-app")
