@@ -220,21 +220,23 @@ async def empty_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]
 def serve(kind: str, bind: str, cert_dir: str, workers: int = 1) -> None:
     """Child process: serve one app the way the manager serves its webhook port, until SIGTERM.
 
-    With `workers` > 1 the socket is bound once and shared by that many processes, each with its
-    own Listener and app, as `sidecarctl run` shares it between its admission workers (and with
-    the same allocator settings the supervisor gives them).
+    With `workers` > 1 that many processes serve, each with its own socket of one SO_REUSEPORT
+    group, Listener and app, as `sidecarctl run` runs its admission workers (and with the same
+    allocator settings the supervisor gives them).
     """
     from certwatcher.reloader import CertReloader
     from injector.budget import ByteBudget
     from injector.server import Limits, Listener  # the manager's own listener, so the comparison is exact
-    from sidecarctl.probes import listen
+    from sidecarctl.probes import bind_group
 
-    sock = listen(bind)
+    socks = bind_group(bind, workers)
+    sock = socks[0]
     children: list[int] = []
-    for _ in range(workers - 1):
+    for i in range(1, workers):
         pid = os.fork()
         if pid == 0:
             children = []
+            sock = socks[i]
             _die_with_parent()
             break
         children.append(pid)
@@ -543,7 +545,7 @@ def distinct_template() -> tuple[bytes, bytes]:
 
 
 def run_distinct(seconds: int, connections: int, workers: int) -> tuple[list[list[object]], list[str]]:
-    """c) every pod distinct, `workers` processes sharing the socket, against the empty endpoint served alike."""
+    """c) every pod distinct, `workers` processes on one SO_REUSEPORT port, against the empty endpoint served alike."""
     from tests.kube.managerharness import write_cert_dir
 
     if shutil.which("wrk") is None:
@@ -636,7 +638,7 @@ def main(argv: list[str]) -> int:
     for note in notes:
         print(f"note: {note}")
     print(
-        f"\nc) HTTPS on 127.0.0.1, the manager's Listener in {args.workers} processes sharing the socket (as "
+        f"\nc) HTTPS on 127.0.0.1, the manager's Listener in {args.workers} processes on one SO_REUSEPORT port (as "
         f"--webhook-workers {args.workers}), {args.connections} keep-alive connections, every pod distinct:\n",
         flush=True,
     )

@@ -35,6 +35,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from injector.metrics import CONNECTIONS_CLOSED, OPEN_CONNECTIONS
 
+LISTEN_BACKLOG = 1024  # connections the kernel queues for a listener before accept
+
 log = logging.getLogger(__name__)
 
 # asyncio zero-fills this much per TLS connection; one TLS record is at most 16 KiB plus overhead.
@@ -199,7 +201,13 @@ class Listener:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Accept until `stop`; then let open requests finish within the graceful timeout."""
+        """Listen and accept until `stop`; then let open requests finish within the graceful timeout.
+
+        Listening here, not where the socket is bound, is what keeps a worker of an SO_REUSEPORT
+        group out of the kernel's choice until it is ready to answer (sidecarctl.probes.bind_group);
+        on a socket that already listens it only sets the backlog.
+        """
+        self.sock.listen(LISTEN_BACKLOG)
         self.sock.setblocking(False)
         accept = asyncio.create_task(self._accept_loop(), name="accept")
         sweep = asyncio.create_task(self._sweep(), name="header-deadlines")

@@ -1,7 +1,7 @@
 """The admission role: watches feeding a read-only snapshot, and the bounded TLS listener serving it.
 
 One of these runs in every admission worker process (or in the single process the tests start).
-It keeps its own watches and its own snapshot, so workers share nothing but the listening socket:
+It keeps its own watches and its own snapshot, so workers share nothing but the webhook port:
 a worker busy with one request never slows another, and one that dies takes only its own
 connections with it.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +114,42 @@ class WebhookRole:
             return False, "the webhook port is not listening yet"
         return True, "ok"
 
+    async def _first_lists(self, stop: asyncio.Event) -> bool:
+        """Wait for every informer's first list; False when stopped first.
+
+        Until then the store does not know the SidecarSets, and a pod answered from it would be
+        admitted without its sidecars: a worker (started or restarted) takes no connection before.
+        """
+        started = time.monotonic()
+
+        async def all_synced() -> None:
+            for inf in self.informers:
+                await inf.synced.wait()
+
+        async def stopped() -> None:
+            await stop.wait()
+
+        waiters = {asyncio.create_task(all_synced()), asyncio.create_task(stopped())}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+        if stop.is_set():
+            return False
+        log.info("webhook: first lists in %.2fs; accepting connections", time.monotonic() - started)
+        return True
+
     async def run(self, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(inf.run(stop), name=f"informer-{inf.name}") for inf in self.informers]
         self.reloader.reload_now()
         tasks.append(asyncio.create_task(self.reloader.run(stop), name="cert-reloader"))
-        sock = self.sock if self.sock is not None else listen(self.opts.serving.webhook_bind)
-        self.listener = Listener(self.app, sock, self.reloader.front_context, self.limits)
         try:
-            await self.listener.serve(stop)
+            if await self._first_lists(stop):
+                sock = self.sock if self.sock is not None else listen(self.opts.serving.webhook_bind)
+                self.listener = Listener(self.app, sock, self.reloader.front_context, self.limits)
+                await self.listener.serve(stop)
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)

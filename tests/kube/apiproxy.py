@@ -9,6 +9,8 @@ the proxy's `http://127.0.0.1:PORT`) to make the network misbehave in ways a rea
 - `stall(resource)`: the watch streams of that resource open right now stop forwarding anything,
   and are never closed by the proxy (the end the API server sends is swallowed too), the way a
   half-dead TCP path or a stuck proxy behaves. Streams opened later pass normally.
+- `delay_lists(resource, seconds)`: each *list* of that resource is answered `seconds` late, as a
+  busy API server answers a process that has just started.
 
 Requests go upstream with the proxy's own credentials (the admin client certificate), or, when the
 manager sends an `Authorization` header (a ServiceAccount token kubeconfig), with that header and
@@ -41,6 +43,14 @@ RESOURCES = {
 }
 
 
+def _named(path: str) -> str | None:
+    """Which of RESOURCES `path` lists or watches."""
+    for name, pattern in RESOURCES.items():
+        if pattern.match(path):
+            return name
+    return None
+
+
 @dataclass
 class WatchStream:
     resource: str
@@ -60,6 +70,8 @@ class ApiProxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.delays: dict[str, float] = {}
+        self.list_delays: dict[str, float] = {}
+        self.delayed_lists = 0
         self.streams: list[WatchStream] = []
         self.requests = 0
         self._runner: web.AppRunner | None = None
@@ -71,6 +83,11 @@ class ApiProxy:
         if resource not in RESOURCES:
             raise ValueError(f"unknown resource {resource!r}")
         self.delays[resource] = seconds
+
+    def delay_lists(self, resource: str, seconds: float) -> None:
+        if resource not in RESOURCES:
+            raise ValueError(f"unknown resource {resource!r}")
+        self.list_delays[resource] = seconds
 
     def stall(self, resource: str) -> int:
         """Stall every open watch stream of `resource`; returns how many there were."""
@@ -116,10 +133,16 @@ class ApiProxy:
     def _resource(self, request: web.Request) -> str | None:
         if request.query.get("watch") not in ("1", "true"):
             return None
-        for name, pattern in RESOURCES.items():
-            if pattern.match(request.path):
-                return name
-        return None
+        return _named(request.path)
+
+    async def _hold_list(self, request: web.Request) -> None:
+        if request.method != "GET" or request.query.get("watch") in ("1", "true"):
+            return
+        resource = _named(request.path)
+        wait = self.list_delays.get(resource, 0.0) if resource else 0.0
+        if wait > 0:
+            self.delayed_lists += 1
+            await asyncio.sleep(wait)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -127,6 +150,7 @@ class ApiProxy:
         session = self._token if "Authorization" in request.headers else self._cert
         assert session is not None
         body = await request.read()
+        await self._hold_list(request)
         resource = self._resource(request)
         upstream = await session.request(
             request.method,

@@ -47,7 +47,7 @@ from tests.kube.managerharness import (
     webhook_configs,
     write_cert_dir,
 )
-from tests.kube.measure import descendants
+from tests.kube.measure import WebhookClient, descendants, injected_names, pod_review
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller"
@@ -370,6 +370,21 @@ class Cluster:
             with contextlib.suppress(Exception):
                 self.aloop.run(self.client.close())
         self.cp.stop()
+
+
+def ready_to_inject(cluster: Cluster, m: ManagerProcess) -> tuple[str, WebhookClient]:
+    """A labelled namespace whose pods the manager injects, and a client that has seen it do so."""
+    ns = cluster.labelled_namespace("shop")
+    client = WebhookClient(m.webhook_url, cluster.ca_file)
+    deadline = time.monotonic() + 30
+    while True:
+        # Each worker must know the namespace and the SidecarSet; two connections reach both often enough.
+        status, body, _ = client.post(names.INJECT_PATH, pod_review(ns, f"warm-{time.monotonic_ns()}"))
+        if status == 200 and "proxy" in injected_names(body):
+            break
+        assert time.monotonic() < deadline, f"the manager does not inject in {ns}: {status} {body[:300]!r}"
+        time.sleep(0.1)
+    return ns, client
 
 
 def supervisor_restarts(m: ManagerProcess) -> list[str]:

@@ -29,6 +29,7 @@ from tests.kube.measure import MIB, Metrics, RssSampler, WebhookClient, injected
 from tests.reliability.harness import (
     Cluster,
     LeaseMonitor,
+    ready_to_inject,
     report,
     supervisor_restarts,
 )
@@ -58,21 +59,6 @@ def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
         yield m
     finally:
         cluster.stop_manager(m)
-
-
-def _ready_to_inject(cluster: Cluster, m: ManagerProcess) -> tuple[str, WebhookClient]:
-    """A labelled namespace whose pods the manager injects, and a client that has seen it do so."""
-    ns = cluster.labelled_namespace("shop")
-    client = WebhookClient(m.webhook_url, cluster.ca_file)
-    deadline = time.monotonic() + 30
-    while True:
-        # Each worker must know the namespace and the SidecarSet; two connections reach both often enough.
-        status, body, _ = client.post(names.INJECT_PATH, pod_review(ns, f"warm-{time.monotonic_ns()}"))
-        if status == 200 and "proxy" in injected_names(body):
-            break
-        assert time.monotonic() < deadline, f"the manager does not inject in {ns}: {status} {body[:300]!r}"
-        time.sleep(0.1)
-    return ns, client
 
 
 def _attack(cmd: str, m: ManagerProcess, cluster: Cluster, *args: str) -> subprocess.Popen[bytes]:
@@ -113,7 +99,7 @@ def _wait_leading(cluster: Cluster) -> None:
 def test_large_bodies_and_a_huge_sidecarset_stay_within_memory_and_never_delay_inject_or_the_lease(
     cluster: Cluster, manager: ManagerProcess
 ) -> None:
-    ns, client = _ready_to_inject(cluster, manager)
+    ns, client = ready_to_inject(cluster, manager)
     _wait_leading(cluster)
     metrics = Metrics(manager.probe_url)
     refused_before = metrics.value("sidecarctl_webhook_requests_refused_total")
@@ -183,7 +169,7 @@ def _closed_by(metrics: Metrics) -> dict[str, float]:
 def test_connection_flood_and_slow_drips_are_closed_in_time_while_inject_stays_fast(
     cluster: Cluster, manager: ManagerProcess
 ) -> None:
-    ns, warm = _ready_to_inject(cluster, manager)
+    ns, warm = ready_to_inject(cluster, manager)
     warm.close()
     metrics = Metrics(manager.probe_url)
     closed_before = _closed_by(metrics)
@@ -254,7 +240,7 @@ SOAK_COUNT = int(os.environ.get("SIDECARCTL_SOAK_COUNT", "10000"))  # tools/soak
 
 
 def test_fuzz_soak_gets_no_5xx_no_crash_and_flat_memory(cluster: Cluster, manager: ManagerProcess) -> None:
-    ns, client = _ready_to_inject(cluster, manager)
+    ns, client = ready_to_inject(cluster, manager)
     client.close()
     plain = cluster.labelled_namespace("plain")
     cluster.kube.patch(f"/api/v1/namespaces/{plain}", {"metadata": {"labels": {names.NS_INJECTION_LABEL: None}}})

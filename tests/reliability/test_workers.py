@@ -1,0 +1,237 @@
+"""The admission workers of the real `sidecarctl run`: connections spread over them, and a killed
+worker replaced without one pod answered from a store that has not listed its SidecarSets yet.
+
+The manager reaches the API server through a proxy (tests.kube.apiproxy) that, once the manager is
+up, holds every list of SidecarSets for a few seconds: the replacement of a killed worker starts
+with an empty store and stays so until that list arrives. Connections are counted per process
+from /proc (the server end of each established connection on the webhook port).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sidecarsets import names
+from tests.kube.apiproxy import ApiProxy
+from tests.kube.loop import BackgroundLoop
+from tests.kube.managerharness import ManagerProcess
+from tests.kube.measure import WebhookClient, injected_names, percentile, pod_review
+from tests.reliability.harness import Cluster, child_pids, ready_to_inject, report, supervisor_restarts
+
+APP = "web"
+CONNECTIONS = 24
+LIST_HOLD = 4.0  # seconds each SidecarSet list is held once the manager is up
+TCP_ESTABLISHED, TCP_LISTEN = "01", "0A"
+
+
+@pytest.fixture(scope="module")
+def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
+    c = Cluster(aloop, k8s_bin_dir)
+    try:
+        c.sidecarset("mesh", APP)
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(aloop: BackgroundLoop, cluster: Cluster) -> Iterator[ApiProxy]:
+    p = aloop.run(ApiProxy(cluster.cp).start())
+    try:
+        yield p
+    finally:
+        aloop.run(p.stop())
+
+
+@pytest.fixture
+def manager(cluster: Cluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
+    m = cluster.start_manager("workers", kubeconfig_path=cluster.kubeconfig_for(proxy.url))
+    try:
+        yield m
+    finally:
+        proxy.delay_lists("sidecarsets", 0.0)
+        cluster.stop_manager(m)
+
+
+def webhook_workers(m: ManagerProcess) -> set[int]:
+    found = set()
+    for pid in child_pids(m):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"webhook" in argv:
+            found.add(pid)
+    return found
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    except OSError:
+        pass
+    return inodes
+
+
+def sockets_on_port(port: int, state: str) -> set[str]:
+    """Inodes of the sockets whose local port is `port`, in TCP state `state`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                found.add(fields[9])
+    return found
+
+
+def connections_per_worker(m: ManagerProcess, workers: set[int]) -> dict[int, int]:
+    established = sockets_on_port(_port(m.webhook_url), TCP_ESTABLISHED)
+    return {pid: len(_socket_inodes(pid) & established) for pid in workers}
+
+
+def listening(m: ManagerProcess, pid: int) -> bool:
+    return bool(_socket_inodes(pid) & sockets_on_port(_port(m.webhook_url), TCP_LISTEN))
+
+
+def open_connections(m: ManagerProcess, cluster: Cluster, ns: str, count: int) -> list[WebhookClient]:
+    """`count` keep-alive connections, each of which has had one pod injected."""
+    clients = []
+    for i in range(count):
+        client = WebhookClient(m.webhook_url, cluster.ca_file)
+        status, body, _ = client.post(names.INJECT_PATH, pod_review(ns, f"spread-{time.monotonic_ns()}-{i}"))
+        assert status == 200 and "proxy" in injected_names(body), (status, body[:300])
+        clients.append(client)
+    return clients
+
+
+@dataclass
+class Probe:
+    at: float  # seconds after the kill
+    outcome: str  # injected, bare, refused (a 4xx/5xx answer), or the connection error's name
+    took: float
+
+
+def probe_fresh_connections(
+    m: ManagerProcess, cluster: Cluster, ns: str, t0: float, stop: threading.Event
+) -> list[Probe]:
+    """One pod per new connection, every 50 ms, until `stop`: what a client opening connections sees."""
+    probes = []
+    i = 0
+    while not stop.is_set():
+        i += 1
+        client = WebhookClient(m.webhook_url, cluster.ca_file, timeout=12)
+        started = time.monotonic()
+        try:
+            status, body, _ = client.post(names.INJECT_PATH, pod_review(ns, f"probe-{i}"))
+            outcome = ("injected" if "proxy" in injected_names(body) else "bare") if status == 200 else "refused"
+        except OSError as e:
+            outcome = type(e).__name__
+        finally:
+            client.close()
+        probes.append(Probe(started - t0, outcome, time.monotonic() - started))
+        time.sleep(0.05)
+    return probes
+
+
+def test_connections_spread_over_the_workers_and_a_killed_worker_is_replaced_without_a_bare_pod(
+    cluster: Cluster, proxy: ApiProxy, manager: ManagerProcess
+) -> None:
+    ns, warm = ready_to_inject(cluster, manager)
+    warm.close()
+    workers = webhook_workers(manager)
+    assert len(workers) == 2, f"expected two admission workers, found {workers}"
+
+    clients = open_connections(manager, cluster, ns, CONNECTIONS)
+    spread_before = connections_per_worker(manager, workers)
+    for c in clients:
+        c.close()
+    # A hash of each connection's ports picks the worker: fewer than 2 of 24 on one has a chance of 2e-6.
+    assert min(spread_before.values()) >= 2, f"connections per worker: {spread_before}"
+
+    # From now on a process that starts waits LIST_HOLD seconds for its first list of SidecarSets.
+    proxy.delay_lists("sidecarsets", LIST_HOLD)
+    victim = min(workers)
+    survivor = max(workers)
+    stop = threading.Event()
+    found: list[list[Probe]] = []
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    prober = threading.Thread(target=lambda: found.append(probe_fresh_connections(manager, cluster, ns, t0, stop)))
+    prober.start()
+    replacement = None
+    listening_at = None
+    try:
+        deadline = t0 + 30
+        while time.monotonic() < deadline and listening_at is None:
+            new = webhook_workers(manager) - {survivor}
+            if new and victim not in new:
+                replacement = next(iter(new))
+                if listening(manager, replacement):
+                    listening_at = time.monotonic() - t0
+            time.sleep(0.02)
+        time.sleep(1.0)  # pods answered by the replacement once it listens
+    finally:
+        stop.set()
+        prober.join(timeout=30)
+    probes = found[0] if found else []
+    assert replacement is not None, f"no worker replaced pid {victim} in 30 s:\n{manager.log_tail(40)}"
+    assert listening_at is not None, "the replacement never listened on the webhook port"
+    assert proxy.delayed_lists >= 1, "the replacement's SidecarSet list was not held: the test proved nothing"
+
+    clients = open_connections(manager, cluster, ns, CONNECTIONS)
+    spread_after = connections_per_worker(manager, {survivor, replacement})
+    for c in clients:
+        c.close()
+
+    outcomes: dict[str, int] = {}
+    for p in probes:
+        outcomes[p.outcome] = outcomes.get(p.outcome, 0) + 1
+    failed = [p for p in probes if p.outcome not in ("injected",)]
+    answered = [p.took for p in probes if p.outcome == "injected"]
+    report(
+        "admission workers: 24 connections each side of a SIGKILL of one worker (SidecarSet lists held "
+        f"{LIST_HOLD:g} s for its replacement)",
+        {
+            "connections per worker before": sorted(spread_before.values()),
+            "replacement listening after": f"{listening_at:.2f} s",
+            "pods on fresh connections": f"{len(probes)}: {outcomes}",
+            "failures at (s after kill)": [round(p.at, 2) for p in failed],
+            "answer p50 / p99 / max": f"{percentile(answered, 50) * 1000:.1f} / "
+            f"{percentile(answered, 99) * 1000:.1f} / {max(answered) * 1000:.1f} ms",
+            "connections per worker after": sorted(spread_after.values()),
+        },
+    )
+    # Never a pod admitted without its sidecar, whoever answered it.
+    assert outcomes.get("bare", 0) == 0, outcomes
+    # The replacement listens only once it has its lists, so it cannot listen before the hold is over.
+    assert listening_at >= LIST_HOLD, f"the replacement listened {listening_at:.2f} s after the kill"
+    # Connections that reached the dead worker's socket before the supervisor closed it (it polls
+    # every 0.2 s) may fail; none later, because the kernel then sends all to the survivor.
+    assert all(p.at < 1.0 for p in failed), [(round(p.at, 2), p.outcome) for p in failed]
+    assert len(probes) >= 40, f"only {len(probes)} probes"
+    assert max(answered) < 2.0, f"an answer took {max(answered):.2f} s"
+    assert min(spread_after.values()) >= 2, f"connections per worker after the restart: {spread_after}"
+    assert len(supervisor_restarts(manager)) == 1, supervisor_restarts(manager)
