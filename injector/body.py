@@ -82,24 +82,25 @@ class Body:
             too_large = f"body of {declared} bytes is larger than the {limits.max_bytes} byte limit"
             raise Refused(413, "too_large", too_large)
         await self._take(declared if declared is not None else limits.max_bytes)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limits.timeout
         chunks: list[bytes] = []
         size = 0
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise Refused(408, "body_timeout", f"the body was not received within {limits.timeout:g}s") from None
-            if message["type"] == "http.disconnect":
-                raise admission.ReviewError(400, "client disconnected before the body was read")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limits.max_bytes:
-                raise Refused(413, "too_large", f"body is larger than the {limits.max_bytes} byte limit")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        more = True
+        try:
+            # One deadline for the whole body; asyncio.timeout_at costs a timer, where a wait_for
+            # per message would cost a task each.
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + limits.timeout):
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise admission.ReviewError(400, "client disconnected before the body was read")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limits.max_bytes:
+                        raise Refused(413, "too_large", f"body is larger than the {limits.max_bytes} byte limit")
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+        except TimeoutError:
+            raise Refused(408, "body_timeout", f"the body was not received within {limits.timeout:g}s") from None
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         values = count_values(raw)
         if values > limits.max_values:
