@@ -22,7 +22,7 @@ ADMISSION_LATENCY = Histogram(
 CONNECTIONS_CLOSED = Counter(
     "sidecarctl_webhook_connections_closed_total",
     "Webhook connections closed by a bound, by reason (max_connections, max_tls_connections, handshake_timeout, "
-    "handshake_failed, header_timeout, error).",
+    "handshake_failed, header_timeout, peer_gone, error).",
     ["reason"],
 )
 OPEN_CONNECTIONS = Gauge(

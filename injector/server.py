@@ -54,12 +54,15 @@ class Limits:
     http2: bool = False
     h2_max_concurrent_streams: int = 100
     max_requests_per_connection: int = 10_000
+    # From our close_notify to giving up on the peer's (asyncio waits 30 s): a peer that never
+    # answers it would hold its TLS slot that long.
+    tls_shutdown_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_tls_connections", "h2_max_concurrent_streams"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("handshake_timeout", "header_timeout", "keep_alive_timeout"):
+        for name in ("handshake_timeout", "header_timeout", "keep_alive_timeout", "tls_shutdown_timeout"):
             if not 0 < getattr(self, name) <= 600:
                 raise ValueError(f"{name} must be between 0 and 600 seconds")
 
@@ -161,6 +164,49 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await ready
     finally:
         loop.remove_reader(fd)
+
+
+class _Protocol(asyncio.StreamReaderProtocol):
+    """StreamReaderProtocol that says when the connection is gone (`lost`)."""
+
+    def __init__(self, reader: asyncio.StreamReader, *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(reader, loop=loop)
+        self.lost = asyncio.Event()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.lost.set()
+
+
+# Seconds hypercorn gets to end a connection on its own once the socket is gone.
+LOST_GRACE = 0.5
+
+
+async def _until_lost(serving: asyncio.Future[None], protocol: _Protocol) -> None:
+    """Wait for hypercorn to end the connection, or for the socket to go and a short grace after.
+
+    A client that completes the TLS handshake and closes without a request (a TLS health check,
+    a load balancer, `openssl s_client`) leaves hypercorn's TCPServer waiting for its keep-alive
+    timer (75 s) before it ends, with the connection's TLS slot held: 20 such connections a
+    second filled the 256 slots in about 25 s, and then no handshake completed until the timer
+    freed some (the API server's calls timed out meanwhile). Once the socket is closed nothing
+    can be answered on it, so the connection ends there.
+    """
+
+    async def gone() -> None:
+        await protocol.lost.wait()
+
+    lost: asyncio.Future[None] = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({serving, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if not serving.done():
+            await asyncio.wait({serving}, timeout=LOST_GRACE)
+        if not serving.done():
+            _closed("peer_gone")
+            return
+        serving.result()  # hypercorn's own error (a socket already closed when it started): the caller counts it
+    finally:
+        lost.cancel()
 
 
 class _Writer(asyncio.StreamWriter):
@@ -281,11 +327,17 @@ class Listener:
 
     async def _serve_tls(self, conn: socket.socket, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         reader = asyncio.StreamReader(limit=2**16, loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        protocol = _Protocol(reader, loop=loop)
         remaining = max(0.1, deadline - loop.time())
         try:
             transport, _ = await asyncio.wait_for(
-                loop.connect_accepted_socket(lambda: protocol, conn, ssl=self.context, ssl_handshake_timeout=remaining),
+                loop.connect_accepted_socket(
+                    lambda: protocol,
+                    conn,
+                    ssl=self.context,
+                    ssl_handshake_timeout=remaining,
+                    ssl_shutdown_timeout=self.limits.tls_shutdown_timeout,
+                ),
                 remaining + 1.0,
             )
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
@@ -303,12 +355,18 @@ class Listener:
             self._guards.add(guard)
             app = _guarded_app(self.app, guard, loop)
             source = _GuardedReader(reader, guard, loop)
+        serving = asyncio.ensure_future(
+            TCPServer(ASGIWrapper(cast(Any, app)), loop, self.config, self.worker, {}, source, writer)
+        )
         try:
-            await TCPServer(ASGIWrapper(cast(Any, app)), loop, self.config, self.worker, {}, source, writer)
+            await _until_lost(serving, protocol)
         finally:
             if guard is not None:
                 self._guards.discard(guard)
             transport.abort()
+            if not serving.done():
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
 
     async def _sweep(self) -> None:
         """Abort connections whose request headers are overdue."""

@@ -11,7 +11,6 @@ import base64
 import time
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from prometheus_client import REGISTRY
 
 from certwatcher import pem
@@ -43,13 +42,6 @@ from tests.kube.managerharness import VWC_PATH, wait_ready, webhook_configs
 OLD_CA_TTL = 28.0  # seconds: long enough to set the rotation up, short enough to watch it expire
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent (about half the runs on this VM, also at older commits): right after the expired CA "
-    "leaves caBundle, the webhook worker completes no TLS handshake for ~10 s (the hammer's handshakes time out "
-    "and one API server call hits its 10 s deadline) while py-spy shows its event loop idle in select; "
-    "not yet explained (README: Not done yet)",
-)
 def test_ca_rotation_overlap_and_expired_ca_dropped(rig: Rig) -> None:
     started = datetime.now(UTC)
     old_ca = make_ca("old-ca", not_after=started + timedelta(seconds=OLD_CA_TTL))
