@@ -8,11 +8,15 @@ control plane of its own, so the attacks, proxies and restarts of one module nev
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.kube.apiproxy import ApiProxy
 from tests.kube.controlplane import ControlPlaneError, binaries_dir
+from tests.kube.loop import BackgroundLoop
+from tests.reliability.harness import Cluster
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -26,3 +30,13 @@ def k8s_bin_dir() -> Path:
         if IN_CI:
             pytest.fail(f"cannot provide the control plane binaries: {e}")
         pytest.skip(f"no control plane binaries: {e}")
+
+
+@pytest.fixture(scope="module")
+def proxy(aloop: BackgroundLoop, cluster: Cluster) -> Iterator[ApiProxy]:
+    """A proxy (tests.kube.apiproxy) in front of the module's own control plane (its `cluster`)."""
+    p = aloop.run(ApiProxy(cluster.cp).start())
+    try:
+        yield p
+    finally:
+        aloop.run(p.stop())

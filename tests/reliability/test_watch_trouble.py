@@ -38,15 +38,6 @@ def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def proxy(aloop: BackgroundLoop, cluster: Cluster) -> Iterator[ApiProxy]:
-    p = aloop.run(ApiProxy(cluster.cp).start())
-    try:
-        yield p
-    finally:
-        aloop.run(p.stop())
-
-
-@pytest.fixture(scope="module")
 def manager(cluster: Cluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
     cluster.sidecarset("lag", "lag")
     # The webhook's snapshot is what lags or stalls here, so the webhook injects every pod (in the

@@ -42,15 +42,6 @@ def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
         c.close()
 
 
-@pytest.fixture(scope="module")
-def proxy(aloop: BackgroundLoop, cluster: Cluster) -> Iterator[ApiProxy]:
-    p = aloop.run(ApiProxy(cluster.cp).start())
-    try:
-        yield p
-    finally:
-        aloop.run(p.stop())
-
-
 @pytest.fixture
 def manager(cluster: Cluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
     m = cluster.start_manager("workers", kubeconfig_path=cluster.kubeconfig_for(proxy.url))

@@ -15,7 +15,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,19 +25,9 @@ from certwatcher.tls import HTTP1_ONLY
 from injector.server import Limits, Listener
 from sidecarctl.probes import listen
 from tests import certutil
+from tests.kube.asgiapps import ok_app
 
 SLOTS = 8
-
-
-async def _ok(
-    scope: MutableMapping[str, Any],
-    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-) -> None:
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-    await send({"type": "http.response.body", "body": b"ok"})
 
 
 def _handshake_and_close(port: int, ctx: ssl.SSLContext) -> None:
@@ -82,7 +72,7 @@ def _run(clients: Callable[[int, ssl.SSLContext], Any]) -> tuple[Any, list[int]]
 
     async def main() -> tuple[Any, list[int]]:
         sock = listen("127.0.0.1:0")
-        listener = Listener(_ok, sock, reloader.front_context, Limits(max_tls_connections=SLOTS))
+        listener = Listener(ok_app, sock, reloader.front_context, Limits(max_tls_connections=SLOTS))
         stop = asyncio.Event()
         task = asyncio.create_task(listener.serve(stop))
         try:

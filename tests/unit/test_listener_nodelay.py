@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from injector import server
 from injector.server import Limits, Listener
 from sidecarctl.probes import listen
 from tests import certutil
+from tests.kube.asgiapps import ok_app
 
 
 def test_the_listening_socket_is_tcp_so_accepted_ones_get_nodelay() -> None:
@@ -32,17 +32,6 @@ def test_the_listening_socket_is_tcp_so_accepted_ones_get_nodelay() -> None:
             assert conn.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
-
-
-async def _ok(
-    scope: MutableMapping[str, Any],
-    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-) -> None:
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-    await send({"type": "http.response.body", "body": b"ok"})
 
 
 def test_a_served_connection_has_tcp_nodelay(monkeypatch: Any) -> None:
@@ -65,7 +54,7 @@ def test_a_served_connection_has_tcp_nodelay(monkeypatch: Any) -> None:
         sock = listen("127.0.0.1:0")
         port = sock.getsockname()[1]
         stop = asyncio.Event()
-        task = asyncio.create_task(Listener(_ok, sock, reloader.front_context, Limits()).serve(stop))
+        task = asyncio.create_task(Listener(ok_app, sock, reloader.front_context, Limits()).serve(stop))
         context = certutil.client_context(ca.cert_pem, alpn=("http/1.1",))
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
         writer.write(b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n")
