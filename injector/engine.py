@@ -132,7 +132,9 @@ def inject(
     # Kruise sorts the injected init containers of all SidecarSets together, by name.
     built.init_containers.sort(key=lambda item: str(item[1]["name"]))
     new_labels = {**labels, names.POD_INJECTED_LABEL: "true"}
-    new_annotations = _annotations(annotations, todo, hash_maps, built, apps, now=now, warnings=warnings)
+    new_annotations = _annotations(
+        annotations, todo, hash_maps, built, apps, now=now, warnings=warnings, replaced=selected.replaced
+    )
     ops = _metadata_ops(pod, new_labels, new_annotations)
     spec_ops = _spec_ops(spec, built)
     if isinstance(spec_ops, str):
@@ -160,6 +162,7 @@ def _annotations(
     *,
     now: str,
     warnings: list[str],
+    replaced: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """The pod's annotations after injection: patchPodMetadata, hash maps, injected list, default container."""
     hash_map, hash_map_wi = hash_maps
@@ -169,7 +172,7 @@ def _annotations(
     out[names.ANN_HASH] = metadata.with_entries(hash_map, todo, now=now, without_image=False)
     out[names.ANN_HASH_WITHOUT_IMAGE] = metadata.with_entries(hash_map_wi, todo, now=now, without_image=True)
     out[names.ANN_INJECTED_LIST] = metadata.with_injected_list(
-        annotations.get(names.ANN_INJECTED_LIST), [ss.name for ss in todo]
+        annotations.get(names.ANN_INJECTED_LIST), [ss.name for ss in todo], drop=replaced
     )
     if built.hot:
         out.update(hotupgrade.pod_annotations(annotations.get(names.ANN_WORKING_HOT), built.hot, warnings))

@@ -28,11 +28,13 @@ HashMaps = tuple[dict[str, Any], dict[str, Any]]
 @dataclass(frozen=True, slots=True)
 class Selection:
     """`todo`: the SidecarSets to inject now, in name order; `hash_maps`: the pod's hash annotations
-    as read; `sidecar_names`: the container names of every SidecarSet the pod gets, now or before."""
+    as read, without the entries of bases a canary replaces; `sidecar_names`: the container names of
+    every SidecarSet the pod gets, now or before; `replaced`: those bases."""
 
     todo: list[SidecarSet]
     hash_maps: HashMaps
     sidecar_names: frozenset[str]
+    replaced: frozenset[str] = frozenset()
 
 
 def select(
@@ -69,10 +71,22 @@ def select(
     hash_map_wi, bad = metadata.read_hash_map(annotations.get(names.ANN_HASH_WITHOUT_IMAGE))
     if bad:
         warnings.append(f"{names.ANN_HASH_WITHOUT_IMAGE}: {bad}")
+    # A pod can reach the webhook already injected with a base its canary replaces: the base's
+    # MutatingAdmissionPolicy runs first and leaves the canary's pods alone only once the API
+    # server enforces the version that excludes them. The canary's same-name containers replace
+    # the base's; its bookkeeping goes too, so the base neither counts nor upgrades the pod.
+    for base in replaced:
+        hash_map.pop(base, None)
+        hash_map_wi.pop(base, None)
     todo = sorted((ss for ss in chosen if metadata.recorded_hash(hash_map, ss.name) != ss.hash), key=lambda s: s.name)
     if not todo:
         return SKIP_ALREADY_INJECTED
-    return Selection(todo, (hash_map, hash_map_wi), frozenset(n for ss in chosen for n in ss.all_container_names))
+    return Selection(
+        todo,
+        (hash_map, hash_map_wi),
+        frozenset(n for ss in chosen for n in ss.all_container_names),
+        frozenset(replaced),
+    )
 
 
 def _without_conflicts(

@@ -63,6 +63,20 @@ def test_a_matching_canary_replaces_its_base() -> None:
     assert "mesh/version" not in annotations  # the base's patchPodMetadata is not applied either
 
 
+def test_a_canary_replaces_what_its_base_policy_injected_a_moment_before() -> None:
+    # The base's MutatingAdmissionPolicy runs before the webhook and, until the API server enforces
+    # the version that excludes the canary's pods, injects the base into them too.
+    by_base_policy = injected(builders.pod(labels={"app": "web", "track": "canary"}), base_obj())
+    assert by_base_policy["metadata"]["annotations"][names.ANN_INJECTED_LIST] == "mesh"
+    out = injected(by_base_policy, base_obj(), canary_obj())
+    assert images(out)["proxy"] == "envoy:2"
+    assert [c["name"] for c in out["spec"]["containers"]].count("proxy") == 1
+    annotations = out["metadata"]["annotations"]
+    assert annotations[names.ANN_INJECTED_LIST] == "mesh-canary"
+    assert list(json.loads(annotations[names.ANN_HASH])) == ["mesh-canary"]
+    assert list(json.loads(annotations[names.ANN_HASH_WITHOUT_IMAGE])) == ["mesh-canary"]
+
+
 def test_a_canary_that_does_not_match_leaves_the_base() -> None:
     out = injected(builders.pod(labels={"app": "web"}), base_obj(), canary_obj())
     assert images(out)["proxy"] == "envoy:1"
