@@ -11,7 +11,16 @@ from tests.kube.adminrest import AdminRest, wait_for
 
 
 def http_probe(port: int, path: str = "/ready") -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 1, "failureThreshold": 1}
+    """Probed every second so a started container is Ready within about a second. A stall of the
+    node (2 shared cores running the control plane, the manager and the kubelet) must not flip a
+    running pod to not Ready: the rollout tests count not-Ready pods against maxUnavailable, so the
+    probe allows 2 s per try and 3 misses in a row."""
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": 1,
+        "timeoutSeconds": 2,
+        "failureThreshold": 3,
+    }
 
 
 def app_container(name: str = "app") -> dict[str, Any]:

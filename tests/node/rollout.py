@@ -26,7 +26,7 @@ from typing import Any
 
 from tests.kube import images
 from tests.kube.adminrest import AdminRest, ApiError, wait_for
-from tests.node.pods import app_container, is_ready, statuses
+from tests.node.pods import app_container, http_probe, is_ready, statuses
 
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 SIDECAR = "proxy"
@@ -49,11 +49,7 @@ def sidecarset(name: str, namespace: str, image: str, *, max_unavailable: int | 
                     "name": SIDECAR,
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
-                    "readinessProbe": {
-                        "httpGet": {"path": "/ready", "port": images.SIDECAR_PORT},
-                        "periodSeconds": 1,
-                        "failureThreshold": 1,
-                    },
+                    "readinessProbe": http_probe(images.SIDECAR_PORT),
                 }
             ],
             "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": max_unavailable},
@@ -333,16 +329,47 @@ class RolloutReport:
     fooling: int  # pod-samples: observedGeneration of the new spec while the old sidecar ran, ready
     done_at: float | None  # first sample: every pod really updated and the status counts them all
     max_gap: float  # longest time between two samples
+    max_flapping: int  # pods in one sample that went not Ready on their own (see `analyse`)
+
+
+def _instance(p: PodView) -> tuple[str, int, str]:
+    """One run of a pod's sidecar container: a restart or an in-place upgrade makes a new one."""
+    return p.uid, p.restarts, p.image_id
+
+
+def flapping(s: Sample, seen_ready: set[tuple[str, int, str]], *, target: str, old_ids: frozenset[str]) -> set[str]:
+    """Pods of `s` that are not Ready although the rollout has nothing to do with it: the same run
+    of the sidecar was in a Ready pod in an earlier sample, and the pod either was not patched yet
+    or already runs the target (a readiness probe that missed its timeout on a loaded node). A pod
+    the controller patched and the kubelet has not restarted yet is never one of them: it still
+    runs the old image."""
+    return {
+        p.name
+        for p in s.pods
+        if not p.ready
+        and p.running
+        and _instance(p) in seen_ready
+        and (p.spec_image != target or (p.image == target and p.image_id not in old_ids))
+    }
 
 
 def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], total: int) -> RolloutReport:
-    max_not_ready = max_in_flight = max_unavailable = fooling = 0
+    """What the samples show. A pod that goes not Ready on its own (`flapping`) is not counted
+    against the rollout's budget, which bounds what the controller takes down; the most such pods
+    in one sample is reported so the test can show them."""
+    max_not_ready = max_in_flight = max_unavailable = fooling = max_flapping = 0
     early: list[str] = []
     done_at = None
+    seen_ready: set[tuple[str, int, str]] = set()
     for s in samples:
+        flaps = flapping(s, seen_ready, target=target, old_ids=old_ids)
+        seen_ready.update(_instance(p) for p in s.pods if p.ready and p.running)
         really = [p for p in s.pods if p.runs(target, old_ids)]
-        not_ready = [p for p in s.pods if not p.ready]
-        in_flight = [p for p in s.pods if p.spec_image == target and not p.runs(target, old_ids)]
+        not_ready = [p for p in s.pods if not p.ready and p.name not in flaps]
+        in_flight = [
+            p for p in s.pods if p.spec_image == target and not p.runs(target, old_ids) and p.name not in flaps
+        ]
+        max_flapping = max(max_flapping, len(flaps))
         max_not_ready = max(max_not_ready, len(not_ready))
         max_in_flight = max(max_in_flight, len(in_flight))
         max_unavailable = max(max_unavailable, len({p.name for p in not_ready} | {p.name for p in in_flight}))
@@ -358,13 +385,23 @@ def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], 
         )
         # Until the SidecarSet's status is written for the new spec its counters describe the old one.
         counted = int(s.status.get("updatedReadyPods") or 0) if s.counts_current_spec() else 0
-        if counted > len(really):
-            early.append(f"t={s.t:.2f}: status updatedReadyPods={counted}, really updated and ready {len(really)}")
+        # A pod that ran the target Ready and flapped since may have been counted while it was Ready.
+        landed = len(really) + sum(1 for p in s.pods if p.name in flaps and p.spec_image == target)
+        if counted > landed:
+            early.append(f"t={s.t:.2f}: status updatedReadyPods={counted}, really updated and ready {landed}")
         if done_at is None and len(really) == total == len(s.pods) and counted == total:
             done_at = s.t
     gaps = [b.t - a.t for a, b in itertools.pairwise(samples)]
     return RolloutReport(
-        len(samples), max_not_ready, max_in_flight, max_unavailable, early, fooling, done_at, max(gaps, default=0.0)
+        len(samples),
+        max_not_ready,
+        max_in_flight,
+        max_unavailable,
+        early,
+        fooling,
+        done_at,
+        max(gaps, default=0.0),
+        max_flapping,
     )
 
 
@@ -372,17 +409,25 @@ def timeline(
     samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], marks: dict[str, float], limit: int = 80
 ) -> str:
     """The rollout sample by sample, one line per change, for a failure message: time from the first
-    sample, pods patched and not yet running the target / really updated / not Ready, the status
-    counters, and `marks` (events such as a deletion) where they fall."""
+    sample, pods patched and not yet running the target / really updated / not Ready (and which of
+    those are `flapping`), the status counters, and `marks` (events such as a deletion) where they
+    fall."""
     if not samples:
         return "(no samples)"
     t0, lines, last = samples[0].t, [], None
     pending = sorted(marks.items(), key=lambda kv: kv[1])
+    seen_ready: set[tuple[str, int, str]] = set()
     for s in samples:
         while pending and pending[0][1] <= s.t:
             name, at = pending.pop(0)
             lines.append(f"  {at - t0:6.2f}s --- {name}")
-        in_flight = sorted(p.name[-5:] for p in s.pods if p.spec_image == target and not p.runs(target, old_ids))
+        flaps = flapping(s, seen_ready, target=target, old_ids=old_ids)
+        seen_ready.update(_instance(p) for p in s.pods if p.ready and p.running)
+        in_flight = sorted(
+            p.name[-5:]
+            for p in s.pods
+            if p.spec_image == target and not p.runs(target, old_ids) and p.name not in flaps
+        )
         really = sum(p.runs(target, old_ids) for p in s.pods)
         not_ready = sum(not p.ready for p in s.pods)
         st = s.status
@@ -390,12 +435,13 @@ def timeline(
             f"og={st.get('observedGeneration')}/{s.generation} "
             f"upd={st.get('updatedPods')} updReady={st.get('updatedReadyPods')}"
         )
-        row = (tuple(in_flight), really, not_ready, status)
+        flapped = ",".join(sorted(n[-5:] for n in flaps))
+        row = (tuple(in_flight), really, not_ready, flapped, status)
         if row != last:
             last = row
             lines.append(
                 f"  {s.t - t0:6.2f}s in flight {len(in_flight)} {','.join(in_flight)} | really {really} | "
-                f"not ready {not_ready} | {status}"
+                f"not ready {not_ready}{f' (flapping {flapped})' if flapped else ''} | {status}"
             )
     lines += [f"  {at - t0:6.2f}s --- {name}" for name, at in pending]
     if len(lines) > limit:

@@ -182,8 +182,11 @@ def _rollout(w: Workload, target: str, *, timeout: float = 180) -> tuple[Rollout
 
 
 def _check_sampling(report: RolloutReport, seconds: float) -> None:
+    """The samples were dense enough to see every pod in flight: one upgrade takes at least a
+    container stop, a start and a readiness probe (over a second), so a 1 s gap (the VM stalls the
+    sampling thread now and then) cannot hide one."""
     assert report.samples >= seconds / 0.1, f"{report.samples} samples in {seconds:.1f}s: not every 50 ms"
-    assert report.max_gap < 0.5, f"a {report.max_gap:.2f}s gap between samples"
+    assert report.max_gap < 1.0, f"a {report.max_gap:.2f}s gap between samples"
 
 
 def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: Cluster, fleet: Workload) -> None:
@@ -205,7 +208,10 @@ def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: Cluster, fle
         "in-place upgrade: max unavailable / in flight",
         f"{report.max_unavailable_seen} / {report.max_in_flight} (maxUnavailable {FLEET_MAX_UNAVAILABLE})",
     )
-    record_value("in-place upgrade: samples / longest gap", f"{report.samples} / {report.max_gap * 1000:.0f} ms")
+    record_value(
+        "in-place upgrade: samples / longest gap / most pods flapping at once",
+        f"{report.samples} / {report.max_gap * 1000:.0f} ms / {report.max_flapping}",
+    )
     record_value("in-place upgrade: observedGeneration-ahead pod samples", str(report.fooling))
 
 
@@ -461,8 +467,9 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
     assert report.done_at is not None
     record(f"rollout of {FLEET} pods with the leader's pod deleted: patch to done", report.done_at - patched_at)
     record_value(
-        "leader-loss rollout: max unavailable / in flight",
-        f"{report.max_unavailable_seen} / {report.max_in_flight} (maxUnavailable {FLEET_MAX_UNAVAILABLE})",
+        "leader-loss rollout: max unavailable / in flight / flapping",
+        f"{report.max_unavailable_seen} / {report.max_in_flight} / {report.max_flapping}"
+        f" (maxUnavailable {FLEET_MAX_UNAVAILABLE})",
     )
 
 
