@@ -34,6 +34,7 @@ from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER
 from sidecarctl.options import ManagerOptions
+from sidecarsets import metrics as ss_metrics
 from sidecarsets import names
 from sidecarsets.controller import SS_PATH, Controller
 from sidecarsets.missedscan import MissedScan
@@ -301,6 +302,7 @@ class ControlRole:
             await asyncio.gather(*watches, return_exceptions=True)
             self.term = None
             self.leading = False
+            ss_metrics.forget()  # the next leader reports them; this replica's values would go stale
             log.info("stopped leading; the controller's caches are dropped")
 
     async def run(self, stop: asyncio.Event) -> None:

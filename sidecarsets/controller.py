@@ -82,6 +82,7 @@ class Controller(PodWrites):
         name = str((obj.get("metadata") or {}).get("name") or "")
         if kind == "DELETED" or new is None:
             self.sidecarsets.pop(name, None)
+            self.queue.add(name)  # its reconcile drops its metric series (after one in flight, if any)
             return
         self.sidecarsets[name] = SidecarSet.from_object(new, tolerant=True)
         old_gen = ((old or {}).get("metadata") or {}).get("generation")
@@ -151,6 +152,7 @@ class Controller(PodWrites):
         self.reconciles += 1
         ss = self.sidecarsets.get(name)
         if ss is None:
+            metrics.forget(name)
             metrics.RECONCILES.labels("success").inc()
             return None
         self._deadline_check.pop(name, None)

@@ -2,9 +2,15 @@
 
 Module-level collectors in the default registry, so `/metrics` exposes them wherever they are
 incremented; names follow Prometheus conventions with the `sidecarctl_` prefix.
+
+The per-SidecarSet gauges describe what the leader sees now, so their series are dropped
+(`forget`) when a SidecarSet is deleted and when a replica stops leading: a former leader must
+not go on exporting a stalled rollout or missing sidecars that the new leader has since cleared.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import Counter, Gauge
 
@@ -45,3 +51,39 @@ MISSED_RECREATED = Counter(
 TRACKED_PODS = Gauge(
     "sidecarctl_tracked_pods", "Injected pods held as projections by the controller.", multiprocess_mode="livemax"
 )
+
+PER_SIDECARSET: tuple[Gauge, ...] = (PODS_NOT_UPGRADABLE, PODS_MISSING_SIDECARS, ROLLOUT_STALLED)
+
+
+def _multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))  # what `sidecarctl run` sets for its children
+
+
+def series(gauge: Gauge) -> set[str]:
+    """The SidecarSets this process has a series of `gauge` for."""
+    return {
+        name
+        for family in gauge.collect()
+        for sample in family.samples
+        if (name := sample.labels.get("sidecarset")) is not None
+    }
+
+
+def forget(name: str | None = None) -> None:
+    """Drop SidecarSet `name`'s series from the per-SidecarSet gauges, every SidecarSet's (and the
+    tracked-pods count) when `name` is None.
+
+    prometheus-client cannot remove a series in multiprocess mode (`sidecarctl run`): the value
+    stays in the process's file and the supervisor's /metrics goes on reading it. There the
+    series is set to 0 instead, which is what a deleted SidecarSet or a non-leader has (the
+    gauges aggregate with livemax, so the leader's value is the one shown).
+    """
+    zero = _multiprocess()
+    for gauge in PER_SIDECARSET:
+        for ss in series(gauge) if name is None else series(gauge) & {name}:
+            if zero:
+                gauge.labels(ss).set(0)
+            else:
+                gauge.remove(ss)
+    if name is None:
+        TRACKED_PODS.set(0)

@@ -193,8 +193,8 @@ class MissedScan:
         changed = {n for n in set(found) | set(self.missing) if found.get(n) != self.missing.get(n)}
         previous = self.missing
         self.missing = found
-        for name in (set(previous) - set(found)) & _labels_of_gauge():  # a deleted SidecarSet: no series
-            metrics.PODS_MISSING_SIDECARS.remove(name)
+        for name in set(previous) - set(found):  # a deleted SidecarSet: no series
+            metrics.forget(name)
         for name, pods in found.items():
             metrics.PODS_MISSING_SIDECARS.labels(name).set(len(pods))
             new = [m for m in pods if m not in set(previous.get(name) or ())]
@@ -262,14 +262,3 @@ class MissedScan:
             m.key,
             m.sidecarset,
         )
-
-
-def _labels_of_gauge() -> set[str]:
-    """The SidecarSets the gauge has a series for."""
-    out: set[str] = set()
-    for family in metrics.PODS_MISSING_SIDECARS.collect():
-        for sample in family.samples:
-            name = sample.labels.get("sidecarset")
-            if name is not None:
-                out.add(name)
-    return out
