@@ -2,7 +2,10 @@
 
 Every test here runs the real manager (`sidecarctl run`: supervisor, control process, two
 admission workers) against a real kube-apiserver and asserts measured numbers. Each module gets a
-control plane of its own, so the attacks, proxies and restarts of one module never touch another.
+control plane of its own, so the attacks, proxies and restarts of one module never touch another;
+a module shapes it with two module-level names: `KUBELET_RESTART_DELAY` (seconds the fake kubelet
+takes to restart a container; no fake kubelet without it) and `SIDECARSETS` (name -> the `app`
+label it selects, created before the first test).
 """
 
 from __future__ import annotations
@@ -30,6 +33,20 @@ def k8s_bin_dir() -> Path:
         if IN_CI:
             pytest.fail(f"cannot provide the control plane binaries: {e}")
         pytest.skip(f"no control plane binaries: {e}")
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
+    """The module's own control plane, as its `KUBELET_RESTART_DELAY` and `SIDECARSETS` ask."""
+    delay: float | None = getattr(request.module, "KUBELET_RESTART_DELAY", None)
+    sidecarsets: dict[str, str] = getattr(request.module, "SIDECARSETS", {})
+    c = Cluster(aloop, k8s_bin_dir, kubelet_restart_delay=delay)
+    try:
+        for name, app in sidecarsets.items():
+            c.sidecarset(name, app)
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
@@ -23,7 +22,6 @@ import pytest
 from sidecarsets import names
 from tests.kube import soak
 from tests.kube.controlplane import REPO
-from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import MIB, Metrics, RssSampler, WebhookClient, injected_names, percentile, pod_review
 from tests.reliability.harness import (
@@ -40,16 +38,7 @@ RETRY_PERIOD = 2.0
 CLOSE_SLACK = 0.25  # seconds between the manager's timer firing and the client seeing the close
 IDENTITY = "budgets"
 APP = "web"
-
-
-@pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(aloop, k8s_bin_dir)
-    try:
-        c.sidecarset("mesh", APP)
-        yield c
-    finally:
-        c.close()
+SIDECARSETS = {"mesh": APP}
 
 
 @pytest.fixture

@@ -9,35 +9,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.kube import builders
 from tests.kube.adminrest import ApiError
 from tests.kube.client import eventually
-from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import ManagerProcess
 from tests.reliability.harness import MANAGER_USER, SS_PATH, WORKERS, Cluster, audit_events, report
 
 IDENTITY = "restart"
 APP = "restart"
+KUBELET_RESTART_DELAY = 0.5
 PODS = 12
 RESUME_BOUND = 10.0
 # The manager's watches: the control process has one of each (pods only while leading), every
 # admission worker one of each but pods.
 WATCHES = {"sidecarsets": 1 + WORKERS, "namespaces": 1 + WORKERS, "controllerrevisions": 1 + WORKERS, "pods": 1}
-
-
-@pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(aloop, k8s_bin_dir, kubelet_restart_delay=0.5)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:

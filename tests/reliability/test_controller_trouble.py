@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +19,8 @@ from kuberuntime import api
 from kuberuntime.clock import micro_time, utc_now
 from tests.kube import builders
 from tests.kube.client import eventually
-from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import ManagerProcess
+from tests.kube.measure import Metrics
 from tests.reliability.harness import (
     LEASE_PATH,
     MANAGER_USER,
@@ -33,17 +32,9 @@ from tests.reliability.harness import (
 )
 
 IDENTITY = "controller-trouble"
+KUBELET_RESTART_DELAY = 0.3
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 VAPB_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
-
-
-@pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(aloop, k8s_bin_dir, kubelet_restart_delay=0.3)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module")
@@ -231,11 +222,15 @@ def test_a_leader_that_loses_the_lease_stops_writing_and_plans_from_a_fresh_list
     _set_image(cluster, app, "proxy:2")
     eventually(lambda: len(_upgraded(cluster, ns, app, "proxy:2")) >= 2, timeout=30, what="rollout under way")
 
+    metrics = Metrics(manager.probe_url)
+    tracked_leading = metrics.value("sidecarctl_tracked_pods")
     _lost_before, lost_after = _takeover(cluster, "intruder", 15)
     at_takeover = len(_upgraded(cluster, ns, app, "proxy:2"))
     hold_until = time.monotonic() + 8.0
+    tracked_lost: list[float] = []
     while time.monotonic() < hold_until:  # the intruder keeps renewing, as a live leader does
         time.sleep(2.0)
+        tracked_lost.append(metrics.value("sidecarctl_tracked_pods"))
         lease = cluster.kube.get(LEASE_PATH)
         lease["spec"]["renewTime"] = micro_time(utc_now())
         with contextlib.suppress(api.Conflict):
@@ -285,8 +280,13 @@ def test_a_leader_that_loses_the_lease_stops_writing_and_plans_from_a_fresh_list
             "first pod patch after regaining": f"{patches_after[0].received - regain.received:.2f} s after"
             if patches_after
             else "none",
+            "sidecarctl_tracked_pods leading / every 2 s while another held the Lease": f"{tracked_leading:.0f} / "
+            + ", ".join(f"{v:.0f}" for v in tracked_lost),
         },
     )
+    assert tracked_leading >= count, f"the leader exported {tracked_leading} tracked pods, {count} are injected"
+    # A replica that stopped leading drops the leader's gauges: the next leader exports them.
+    assert tracked_lost and tracked_lost[-1] == 0, f"a replica without the Lease exported {tracked_lost}"
     assert 0 < at_takeover < count, "the takeover must land in the middle of the rollout"
     assert not violations, "writes after the Lease was lost:\n" + "\n".join(
         f"{e.verb} {e.uri} at +{e.received - lost_after:.2f} s" for e in violations

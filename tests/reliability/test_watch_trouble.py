@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kuberuntime import api
 from tests.kube import builders
 from tests.kube.apiproxy import ApiProxy
-from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import Metrics
 from tests.reliability.harness import SS_PATH, Cluster, report
@@ -26,15 +24,6 @@ from tests.reliability.harness import SS_PATH, Cluster, report
 LAG = 3.0
 LAG_ROUNDS = 50
 STALL_BOUND = 60.0
-
-
-@pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(aloop, k8s_bin_dir)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module")

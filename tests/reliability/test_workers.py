@@ -21,25 +21,15 @@ import pytest
 
 from sidecarsets import names
 from tests.kube.apiproxy import ApiProxy
-from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import WebhookClient, injected_names, percentile, pod_review
 from tests.reliability.harness import Cluster, child_pids, ready_to_inject, report, supervisor_restarts
 
 APP = "web"
+SIDECARSETS = {"mesh": APP}
 CONNECTIONS = 24
 LIST_HOLD = 4.0  # seconds each SidecarSet list is held once the manager is up
 TCP_ESTABLISHED, TCP_LISTEN = "01", "0A"
-
-
-@pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(aloop, k8s_bin_dir)
-    try:
-        c.sidecarset("mesh", APP)
-        yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture
