@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import enum
 import logging
 import random
@@ -36,7 +35,7 @@ from certwatcher.bundlepolicy import bundle_differs, decode_bundle, desired_bund
 from certwatcher.writebudget import WriteBudget
 from kuberuntime import api as kube
 from kuberuntime import backoff
-from kuberuntime.clock import utc_now
+from kuberuntime.clock import first_of, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -190,15 +189,7 @@ class CABundleSyncer:
             await self._sleep(stop, deadline - self._mono())
 
     async def _sleep(self, stop: asyncio.Event, timeout: float) -> None:
-        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-            for w in waiters:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await w
+        await first_of(stop.wait(), self._wake.wait(), timeout=timeout)
 
     def _retry_delay(self, ref: WebhookConfigRef, result: SyncResult) -> float | None:
         now = self._mono()

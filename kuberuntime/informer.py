@@ -24,7 +24,7 @@ import aiohttp
 
 from kuberuntime import api
 from kuberuntime.backoff import JITTER, Backoff
-from kuberuntime.clock import sleep_or_stop
+from kuberuntime.clock import first_of, sleep_or_stop
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import WATCH_RESTARTS
 
@@ -138,14 +138,7 @@ class Informer(Generic[T]):
 
         A quiet watch can block for minutes, so the loop runs as a task that `stop` cancels at once.
         """
-        loop = asyncio.create_task(self._loop(stop))
-        stopped = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait({loop, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (loop, stopped):
-                task.cancel()
-            await asyncio.gather(loop, stopped, return_exceptions=True)
+        await first_of(self._loop(stop), stop.wait())
 
     async def _loop(self, stop: asyncio.Event) -> None:
         backoff = Backoff(base=min(0.2, self.max_backoff), cap=self.max_backoff, jitter=(0.5, 1.5))

@@ -24,6 +24,7 @@ from injector.decisions import WebhookSettings
 from injector.namespaces import NamespaceLookup
 from injector.server import Limits, Listener
 from kuberuntime import kubeapi, kubeconfig
+from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.options import ManagerOptions
@@ -126,16 +127,7 @@ class WebhookRole:
             for inf in self.informers:
                 await inf.synced.wait()
 
-        async def stopped() -> None:
-            await stop.wait()
-
-        waiters = {asyncio.create_task(all_synced()), asyncio.create_task(stopped())}
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        await first_of(all_synced(), stop.wait())
         if stop.is_set():
             return False
         log.info("webhook: first lists in %.2fs; accepting connections", time.monotonic() - started)

@@ -33,7 +33,7 @@ from injector.policy import plan as planning
 from injector.policy.generate import Generated, covers
 from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportProbe
 from kuberuntime import api
-from kuberuntime.clock import now_rfc3339
+from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import names
 from sidecarsets.model import ModelError, SidecarSet
@@ -155,11 +155,8 @@ class PolicySync:
                 log.exception("policy sync failed; retrying")
                 self.dirty.set()
                 await asyncio.sleep(5.0)
-            waits = [asyncio.create_task(self.dirty.wait()), asyncio.create_task(stop.wait())]
-            timeout = RECHECK_SECONDS if self.narrow_at is None else max(0.0, self.narrow_at - self.monotonic())
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
+            timeout = RECHECK_SECONDS if self.narrow_at is None else self.narrow_at - self.monotonic()
+            await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
 
     async def _check_support(self) -> None:
         try:
