@@ -204,17 +204,23 @@ def from_kubeconfig(path: Path, *, context: str | None = None) -> ClusterConfig:
     return ClusterConfig(server.rstrip("/"), ssl_ctx, headers)
 
 
-def load_config(kubeconfig: str | None = None, *, context: str | None = None) -> ClusterConfig:
-    """Kubeconfig when given (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
-    if kubeconfig is None:
-        found = in_cluster()
+def load_config(kubeconfig: str | None = None, *, context: str | None = None, sa_dir: Path = SA_DIR) -> ClusterConfig:
+    """The manager's credentials, found where controller-runtime looks, in its order: `kubeconfig`
+    when given, then $KUBECONFIG (its first file that exists; files are not merged), then the
+    in-cluster service account, then ~/.kube/config. A $KUBECONFIG set in the pod wins over the
+    pod's own account, as it does for a controller-runtime manager."""
+    env = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if kubeconfig is not None:
+        where = kubeconfig
+    elif env:
+        kubeconfig = next((p for p in env if Path(p).exists()), env[0])
+        where = f"{kubeconfig} (from $KUBECONFIG)"
+    else:
+        found = in_cluster(sa_dir)
         if found is not None:
             return found
-        env = os.environ.get("KUBECONFIG", "")
-        kubeconfig = env.split(os.pathsep)[0] if env else str(Path.home() / ".kube" / "config")
-        where = f"{kubeconfig} (from $KUBECONFIG or ~/.kube/config; not running in a cluster)"
-    else:
-        where = kubeconfig
+        kubeconfig = str(Path.home() / ".kube" / "config")
+        where = f"{kubeconfig} (no --kubeconfig, no $KUBECONFIG, not running in a cluster)"
     try:
         return from_kubeconfig(Path(kubeconfig), context=context)
     except ConfigError as e:

@@ -178,7 +178,9 @@ GROUPS: dict[str, type[Any]] = {
 @dataclass(frozen=True)
 class ManagerOptions:
     kubeconfig: str | None = opt(
-        None, "kubeconfig file; default: in-cluster service account, else $KUBECONFIG", parse=str
+        None,
+        "kubeconfig file; default: $KUBECONFIG, else the in-cluster service account, else ~/.kube/config",
+        parse=str,
     )
     namespace: str = opt(
         names.DEFAULT_MANAGER_NAMESPACE,

@@ -117,3 +117,46 @@ def test_bad_inline_data_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, {}, {"server": "https://h:1", "certificate-authority-data": "%%%"})
     with pytest.raises(kubeconfig.ConfigError, match="certificate-authority-data is not base64"):
         kubeconfig.load_config(str(path))
+
+
+def _service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("pod-token")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    return sa
+
+
+def test_kubeconfig_env_wins_over_the_in_cluster_account_as_in_controller_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sa = _service_account(tmp_path, monkeypatch)
+    path = write(tmp_path, {"token": "from-file"}, {"server": "https://file.example:6443"})
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(tmp_path / "missing"), str(path)]))
+    cfg = kubeconfig.load_config(sa_dir=sa)
+    assert cfg.server.startswith("https://file.example:6443")
+    assert cfg.headers() == {"Authorization": "Bearer from-file"}
+
+
+def test_without_kubeconfig_env_the_in_cluster_account_wins_over_the_home_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sa = _service_account(tmp_path, monkeypatch)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    home = tmp_path / "home"
+    write_home = write(tmp_path, {"token": "home"})
+    (home / ".kube").mkdir(parents=True)
+    write_home.rename(home / ".kube" / "config")
+    monkeypatch.setenv("HOME", str(home))
+    cfg = kubeconfig.load_config(sa_dir=sa)
+    assert cfg.server == "https://10.0.0.1:443"
+    assert cfg.headers() == {"Authorization": "Bearer pod-token"}
+
+
+def test_nothing_found_names_every_place_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(kubeconfig.ConfigError, match=r"no \$KUBECONFIG, not running in a cluster"):
+        kubeconfig.load_config(sa_dir=tmp_path / "no-sa")
