@@ -172,6 +172,23 @@ class SidecarSet:
         """Every name this SidecarSet puts into a pod, init containers included."""
         return self._all_container_names
 
+    def names_in_pod(self, name: str) -> tuple[str, ...]:
+        """The container names sidecar `name` takes in a pod: a HotUpgrade one (a container or a
+        native-sidecar init container) is injected as its `-1`/`-2` pair, any other under its name."""
+        pair = (f"{name}-1", f"{name}-2")
+        for c in self.containers:
+            if c.name == name:
+                return pair if c.hot else (name,)
+        for c in self.init_containers:
+            if c.name == name:
+                return pair if c.hot and c.native else (name,)
+        return (name,)
+
+    @property
+    def all_names_in_pod(self) -> frozenset[str]:
+        """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each)."""
+        return frozenset(n for c in self.containers + self.init_containers for n in self.names_in_pod(c.name))
+
     @property
     def sidecar_list(self) -> list[str]:
         """Sorted logical sidecar names, as recorded in the pod's hash annotation."""

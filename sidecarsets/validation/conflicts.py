@@ -7,7 +7,9 @@ namespace scopes and pod selectors can overlap are compared (Kruise's rule: scop
 disjoint only when both pin namespaces that cannot coincide).
 
 A canary and its base never reach the same pod together (the canary replaces the base), so
-they are not compared: the canary usually defines the very same containers. Kruise skips the
+they are not compared: the canary usually defines the very same containers. Names are compared
+as the pod gets them too: a HotUpgrade `envoy` is injected as `envoy-1` and `envoy-2`, so another
+SidecarSet's `envoy-1` clashes with it. Kruise skips the
 base only when the canary is validated, so that a later edit of the base is refused for
 clashing with its own canary; here the pair is skipped both ways.
 """
@@ -76,9 +78,21 @@ def validate_conflicts(obj: Mapping[str, Any], others: Iterable[Any], errs: Erro
             continue
         if not _may_share_pods(own, other):
             continue
+        theirs = other.all_names_in_pod
         for path, name in _containers(spec):
             if name in other.all_container_names:
                 errs.append(FieldError(f"{path}.name", f"container {name} already exists in SidecarSet {other.name}"))
+                continue
+            # A HotUpgrade sidecar takes its -1/-2 pair of names in the pod: those clash too.
+            clash = [n for n in own.names_in_pod(name) if n in theirs]
+            if clash:
+                errs.append(
+                    FieldError(
+                        f"{path}.name",
+                        f"container {name} takes the name {clash[0]} in a pod, as a container of SidecarSet "
+                        f"{other.name} does (a HotUpgrade sidecar is injected as its -1 and -2 pair)",
+                    )
+                )
         their_volumes = {v["name"]: v for v in other.volumes}
         for path, name, volume in _volumes(spec):
             if name in their_volumes and their_volumes[name] != volume:

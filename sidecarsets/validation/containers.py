@@ -139,6 +139,27 @@ def validate_containers(spec: Mapping[str, Any], errs: Errors, *, volumes: Colle
         errs.append(required("spec", "no initContainer or container defined for SidecarSet"))
         return
     seen: set[str] = set()
+    hot: list[tuple[str, str]] = []  # (path, name) of the HotUpgrade sidecars
     for key, items in lists.items():
         for _, path, container in objects(items, f"spec.{key}", errs):
             _container(container, path, errs, init=key == "initContainers", volumes=volumes, seen=seen)
+            if _is_hot(container, init=key == "initContainers") and isinstance(container.get("name"), str):
+                hot.append((path, container["name"]))
+    for path, name in hot:
+        for taken in (f"{name}-1", f"{name}-2"):
+            if taken in seen:
+                errs.append(
+                    FieldError(
+                        f"{path}.name",
+                        f"HotUpgrade container {name} is injected as {name}-1 and {name}-2, "
+                        f"and this SidecarSet has another container named {taken}",
+                    )
+                )
+
+
+def _is_hot(container: Mapping[str, Any], *, init: bool) -> bool:
+    """Injected as a -1/-2 pair: HotUpgrade on a container or on a native-sidecar init container."""
+    upgrade = container.get("upgradeStrategy")
+    if not isinstance(upgrade, Mapping) or upgrade.get("upgradeType") != UpgradeType.HOT.value:
+        return False
+    return not init or container.get("restartPolicy") == "Always"

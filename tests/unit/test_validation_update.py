@@ -120,6 +120,40 @@ def test_container_name_against_an_init_container_of_another() -> None:
     assert_error(validate_sidecarset(base(), others=[rival]), "spec.containers[0].name", "already exists")
 
 
+HOT = {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}
+
+
+def test_a_hot_sidecar_clashes_with_another_sidecarsets_container_named_like_its_pair() -> None:
+    own = base()
+    container(own)["upgradeStrategy"] = HOT  # injected as agent-1 and agent-2
+    rival = other(containers=[builders.container("agent-2", "other:1")])
+    assert_error(validate_sidecarset(own, others=[rival]), "spec.containers[0].name", "takes the name agent-2 in a pod")
+
+
+def test_a_container_named_like_another_sidecarsets_hot_pair_clashes() -> None:
+    own = base()
+    container(own)["name"] = "agent-1"
+    rival = other(containers=[{**builders.container("agent", "other:1"), "upgradeStrategy": HOT}])
+    assert_error(validate_sidecarset(own, others=[rival]), "spec.containers[0].name", "takes the name agent-1 in a pod")
+
+
+def test_a_hot_native_sidecar_pair_clashes_and_names_beside_a_pair_do_not() -> None:
+    own = base()
+    container(own)["name"] = "agent-1"
+    native = {**builders.container("agent", "other:1"), "restartPolicy": "Always", "upgradeStrategy": HOT}
+    rival = other(containers=[], initContainers=[native])
+    assert_error(validate_sidecarset(own, others=[rival]), "spec.containers[0].name", "takes the name agent-1")
+    container(own)["name"] = "agent-3"
+    assert validate_sidecarset(own, others=[rival]) == []
+
+
+def test_one_sidecarset_cannot_hold_a_hot_sidecar_and_a_container_named_like_its_pair() -> None:
+    own = base()
+    container(own)["upgradeStrategy"] = HOT
+    spec(own)["containers"].append(builders.container("agent-1", "other:1"))
+    assert_error(validate_sidecarset(own), "spec.containers[0].name", "another container named agent-1")
+
+
 def test_the_sidecarset_itself_is_skipped() -> None:
     assert validate_sidecarset(base(), others=[base(), other("log-agent")]) == []
 
