@@ -32,6 +32,7 @@ from tests.reliability.harness import (
 )
 
 IDENTITY = "controller-trouble"
+WINDOW = 30.0  # seconds the refused pod's patch attempts are counted over
 KUBELET_RESTART_DELAY = 0.3
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 VAPB_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
@@ -154,8 +155,8 @@ def test_a_pod_whose_upgrade_is_always_refused_backs_off_while_the_other_nine_up
             lambda: others <= _upgraded(cluster, ns, app, "proxy:2"), timeout=60, interval=0.2, what="9 pods upgraded"
         )
         nine_at = time.time() - started
-        time.sleep(max(0.0, started + 60 - time.time()))  # the whole minute, for the attempt count
-        window = started + 60
+        time.sleep(max(0.0, started + WINDOW - time.time()))  # the whole window, for the attempt count
+        window = started + WINDOW
         attempts = [
             e
             for e in _pod_patches(audit_events(cluster.cp.audit_log, user=MANAGER_USER), ns)
@@ -174,7 +175,7 @@ def test_a_pod_whose_upgrade_is_always_refused_backs_off_while_the_other_nine_up
         "refused upgrade: 10 pods, maxUnavailable 1, a ValidatingAdmissionPolicy denies proxy:2 on one",
         {
             "other 9 upgraded": f"{nine_at:.1f} s after the image change",
-            "patch attempts on the refused pod in 60 s (audit)": len(attempts),
+            f"patch attempts on the refused pod in {WINDOW:.0f} s (audit)": len(attempts),
             "seconds after the change": ", ".join(f"{e.received - started:.1f}" for e in attempts),
             "their answers": sorted({e.code for e in attempts}),
             "UpgradeFailed Events naming it": [e.get("message") for e in events][:1],
@@ -184,7 +185,9 @@ def test_a_pod_whose_upgrade_is_always_refused_backs_off_while_the_other_nine_up
     # Unobstructed, 9 pods upgrade here in ~5 s: the refused pod must not hold the others back.
     assert nine_at <= 20.0, f"the refused pod held the rollout back: 9 pods took {nine_at:.1f} s"
     assert still == "proxy:1"
-    assert 2 <= len(attempts) <= 10, f"{len(attempts)} patch attempts on {refused} in 60 s"
+    # Backoff from 0.5 s doubling: attempts at about 0, 0.5, 1.5, 3.5, 7.5, 15.5 s (jittered); a
+    # retry at every replan (0.05 s) would be hundreds.
+    assert 2 <= len(attempts) <= 8, f"{len(attempts)} patch attempts on {refused} in {WINDOW:.0f} s"
     assert all(e.code >= 400 for e in attempts)
     assert events, "no UpgradeFailed Event names the refused pod"
 
