@@ -16,6 +16,7 @@ before it exits. Children die with it even when it is killed outright (PR_SET_PD
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from injector.server import Limits, Listener
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.authn import DelegatedAuth
 from kuberuntime.backoff import Backoff
+from kuberuntime.clock import first_of
 from sidecarctl.options import ManagerOptions
 from sidecarctl.probes import (
     bind_group,
@@ -95,6 +97,7 @@ class Child:
     down_since: float | None = None
     backoff: Backoff = field(default_factory=lambda: Backoff(base=0.5, cap=10.0, jitter=(0.8, 1.2)))
     next_start: float = 0.0
+    pidfd: int | None = None  # readable once the process has exited (Linux pidfd_open)
 
 
 class Supervisor:
@@ -128,6 +131,7 @@ class Supervisor:
         self.children = [Child("control", [*child, "control"])] + [
             Child(f"webhook-{i}", [*child, "webhook", f"--name=webhook-{i}"], i) for i in range(self.workers)
         ]
+        self._exited = asyncio.Event()  # a child exited (set from its pidfd)
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=str(self.metrics_dir))  # type: ignore[no-untyped-call]
         serving = opts.serving
@@ -155,7 +159,30 @@ class Supervisor:
             fds = (self._socket(child.slot).fileno(),)
             args = [*args, f"--fd={fds[0]}"]
         child.proc = subprocess.Popen(args, env=self.env, pass_fds=fds)
+        self._watch_exit(child)
         log.info("started %s (pid %d)", child.name, child.proc.pid)
+
+    def _watch_exit(self, child: Child) -> None:
+        """Wake the supervision loop the moment `child` exits, not at its next 0.2 s poll: until a
+        dead worker's socket is closed, the connections the kernel hands it are reset. Without
+        pidfd_open (not Linux, or a kernel before 5.3) the poll alone notices."""
+        assert child.proc is not None
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is None:
+            return
+        try:
+            child.pidfd = pidfd_open(child.proc.pid)
+            asyncio.get_running_loop().add_reader(child.pidfd, self._exited.set)
+        except (OSError, RuntimeError):
+            self._unwatch_exit(child)
+
+    def _unwatch_exit(self, child: Child) -> None:
+        if child.pidfd is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().remove_reader(child.pidfd)
+        os.close(child.pidfd)
+        child.pidfd = None
 
     def _release_socket(self, child: Child) -> None:
         """Close a dead worker's socket so the kernel sends new connections to the live workers.
@@ -175,8 +202,9 @@ class Supervisor:
         if child.proc is None or child.proc.poll() is None:
             return
         code = child.proc.returncode
-        mark_process_dead(child.proc.pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
         self._release_socket(child)
+        self._unwatch_exit(child)
+        mark_process_dead(child.proc.pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
         (self.run_dir / f"{child.name}.status").unlink(missing_ok=True)
         child.proc = None
         child.restarts += 1
@@ -197,9 +225,12 @@ class Supervisor:
                 elif child.proc is not None and child.down_since is not None and self._status(child)[0]:
                     child.down_since = None
                     child.backoff.reset()
-            await asyncio.sleep(0.2)
+            self._exited.clear()
+            await first_of(self._exited.wait(), stop.wait(), timeout=0.2)
 
     async def _drain(self) -> None:
+        for child in self.children:
+            self._unwatch_exit(child)  # an exited child's pidfd stays readable: no wake-ups while draining
         for child in self.children:
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
@@ -286,6 +317,8 @@ class Supervisor:
             for sock in self.socks:
                 if sock is not None:
                     sock.close()
+            for child in self.children:
+                self._unwatch_exit(child)
             log.info("manager stopped")
 
 

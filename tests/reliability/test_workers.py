@@ -156,6 +156,9 @@ def test_connections_spread_over_the_workers_and_a_killed_worker_is_replaced_wit
     proxy.delay_lists("sidecarsets", LIST_HOLD)
     victim = min(workers)
     survivor = max(workers)
+    port = _port(manager.webhook_url)
+    dead_socket = _socket_inodes(victim) & sockets_on_port(port, TCP_LISTEN)
+    assert dead_socket, f"worker {victim} has no listening socket on port {port}"
     stop = threading.Event()
     found: list[list[Probe]] = []
     t0 = time.monotonic()
@@ -164,7 +167,12 @@ def test_connections_spread_over_the_workers_and_a_killed_worker_is_replaced_wit
     prober.start()
     replacement = None
     listening_at = None
+    closed_at = None
     try:
+        while closed_at is None and time.monotonic() < t0 + 5:  # the supervisor closes the dead one's socket
+            if not dead_socket & sockets_on_port(port, TCP_LISTEN):
+                closed_at = time.monotonic() - t0
+            time.sleep(0.002)
         deadline = t0 + 30
         while time.monotonic() < deadline and listening_at is None:
             new = webhook_workers(manager) - {survivor}
@@ -197,6 +205,7 @@ def test_connections_spread_over_the_workers_and_a_killed_worker_is_replaced_wit
         f"{LIST_HOLD:g} s for its replacement)",
         {
             "connections per worker before": sorted(spread_before.values()),
+            "dead worker's socket closed after": "never" if closed_at is None else f"{closed_at * 1000:.0f} ms",
             "replacement listening after": f"{listening_at:.2f} s",
             "pods on fresh connections": f"{len(probes)}: {outcomes}",
             "failures at (s after kill)": [round(p.at, 2) for p in failed],
@@ -209,8 +218,10 @@ def test_connections_spread_over_the_workers_and_a_killed_worker_is_replaced_wit
     assert outcomes.get("bare", 0) == 0, outcomes
     # The replacement listens only once it has its lists, so it cannot listen before the hold is over.
     assert listening_at >= LIST_HOLD, f"the replacement listened {listening_at:.2f} s after the kill"
-    # Connections that reached the dead worker's socket before the supervisor closed it (it polls
-    # every 0.2 s) may fail; none later, because the kernel then sends all to the survivor.
+    # The supervisor learns of the death from the worker's pidfd and closes its socket at once.
+    assert closed_at is not None and closed_at < 0.5, f"the dead worker's socket was closed after {closed_at} s"
+    # Connections that reached the dead worker's socket before the supervisor closed it may fail;
+    # none later, because the kernel then sends all to the survivor.
     assert all(p.at < 1.0 for p in failed), [(round(p.at, 2), p.outcome) for p in failed]
     assert len(probes) >= 40, f"only {len(probes)} probes"
     assert max(answered) < 2.0, f"an answer took {max(answered):.2f} s"
