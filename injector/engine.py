@@ -136,7 +136,8 @@ def inject(
         annotations, todo, hash_maps, built, apps, now=now, warnings=warnings, replaced=selected.replaced
     )
     ops = _metadata_ops(pod, new_labels, new_annotations)
-    spec_ops = _spec_ops(spec, built)
+    drop = _left_by_replaced_bases(spec, annotations, sidecarsets, selected.replaced, built)
+    spec_ops = _spec_ops(spec, built, drop=drop)
     if isinstance(spec_ops, str):
         # The selection compares sidecars by their own names, so only a HotUpgrade pair can get
         # here (`<n>-1` also named by another SidecarSet, or by an init container of the pod when
@@ -193,16 +194,55 @@ def _metadata_ops(pod: Mapping[str, Any], labels: dict[str, str], annotations: d
     )
 
 
-def _spec_ops(spec: Mapping[str, Any], built: _Built) -> list[JsonObj] | str:
-    """The ops that place containers, volumes and pull secrets; or the name a bug would duplicate."""
+def _left_by_replaced_bases(
+    spec: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    sidecarsets: Sequence[SidecarSet],
+    replaced: frozenset[str],
+    built: _Built,
+) -> frozenset[str]:
+    """Sidecars a replaced base put into the pod that its canary does not put back: removed.
+
+    A pod reaches the webhook already injected with a base its canary replaces when the base's
+    MutatingAdmissionPolicy ran first (the moment before the API server enforces the version that
+    leaves the canary's pods alone). Only containers the base injected go: the base is in the pod's
+    injected list, the name is one of the base's sidecars, and the container carries IS_INJECTED.
+    """
+    if not replaced:
+        return frozenset()
+    injected = {s.strip() for s in annotations.get(names.ANN_INJECTED_LIST, "").split(",")}
+    bases = [ss for ss in sidecarsets if ss.name in replaced and ss.name in injected]
+    theirs = {n for ss in bases for n in ss.all_names_in_pod}
+    kept = {str(c["name"]) for _, c in (*built.containers, *built.init_containers)}
+    return frozenset(
+        str(c["name"])
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or []
+        if _is_object(c) and c.get("name") in theirs and c.get("name") not in kept and envs.is_injected(c)
+    )
+
+
+def _spec_ops(spec: Mapping[str, Any], built: _Built, *, drop: frozenset[str] = frozenset()) -> list[JsonObj] | str:
+    """The ops that remove the containers named in `drop`, then place containers, volumes and pull
+    secrets; or the name a bug would duplicate."""
+    ops: list[JsonObj] = []
+    lists: dict[str, list[Any]] = {}
+    for key in ("initContainers", "containers"):
+        original = spec.get(key) or []
+        if drop:
+            gone = [i for i, c in enumerate(original) if _is_object(c) and c.get("name") in drop]
+            # Removed from the end first, so each index is still the original one; placed after
+            # that on the list without them.
+            ops += [{"op": "remove", "path": f"/spec/{key}/{i}"} for i in reversed(gone)]
+            original = [c for i, c in enumerate(original) if i not in gone]
+        lists[key] = original
     placements = {
-        key: (spec.get(key) or [], *placement.placement(spec.get(key) or [], items))
+        key: (lists[key], *placement.placement(lists[key], items))
         for key, items in (("initContainers", built.init_containers), ("containers", built.containers))
     }
     duplicate = placement.duplicate_name(placements.values())
     if duplicate is not None:
         return duplicate
-    ops: list[JsonObj] = []
     for key, (original, replace, before, after) in placements.items():
         ops += patchops.list_ops(f"/spec/{key}", original, replace=replace, before=before, after=after)
     ops += patchops.append_ops(

@@ -17,10 +17,10 @@ NOW = "2024-01-01T00:00:00Z"
 CANARY = {names.ANN_CANARY: "true", names.ANN_BASE: "mesh"}
 
 
-def base_obj(**spec: Any) -> dict[str, Any]:
+def base_obj(containers: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
     return builders.sidecarset(
         "mesh",
-        containers=[builders.container("proxy", "envoy:1")],
+        containers=containers or [builders.container("proxy", "envoy:1")],
         patchPodMetadata=[{"annotations": {"mesh/version": "1"}}],
         **spec,
     )
@@ -75,6 +75,30 @@ def test_a_canary_replaces_what_its_base_policy_injected_a_moment_before() -> No
     assert annotations[names.ANN_INJECTED_LIST] == "mesh-canary"
     assert list(json.loads(annotations[names.ANN_HASH])) == ["mesh-canary"]
     assert list(json.loads(annotations[names.ANN_HASH_WITHOUT_IMAGE])) == ["mesh-canary"]
+
+
+def test_the_base_sidecars_its_canary_lacks_are_removed_from_a_pod_the_base_policy_injected() -> None:
+    two = [builders.container("proxy", "envoy:1"), builders.container("log-agent", "fluent:1")]
+    setup = [builders.container("mesh-init", "init:1")]
+    base = base_obj(containers=two, initContainers=setup)
+    pod = builders.pod(labels={"app": "web", "track": "canary"})
+    pod["spec"]["initContainers"] = [builders.container("migrate", "db:1")]
+    by_base_policy = injected(pod, base)
+    assert {c["name"] for c in by_base_policy["spec"]["containers"]} == {"proxy", "log-agent", "app"}
+    out = injected(by_base_policy, base, canary_obj())
+    assert [c["name"] for c in out["spec"]["containers"]] == ["proxy", "app"]
+    assert images(out)["proxy"] == "envoy:2"
+    assert [c["name"] for c in out["spec"]["initContainers"]] == ["migrate"], "the pod's own init container stays"
+    assert out["metadata"]["annotations"][names.ANN_INJECTED_LIST] == "mesh-canary"
+
+
+def test_a_pod_container_named_like_a_replaced_base_sidecar_is_kept() -> None:
+    # Not injected by the base (no IS_INJECTED, base not in the injected list): the pod's own.
+    base = base_obj(containers=[builders.container("proxy", "envoy:1"), builders.container("log-agent", "fluent:1")])
+    pod = builders.pod(labels={"app": "web", "track": "canary"})
+    pod["spec"]["containers"].append(builders.container("log-agent", "mine:1"))
+    out = injected(pod, base, canary_obj())
+    assert images(out)["log-agent"] == "mine:1"
 
 
 def test_a_canary_that_does_not_match_leaves_the_base() -> None:
