@@ -224,10 +224,16 @@ class Sample:
     generation: int  # the SidecarSet's metadata.generation
     status: dict[str, Any]
     pods: tuple[PodView, ...]
+    image: str = ""  # the SidecarSet's image for the sidecar, as read in this sample
 
     def counts_current_spec(self) -> bool:
         """The status was written for the SidecarSet's current spec (not the one before the patch)."""
         return int(self.status.get("observedGeneration") or 0) == self.generation
+
+    def counts(self, target: str) -> bool:
+        """The status counts pods against a spec with the `target` image: a sample taken while the
+        patch to it was on its way reads the spec before it, whose status is current for that one."""
+        return self.image == target and self.counts_current_spec()
 
 
 class KeepAliveGet:
@@ -295,7 +301,16 @@ class Sampler:
                 else:
                     views = tuple(sorted((PodView.of(p) for p in pods), key=lambda v: v.name))
                     generation = int(ss["metadata"].get("generation") or 0)
-                    self.samples.append(Sample(t, generation, ss.get("status") or {}, views))
+                    spec = ss.get("spec") or {}
+                    image = next(
+                        (
+                            str(c.get("image") or "")
+                            for c in (*(spec.get("containers") or []), *(spec.get("initContainers") or []))
+                            if c.get("name") == SIDECAR
+                        ),
+                        "",
+                    )
+                    self.samples.append(Sample(t, generation, ss.get("status") or {}, views, image))
                 next_at += self.interval
                 self._stop.wait(max(0.0, next_at - time.monotonic()))
         finally:
@@ -384,7 +399,7 @@ def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], 
             and p.sidecar_ready
         )
         # Until the SidecarSet's status is written for the new spec its counters describe the old one.
-        counted = int(s.status.get("updatedReadyPods") or 0) if s.counts_current_spec() else 0
+        counted = int(s.status.get("updatedReadyPods") or 0) if s.counts(target) else 0
         # A pod that ran the target Ready and flapped since may have been counted while it was Ready.
         landed = len(really) + sum(1 for p in s.pods if p.name in flaps and p.spec_image == target)
         if counted > landed:

@@ -29,8 +29,9 @@ def view(name: str, *, spec: str = OLD, image: str = OLD, ready: bool = True, re
     )
 
 
-def sample(t: float, *pods: PodView, updated_ready: int = 0) -> Sample:
-    return Sample(t, 2, {"observedGeneration": 2, "updatedReadyPods": updated_ready}, pods)
+def sample(t: float, *pods: PodView, updated_ready: int = 0, image: str = NEW, generation: int = 2) -> Sample:
+    status = {"observedGeneration": generation, "updatedReadyPods": updated_ready}
+    return Sample(t, generation, status, pods, image)
 
 
 def upgraded(name: str, *, ready: bool = True) -> PodView:
@@ -82,3 +83,10 @@ def test_a_status_counting_old_sidecars_as_updated_is_caught() -> None:
     samples = [sample(0.0, view("a", spec=NEW), view("b", spec=NEW), updated_ready=2)]
     report = analyse(samples, target=NEW, old_ids=OLD_IDS, total=2)
     assert len(report.early_counts) == 1
+
+
+def test_a_sample_read_before_the_patch_landed_counts_for_the_old_spec() -> None:
+    # Taken after the test sent the patch, answered before it was stored: generation 1, its status
+    # current for the old image, every pod updated and ready on that one.
+    samples = [sample(0.0, view("a"), view("b"), updated_ready=2, image=OLD, generation=1)]
+    assert analyse(samples, target=NEW, old_ids=OLD_IDS, total=2).early_counts == []
