@@ -345,6 +345,7 @@ class RolloutReport:
     done_at: float | None  # first sample: every pod really updated and the status counts them all
     max_gap: float  # longest time between two samples
     max_flapping: int  # pods in one sample that went not Ready on their own (see `analyse`)
+    before_patch: int  # samples that still read the SidecarSet's spec from before the patch
 
 
 def _instance(p: PodView) -> tuple[str, int, str]:
@@ -417,6 +418,7 @@ def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], 
         done_at,
         max(gaps, default=0.0),
         max_flapping,
+        sum(1 for s in samples if s.image != target),
     )
 
 

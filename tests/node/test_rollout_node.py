@@ -213,6 +213,7 @@ def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: Cluster, fle
         f"{report.samples} / {report.max_gap * 1000:.0f} ms / {report.max_flapping}",
     )
     record_value("in-place upgrade: observedGeneration-ahead pod samples", str(report.fooling))
+    record_value("in-place upgrade: samples that read the spec from before the patch", str(report.before_patch))
 
 
 def _first(samples: list[Sample], pod: str, check: Any) -> float | None:
@@ -243,6 +244,7 @@ def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(clu
     _check_sampling(report, took)
     assert report.max_in_flight <= budget and report.max_unavailable_seen <= budget, report
     assert not report.early_counts, report.early_counts[:5]
+    record_value("SIGTERM-ignoring sidecar: samples that read the spec from before the patch", str(report.before_patch))
     waits = []
     for p in w.pods():
         name = p["metadata"]["name"]
