@@ -77,6 +77,7 @@ class ApiProxy:
         self._runner: web.AppRunner | None = None
         self._cert: aiohttp.ClientSession | None = None
         self._token: aiohttp.ClientSession | None = None
+        self._handlers: set[asyncio.Task[object]] = set()  # requests being forwarded
 
     # -- control --------------------------------------------------------------------------------
     def delay(self, resource: str, seconds: float) -> None:
@@ -125,6 +126,11 @@ class ApiProxy:
             s.closed = True
         if self._runner is not None:
             await self._runner.cleanup()
+        # A request whose client went away can outlive the server's shutdown (its upstream read has a
+        # 120 s timeout): end it here, so nothing of this proxy runs, or logs, after it is stopped.
+        for task in self._handlers:
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         for session in (self._cert, self._token):
             if session is not None:
                 await session.close()
@@ -145,6 +151,15 @@ class ApiProxy:
             await asyncio.sleep(wait)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            return await self._forward(request)
+        finally:
+            self._handlers.discard(task)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         session = self._token if "Authorization" in request.headers else self._cert
