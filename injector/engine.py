@@ -210,7 +210,7 @@ def _left_by_replaced_bases(
     """
     if not replaced:
         return frozenset()
-    injected = {s.strip() for s in annotations.get(names.ANN_INJECTED_LIST, "").split(",")}
+    injected = metadata.injected_list(annotations.get(names.ANN_INJECTED_LIST))
     bases = [ss for ss in sidecarsets if ss.name in replaced and ss.name in injected]
     theirs = {n for ss in bases for n in ss.all_names_in_pod}
     kept = {str(c["name"]) for _, c in (*built.containers, *built.init_containers)}

@@ -98,7 +98,11 @@ def entry_text(ss: SidecarSet, *, without_image: bool) -> tuple[str, str]:
     return found
 
 
+def injected_list(raw: str | None) -> set[str]:
+    """The SidecarSets the injected-list annotation names."""
+    return {s.strip() for s in (raw or "").split(",") if s.strip()}
+
+
 def with_injected_list(raw: str | None, sidecarsets: Sequence[str], *, drop: frozenset[str] = frozenset()) -> str:
     """The injected-list annotation with `sidecarsets` added and `drop` removed: sorted, comma-joined, no duplicates."""
-    current = {s.strip() for s in (raw or "").split(",") if s.strip()} - drop
-    return ",".join(sorted(current | set(sidecarsets)))
+    return ",".join(sorted((injected_list(raw) - drop) | set(sidecarsets)))
