@@ -76,6 +76,7 @@ class SidecarSet:
     # SidecarSet is read once per change.
     _container_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
     _all_container_names: frozenset[str] = _derived(init=False, repr=False, compare=False)
+    _names_in_pod: dict[str, tuple[str, ...]] = _derived(init=False, repr=False, compare=False)
     _volumes_by_name: dict[str, tuple[JsonObj, JsonTemplate]] = _derived(init=False, repr=False, compare=False)
     _pull_secrets: tuple[JsonTemplate, ...] = _derived(init=False, repr=False, compare=False)
     _pod_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
@@ -91,6 +92,13 @@ class SidecarSet:
             tuple(c.name for c in self.containers) + tuple(c.name for c in self.init_containers if c.native),
         )
         derive("_all_container_names", frozenset(c.name for c in self.containers + self.init_containers))
+        # A HotUpgrade sidecar (a container, or a native-sidecar init container) is a -1/-2 pair in the pod.
+        in_pod: dict[str, tuple[str, ...]] = {}
+        for c in self.init_containers:
+            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot and c.native else (c.name,)
+        for c in self.containers:  # a container wins over an init container of its name, as before
+            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot else (c.name,)
+        derive("_names_in_pod", in_pod)
         by_name: dict[str, tuple[JsonObj, JsonTemplate]] = {}
         for vol in self.volumes:
             by_name.setdefault(vol["name"], (vol, JsonTemplate(vol)))
@@ -175,19 +183,12 @@ class SidecarSet:
     def names_in_pod(self, name: str) -> tuple[str, ...]:
         """The container names sidecar `name` takes in a pod: a HotUpgrade one (a container or a
         native-sidecar init container) is injected as its `-1`/`-2` pair, any other under its name."""
-        pair = (f"{name}-1", f"{name}-2")
-        for c in self.containers:
-            if c.name == name:
-                return pair if c.hot else (name,)
-        for c in self.init_containers:
-            if c.name == name:
-                return pair if c.hot and c.native else (name,)
-        return (name,)
+        return self._names_in_pod.get(name, (name,))
 
     @property
     def all_names_in_pod(self) -> frozenset[str]:
         """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each)."""
-        return frozenset(n for c in self.containers + self.init_containers for n in self.names_in_pod(c.name))
+        return frozenset(n for taken in self._names_in_pod.values() for n in taken)
 
     @property
     def sidecar_list(self) -> list[str]:
