@@ -317,8 +317,6 @@ class Supervisor:
             for sock in self.socks:
                 if sock is not None:
                     sock.close()
-            for child in self.children:
-                self._unwatch_exit(child)
             log.info("manager stopped")
 
 
