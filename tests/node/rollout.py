@@ -369,6 +369,21 @@ def flapping(s: Sample, seen_ready: set[tuple[str, int, str]], *, target: str, o
     }
 
 
+def _walk(
+    samples: Sequence[Sample], *, target: str, old_ids: frozenset[str]
+) -> Iterator[tuple[Sample, set[str], list[PodView]]]:
+    """Each sample with its `flapping` pods and its pods in flight (patched to the target, not yet
+    running it Ready, and not flapping): what `analyse` and `timeline` both go by."""
+    seen_ready: set[tuple[str, int, str]] = set()
+    for s in samples:
+        flaps = flapping(s, seen_ready, target=target, old_ids=old_ids)
+        seen_ready.update(_instance(p) for p in s.pods if p.ready and p.running)
+        in_flight = [
+            p for p in s.pods if p.spec_image == target and not p.runs(target, old_ids) and p.name not in flaps
+        ]
+        yield s, flaps, in_flight
+
+
 def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], total: int) -> RolloutReport:
     """What the samples show. A pod that goes not Ready on its own (`flapping`) is not counted
     against the rollout's budget, which bounds what the controller takes down; the most such pods
@@ -376,15 +391,9 @@ def analyse(samples: Sequence[Sample], *, target: str, old_ids: frozenset[str], 
     max_not_ready = max_in_flight = max_unavailable = fooling = max_flapping = 0
     early: list[str] = []
     done_at = None
-    seen_ready: set[tuple[str, int, str]] = set()
-    for s in samples:
-        flaps = flapping(s, seen_ready, target=target, old_ids=old_ids)
-        seen_ready.update(_instance(p) for p in s.pods if p.ready and p.running)
+    for s, flaps, in_flight in _walk(samples, target=target, old_ids=old_ids):
         really = [p for p in s.pods if p.runs(target, old_ids)]
         not_ready = [p for p in s.pods if not p.ready and p.name not in flaps]
-        in_flight = [
-            p for p in s.pods if p.spec_image == target and not p.runs(target, old_ids) and p.name not in flaps
-        ]
         max_flapping = max(max_flapping, len(flaps))
         max_not_ready = max(max_not_ready, len(not_ready))
         max_in_flight = max(max_in_flight, len(in_flight))
@@ -433,18 +442,11 @@ def timeline(
         return "(no samples)"
     t0, lines, last = samples[0].t, [], None
     pending = sorted(marks.items(), key=lambda kv: kv[1])
-    seen_ready: set[tuple[str, int, str]] = set()
-    for s in samples:
+    for s, flaps, flying in _walk(samples, target=target, old_ids=old_ids):
         while pending and pending[0][1] <= s.t:
             name, at = pending.pop(0)
             lines.append(f"  {at - t0:6.2f}s --- {name}")
-        flaps = flapping(s, seen_ready, target=target, old_ids=old_ids)
-        seen_ready.update(_instance(p) for p in s.pods if p.ready and p.running)
-        in_flight = sorted(
-            p.name[-5:]
-            for p in s.pods
-            if p.spec_image == target and not p.runs(target, old_ids) and p.name not in flaps
-        )
+        in_flight = sorted(p.name[-5:] for p in flying)
         really = sum(p.runs(target, old_ids) for p in s.pods)
         not_ready = sum(not p.ready for p in s.pods)
         st = s.status
