@@ -315,9 +315,13 @@ class Controller(PodWrites):
         body = {"metadata": {"resourceVersion": ss.resource_version}, "status": new_status}
         try:
             updated = await self.client.patch(f"{SS_PATH}/{name}/status", body, patch_type="merge")
-            # Keep the cache current so the next pass does not write the same status again.
-            if name in self.sidecarsets:
-                self.sidecarsets[name] = SidecarSet.from_object(updated, tolerant=True)
+            # Keep the cache current so the next pass does not write the same status again, unless
+            # the watch has already brought a newer object while the patch was on its way back: that
+            # one stays (keeping ours would plan with an older spec and make every status write conflict).
+            cached = self.sidecarsets.get(name)
+            fresh = SidecarSet.from_object(updated, tolerant=True)
+            if cached is not None and rv_number(fresh.resource_version) >= rv_number(cached.resource_version):
+                self.sidecarsets[name] = fresh
         except api.Conflict:
             raise  # the watch brings the newer object; the queue retries with backoff
         except api.NotFound:

@@ -155,6 +155,23 @@ def test_a_status_conflict_raises_so_the_queue_backs_off() -> None:
     assert rig.patched_pods() == [], "no pod is touched when the status write failed"
 
 
+def test_a_newer_sidecarset_seen_while_the_status_write_was_on_its_way_back_is_kept() -> None:
+    rig = Rig(V1)
+    path = f"{SS_PATH}/mesh"
+
+    def edited_meanwhile(p: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if p == path and new is not None and new.get("status") and envoy_image(new) != "envoy:v2":
+            rig.api.put(path, {**copy.deepcopy(V2), "status": new["status"]})  # the user's edit, watched first
+
+    rig.api.listeners.append(edited_meanwhile)
+    rig.reconcile()
+    stored = rig.api.objects[path]
+    assert envoy_image(stored) == "envoy:v2"
+    cached = rig.controller.sidecarsets["mesh"]
+    assert cached.resource_version == stored["metadata"]["resourceVersion"], "the older patch response replaced it"
+    assert envoy_image(cached.obj) == "envoy:v2"
+
+
 def test_status_is_written_only_when_it_changes() -> None:
     rig = Rig(V1)  # nothing to upgrade
     assert rig.reconcile() is None
