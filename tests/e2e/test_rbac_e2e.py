@@ -529,6 +529,9 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         reasons = {e["reason"] for e in events}
         assert {"SidecarUpgrade", "NotUpgradablePods"} <= reasons, reasons
         assert max(e["count"] for e in events if e["reason"] == "SidecarUpgrade") >= 2
+    except AssertionError:
+        print(f"manager log:\n{m.log_tail(400)}")
+        raise
     finally:
         if m.proc.poll() is None:
             _stop(m)
