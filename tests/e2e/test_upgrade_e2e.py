@@ -217,13 +217,19 @@ def test_a_native_sidecar_is_rolled_in_place(
     def agent_image(p: dict[str, Any]) -> str:
         return str(next(c["image"] for c in p["spec"]["initContainers"] if c["name"] == "mesh-agent"))
 
+    def agent_running(p: dict[str, Any]) -> str:
+        statuses = (p.get("status") or {}).get("initContainerStatuses") or []
+        return str(next((c.get("image") for c in statuses if c["name"] == "mesh-agent"), ""))
+
     most_down = 0
 
     def rolled() -> list[dict[str, Any]] | None:
         nonlocal most_down
         got = pods(kube, injected_ns, "native")
         most_down = max(most_down, sum(1 for p in got if not ready(p)))
-        return got if all(agent_image(p) == "agent:2" and ready(p) for p in got) else None
+        # The spec's image alone is not enough: a pod patched a moment ago is still Ready on agent:1
+        # until the kubelet restarts it, so its status must report the new image too.
+        return got if all(agent_image(p) == "agent:2" == agent_running(p) and ready(p) for p in got) else None
 
     done = eventually(rolled, timeout=60, interval=0.05, what="the native sidecar rolled to agent:2")
     wait_status(kube, name, matchedPods=3, updatedPods=3, readyPods=3, updatedReadyPods=3)
