@@ -24,8 +24,11 @@ import dataclasses
 import functools
 import math
 import secrets
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -381,6 +384,7 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
             holder = api.get(LEASE)["spec"].get("holderIdentity") or ""
             leader = _holder_pod(holder, manager_pods(cluster))
             assert leader is not None, f"Lease holder {holder!r} is no manager pod"
+            leader_log = LogFollower(cluster, leader)
             deleted_at = time.monotonic()
             kubectl(cluster, "-n", MANAGER_NS, "delete", "pod", leader, "--wait=false")
             sampler.wait(
@@ -438,7 +442,10 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
     takeover = next(((t, h) for t, h in holders if t > deleted_at and h and not h.startswith(leader)), None)
     assert takeover is not None, f"no other holder after {leader} was deleted: {holders}"
     handover = takeover[0] - deleted_at
-    assert handover <= LEASE_DURATION, f"Lease taken over {handover:.1f}s after the leader's pod was deleted"
+    assert handover <= LEASE_DURATION, (
+        f"Lease taken over {handover:.1f}s after the leader's pod was deleted; its log:\n{leader_log.tail()}"
+    )
+    leader_log.stop()
     rollout = [s for s in sampler.samples if s.t >= patched_at]
     report = analyse(rollout, target=target, old_ids=old_ids, total=FLEET)
     marks = {f"Lease: {h or '(released)'}": at for at, h in holders if at >= patched_at}
@@ -620,3 +627,27 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
         record(f"native sidecar rolled in place over {replicas} pods (maxUnavailable 1)", took)
     finally:
         cluster.api.delete(f"{SS_PATH}/{ss_name}")
+
+
+class LogFollower:
+    """A manager pod's log followed into a file (`kubectl logs -f`): it outlives the pod's deletion.
+
+    kubectl ends by itself when the container stops; `tail` stops it in any case.
+    """
+
+    def __init__(self, cluster: Cluster, pod: str) -> None:
+        self.path = Path(tempfile.mkstemp(prefix=f"{pod}-", suffix=".log")[1])
+        with self.path.open("wb") as sink:
+            self.proc = subprocess.Popen(
+                [str(cluster.kubectl), f"--kubeconfig={cluster.cp.kubeconfig}", "-n", MANAGER_NS, "logs", "-f", pod],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def tail(self, lines: int = 60) -> str:
+        self.stop()
+        return "\n".join(self.path.read_text(errors="replace").splitlines()[-lines:])
