@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import functools
 import math
+import os
 import secrets
 import subprocess
 import tempfile
@@ -636,8 +637,9 @@ class LogFollower:
     """
 
     def __init__(self, cluster: Cluster, pod: str) -> None:
-        self.path = Path(tempfile.mkstemp(prefix=f"{pod}-", suffix=".log")[1])
-        with self.path.open("wb") as sink:
+        fd, name = tempfile.mkstemp(prefix=f"{pod}-", suffix=".log")
+        self.path = Path(name)
+        with os.fdopen(fd, "wb") as sink:  # mkstemp's descriptor, not a second open of the file
             self.proc = subprocess.Popen(
                 [str(cluster.kubectl), f"--kubeconfig={cluster.cp.kubeconfig}", "-n", MANAGER_NS, "logs", "-f", pod],
                 stdout=sink,
