@@ -45,12 +45,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from injector import admission, engine
-from injector.app import WebhookSettings, create_webhook_app
-from injector.body import BodyLimits
-from sidecarctl.supervisor import MALLOC_ENV
-from sidecarsets import names
+from injector.engine import engine
+from injector.http import admission
+from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.body import BodyLimits
+from sidecarctl.manager.supervisor import MALLOC_ENV
 from sidecarsets.pins import pinned_sidecarsets
+from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore
 
 NAMESPACE = "shop"
@@ -225,9 +226,9 @@ def serve(kind: str, bind: str, cert_dir: str, workers: int = 1) -> None:
     allocator settings the supervisor gives them).
     """
     from certwatcher.reloader import CertReloader
-    from injector.budget import ByteBudget
-    from injector.server import Limits, Listener  # the manager's own listener, so the comparison is exact
-    from sidecarctl.probes import bind_group
+    from injector.http.budget import ByteBudget
+    from injector.http.server import Limits, Listener  # the manager's own listener, so the comparison is exact
+    from sidecarctl.manager.probes import bind_group
 
     socks = bind_group(bind, workers)
     sock = socks[0]
@@ -249,7 +250,7 @@ def serve(kind: str, bind: str, cert_dir: str, workers: int = 1) -> None:
         reloader = CertReloader(cert_dir)
         reloader.reload_now()
         app: Any = empty_app
-        # As sidecarctl.webhook builds it: the default settings (replay on) and the body budget.
+        # As sidecarctl.manager.webhook builds it: the default settings (replay on) and the body budget.
         limits = BodyLimits(budget=ByteBudget(64 * 1024 * 1024))
         if kind == "webhook":
             app = create_webhook_app(build_store(), WebhookSettings(), limits)

@@ -44,10 +44,10 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.kubeconfig import load_config
-from sidecarsets import names
-from sidecarsets.controller import Controller
-from sidecarsets.model import SidecarSet
-from sidecarsets.projection import PodProjection, project
+from sidecarsets.controller.controller import Controller
+from sidecarsets.pods.projection import PodProjection, project
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 
 NAMESPACE = "bench-pods"
 APP = "shop"
@@ -57,7 +57,7 @@ KIB = 1024
 
 
 def _parts(client: kubeapi.KubeClient, page_size: int) -> tuple[Controller, Informer[PodProjection]]:
-    """The manager's pod informer and controller, wired as `sidecarctl.manager.Manager` wires them."""
+    """The manager's pod informer and controller, wired as `sidecarctl.manager.inprocess.Manager` wires them."""
     labels = {NAMESPACE: {names.NS_NAME_LABEL: NAMESPACE}}
     controller = Controller(client, namespace=MANAGER_NS, namespaces=lambda: labels, recorder=EventRecorder(client))
     informer: Informer[PodProjection] = Informer(

@@ -176,9 +176,9 @@ def sidecarctl() -> list[str]:
 def run_once(path: Path, code: Path | None = None) -> tuple[float, float, int]:
     """Wall seconds, child CPU seconds and output bytes of one `sidecarctl inject`.
 
-    `code`: a checkout whose `sidecarctl` to run instead (`python -m sidecarctl.cli` from there).
+    `code`: a checkout whose `sidecarctl` to run instead (`python -m sidecarctl.cli.main` from there).
     """
-    command = sidecarctl() if code is None else [sys.executable, "-m", "sidecarctl.cli"]
+    command = sidecarctl() if code is None else [sys.executable, "-m", "sidecarctl.cli.main"]
     argv = [*command, "inject", "-f", str(path), "--timestamp", TIMESTAMP]
     for ss in SIDECARSETS:
         argv += ["--sidecarset", str(ss)]

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from kuberuntime import api, kubeapi, kubeconfig
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
 
 VARIANTS = ("stored", "minimal", "flat", "generated", "webhook")
@@ -363,7 +363,7 @@ def main(argv: list[str]) -> int:
 def _webhook_patch(pod: JsonObj, ss: SidecarSet) -> list[JsonObj]:
     """The engine's patch for `pod` as the API server hands it over (the service account's token
     volume is added before any mutation; the flat policy sees the same)."""
-    from injector import engine
+    from injector.engine import engine
 
     seen = copy.deepcopy(pod)
     seen["spec"].setdefault("volumes", [])

@@ -18,7 +18,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sidecarsets.names import (
+from sidecarsets.pods.projection import project
+from sidecarsets.spec.names import (
     ANN_DEFAULT_CONTAINER,
     ANN_HASH,
     ANN_HASH_WITHOUT_IMAGE,
@@ -26,7 +27,6 @@ from sidecarsets.names import (
     ANN_INPLACE_STATE,
     POD_INJECTED_LABEL,
 )
-from sidecarsets.projection import project
 from tests.kube import builders
 
 APPS = 10

@@ -46,9 +46,10 @@ from bench import common
 from kuberuntime import kubeapi
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.kubeconfig import load_config
-from sidecarsets import names, planner, status
-from sidecarsets.model import SidecarSet
-from sidecarsets.projection import PodProjection, project
+from sidecarsets.pods.projection import PodProjection, project
+from sidecarsets.rollout import planner, status
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 
 APP, PLAIN_APP = "shop", "shop-plain"
 NS, PLAIN_NS = "bench-upgrade", "bench-plain"

@@ -31,11 +31,11 @@ from typing import Any, TypeVar
 import jsonpatch
 import yaml
 
-from injector import engine
+from injector.engine import engine
 from kuberuntime import api, kubeapi, kubeconfig
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
 
 T = TypeVar("T")

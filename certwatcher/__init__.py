@@ -1,4 +1,4 @@
-"""Serving-certificate reload and caBundle sync. Depends only on the generic runtime (kuberuntime).
+"""Serving-certificate reload and caBundle sync. It imports only the generic runtime (kuberuntime).
 
 Modules: `reloader` (watch a cert dir, swap the served pair), `tls` (check a pair, build contexts,
 the front context hypercorn keeps), `cabundle` (publish the CA into our webhook configurations),

@@ -1,1 +1,7 @@
-"""The sidecarctl program: the manager's composition root and the command line. Nothing imports it."""
+"""The sidecarctl program: the composition root, where every other package is wired. Nothing imports it.
+
+`cli/` is the command line (`inject`, `preview`, `status`, and the flags of `run`) with its YAML
+and text I/O; `manager/` is what `sidecarctl run` starts: a supervisor, the control process
+(Lease, controller, certificates, caBundle, policies) and the admission workers. cli may import
+manager (the `run` command starts it); manager never imports cli.
+"""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sidecarsets import revisions
-from sidecarsets.model import ModelError, SidecarSet
+from sidecarsets.spec import revisions
+from sidecarsets.spec.model import ModelError, SidecarSet
 from sidecarsets.store import Snapshot
 
 _PIN = "spec.injectionStrategy.revision"

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.model import ModelError, SidecarSet
+from sidecarsets.spec.model import ModelError, SidecarSet
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from kuberuntime import kubeapi  # noqa: E402
 from kuberuntime.kubeconfig import load_config  # noqa: E402
-from sidecarsets import names  # noqa: E402
+from sidecarsets.spec import names  # noqa: E402
 from tests.kube import images  # noqa: E402
 from tests.kube.client import Kube, eventually  # noqa: E402
 from tests.kube.controlplane import ControlPlane  # noqa: E402

@@ -33,7 +33,7 @@ Conversions (what an apiextensions.k8s.io/v1 schema does not allow, or what woul
   versions it holds the schema twice).
 
 Versions: v1alpha1 (stored) and v1beta1 share one schema but for the fields where they differ
-(sidecarsets.conversion): v1beta1 has `specificNamespace{namespace, namespaceSelector}` or Kruise
+(sidecarsets.spec.conversion): v1beta1 has `specificNamespace{namespace, namespaceSelector}` or Kruise
 1.9's top-level `namespaceSelector` (a CEL rule keeps them apart) and `customVersion`. Conversion is
 the manager's webhook at /convert behind the `sidecarctl-webhook` Service.
 """
@@ -52,8 +52,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sidecarsets import defaults, names
-from sidecarsets.enums import (
+from sidecarsets.spec import defaults, names
+from sidecarsets.spec.enums import (
     InjectPolicy,
     PatchPolicy,
     RevisionPolicy,
@@ -284,7 +284,7 @@ def sidecar_container(inl: Inliner, *, init: bool) -> Schema:
             "enum": values(InjectPolicy),
             # Not defaulted here: the default differs between containers (BeforeAppContainer)
             # and initContainers (AfterAppContainer), and both lists share this schema in
-            # Kruise's API. sidecarsets/defaults.py and the mutating path fill it in.
+            # Kruise's API. sidecarsets/spec/defaults.py and the mutating path fill it in.
             "description": (
                 "Where the sidecar goes among the pod's containers. Defaults to BeforeAppContainer "
                 "for containers and AfterAppContainer for initContainers."
@@ -647,7 +647,7 @@ def node_at(schema: Schema, path: str) -> Schema:
 
 
 def with_table_defaults(schema: Schema) -> Schema:
-    """Every default of sidecarsets.defaults that the schema can carry, put where it applies."""
+    """Every default of sidecarsets.spec.defaults that the schema can carry, put where it applies."""
     for row in defaults.DEFAULTS:
         if row.schema:
             node_at(schema, row.path)["default"] = copy.deepcopy(row.value)

@@ -27,7 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sidecarsets import names  # noqa: E402
+from sidecarsets.spec import names  # noqa: E402
 from tests.kube import builders, soak  # noqa: E402
 from tests.kube.adminrest import AdminRest, ApiError, wait_for  # noqa: E402
 from tests.kube.controlplane import ControlPlane, ControlPlaneError, binaries_dir  # noqa: E402

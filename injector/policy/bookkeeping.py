@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from injector import metadata
+from injector.engine import metadata
 from injector.policy import cel
-from sidecarsets import names
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 
 _QUOTED = r'"[^"\\]*"'
 ENTRY_RE = (

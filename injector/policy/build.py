@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from injector.policy import cel
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet
 
 V = cel.VARIABLES
 

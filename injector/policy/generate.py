@@ -1,6 +1,6 @@
 """One overlap group of SidecarSets -> one JSONPatch MutatingAdmissionPolicy and its binding.
 
-The policy is the injection engine (injector.engine) written as CEL, with every SidecarSet value a
+The policy is the injection engine (injector.engine.engine) written as CEL, with every SidecarSet value a
 literal, so a pod gets exactly what the webhook would give it: BeforeApp/AfterApp blocks in
 SidecarSet order, same-name containers replaced in place, init containers sorted by name, only the
 mounted volumes (the pod's own winning), shared volumes and their subPathExpr env vars, transferred
@@ -30,9 +30,9 @@ from injector.policy.build import Build, NeedsWebhook, V
 from injector.policy.metadataops import MetadataOps
 from injector.policy.specops import SpecOps
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names, selectors
-from sidecarsets.enums import PatchPolicy, UpgradeType
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import names, selectors
+from sidecarsets.spec.enums import PatchPolicy, UpgradeType
+from sidecarsets.spec.model import SidecarSet
 
 POLICY_API = "admissionregistration.k8s.io/v1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sidecarctl"}

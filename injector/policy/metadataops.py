@@ -11,8 +11,8 @@ import json
 
 from injector.policy import bookkeeping, cel
 from injector.policy.build import NeedsWebhook, Part
-from sidecarsets import names
-from sidecarsets.enums import PatchPolicy
+from sidecarsets.spec import names
+from sidecarsets.spec.enums import PatchPolicy
 
 
 class MetadataOps(Part):

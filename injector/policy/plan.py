@@ -23,9 +23,9 @@ import orjson
 from injector.policy import bookkeeping, cel
 from injector.policy.build import NeedsWebhook
 from injector.policy.generate import Generated, check_servable, generate
-from sidecarsets import names, selectors
-from sidecarsets.enums import PatchPolicy
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import names, selectors
+from sidecarsets.spec.enums import PatchPolicy
+from sidecarsets.spec.model import SidecarSet
 
 # A policy near etcd's 1.5 MiB object limit (or with hundreds of containers) compiles slowly and
 # may exceed the API server's CEL limits: such a group stays on the webhook.

@@ -2,7 +2,7 @@
 
 With `--injection=policy` there is no pod webhook to fall back on, so the SidecarSet webhook
 refuses a SidecarSet that the plan would leave to the webhook, naming the feature; the manager
-refuses to start while one exists (sidecarctl.preflight).
+refuses to start while one exists (sidecarctl.manager.preflight).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from injector.policy import plan
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.model import ModelError, SidecarSet
+from sidecarsets.spec.model import ModelError, SidecarSet
 
 # Policies are generated only to be checked here; their timestamp is never stored.
 _STAMP = "1970-01-01T00:00:00Z"

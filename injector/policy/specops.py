@@ -11,9 +11,9 @@ from __future__ import annotations
 from injector.policy import cel, podfields
 from injector.policy.build import Part, V
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
-from sidecarsets.enums import InjectPolicy
-from sidecarsets.sidecar import SidecarContainer
+from sidecarsets.spec import names
+from sidecarsets.spec.enums import InjectPolicy
+from sidecarsets.spec.sidecar import SidecarContainer
 
 _LISTS = ("env", "volumeMounts", "volumeDevices")
 

@@ -35,8 +35,8 @@ from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportPr
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
-from sidecarsets.model import ModelError, SidecarSet
+from sidecarsets.spec import names
+from sidecarsets.spec.model import ModelError, SidecarSet
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ caller with cluster access does that), or gate patchPodMetadata keys with a whit
 Both versions are validated as they are written (error paths name the fields of the object's own
 version); the fields where they differ are the `validation.versions` rules.
 
-The rules live in the `validation_*` modules, one per part of the spec.
+The rules live in one module per part of the spec. It imports `sidecarsets.spec` and
+`sidecarsets.values` only: validation needs no pods, rollout or controller.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.defaults import apply_defaults
+from sidecarsets.spec.defaults import apply_defaults
 from sidecarsets.validation.base import Errors, FieldError, obj_field, type_name, validate_selector
 from sidecarsets.validation.canary import validate_canary
 from sidecarsets.validation.conflicts import validate_conflicts

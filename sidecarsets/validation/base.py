@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from sidecarsets import selectors
-from sidecarsets.gofmt import format_g, quote
+from sidecarsets.spec import selectors
+from sidecarsets.values.gofmt import format_g, quote
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sidecarsets import names
-from sidecarsets.enums import UpdateType
+from sidecarsets.spec import names
+from sidecarsets.spec.enums import UpdateType
 from sidecarsets.validation.base import Errors, invalid
 
 BASE_FIELD = f"metadata.annotations[{names.ANN_BASE}]"

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sidecarsets import selectors
-from sidecarsets.enums import PatchPolicy
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import selectors
+from sidecarsets.spec.enums import PatchPolicy
+from sidecarsets.spec.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
 
 

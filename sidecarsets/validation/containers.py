@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sidecarsets.enums import InjectPolicy, SharePolicy, UpgradeType, values
+from sidecarsets.spec.enums import InjectPolicy, SharePolicy, UpgradeType, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.enums import PatchPolicy, values
+from sidecarsets.spec.enums import PatchPolicy, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,

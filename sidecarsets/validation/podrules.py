@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sidecarsets import quantity
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
@@ -34,6 +33,7 @@ from sidecarsets.validation.base import (
     unsupported,
 )
 from sidecarsets.validation.probes import PORT_RANGE, port_name_problems, validate_probes_and_hooks
+from sidecarsets.values import quantity
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TERMINATION_MESSAGE_POLICIES = ("File", "FallbackToLogsOnError")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets import calculator
-from sidecarsets.resourcespolicy import MODES, RegexError, compile_name_regex
+from sidecarsets.spec.resourcespolicy import MODES, RegexError, compile_name_regex
 from sidecarsets.validation.base import Errors, invalid, obj_field, required, str_field, unsupported
+from sidecarsets.values import calculator
 
 MAX_EXPRESSION_LENGTH = 1024
 _VARIABLES = ("cpu", "memory")

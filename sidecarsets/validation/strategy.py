@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets import intorpercent
-from sidecarsets.enums import RevisionPolicy, UpdateType, values
+from sidecarsets.spec.enums import RevisionPolicy, UpdateType, values
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
@@ -25,6 +24,7 @@ from sidecarsets.validation.base import (
     type_name,
     validate_selector,
 )
+from sidecarsets.values import intorpercent
 
 WEIGHT_MIN, WEIGHT_MAX = 1, 100
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
 
 

@@ -6,7 +6,7 @@ v1beta1: `spec.specificNamespace{namespace, namespaceSelector}`, or Kruise 1.9's
 `spec.namespaceSelector` instead, and `spec.customVersion`. A field of the other version is refused
 rather than ignored (the API server would prune it: the SidecarSet would silently reach every
 namespace), naming the field to use. The annotations under `conversion.sidecarctl.io/` are written
-by the conversion to v1alpha1 (sidecarsets.conversion) and may not come with a v1beta1 object.
+by the conversion to v1alpha1 (sidecarsets.spec.conversion) and may not come with a v1beta1 object.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecarsets import names
-from sidecarsets.conversion import is_v1beta1
+from sidecarsets.spec import names
+from sidecarsets.spec.conversion import is_v1beta1
 from sidecarsets.validation.base import (
     Errors,
     FieldError,

@@ -35,8 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from certwatcher import pem
 from kuberuntime import api, kubeapi
-from sidecarctl.manager import Manager
-from sidecarctl.options import ManagerOptions
+from sidecarctl.manager.inprocess import Manager
+from sidecarctl.manager.options import ManagerOptions
 from tests.certutil import (
     Hammer,
     KeyPair,

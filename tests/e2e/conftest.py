@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kuberuntime import kubeapi
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.certsupport import Rig, open_rig
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually

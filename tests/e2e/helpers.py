@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 

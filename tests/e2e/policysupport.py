@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kuberuntime import api, kubeapi, kubeconfig
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop

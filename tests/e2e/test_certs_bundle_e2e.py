@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from certwatcher import pem
 from certwatcher.cabundle import SyncResult
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.certutil import make_ca, pems, write_dir
 from tests.e2e.certsupport import (
     LABEL,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kuberuntime import api
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
     create_ready_pods,

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from kuberuntime import api, kubeapi, kubeconfig
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset, wait_injecting
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, free_port

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, create_ready_pods, image_of, pods, ready, set_image, wait_injecting, wait_status
 from tests.kube.client import Kube, eventually
 from tests.kube.fakekubelet import FakeKubelet

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import create_ready_pods, pods, ready, set_image, wait_injecting, wait_status
 from tests.kube.client import Kube
 from tests.kube.fakekubelet import FakeKubelet

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, wait_injecting
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop

@@ -1,12 +1,12 @@
 """The install manifests as kubectl and the real API server see them.
 
-- `kubectl kustomize` renders config/default exactly as tests/unit/test_manifests.py reads it, and
+- `kubectl kustomize` renders config/default exactly as tests/unit/install/test_manifests.py reads it, and
   config/certmanager as that plus the cert-manager objects and patches;
 - `kubectl apply -k ... --dry-run=server` is accepted for both. This API server has no cert-manager,
   so for config/certmanager the test installs stand-in CRDs for cert-manager.io/v1 Issuer and
   Certificate (namespaced, schema open): that checks the group, version, kinds and scoping that
   kubectl and the API server care about; the fields are checked against each other in
-  tests/unit/test_manifests.py. The stand-ins are removed afterwards;
+  tests/unit/install/test_manifests.py. The stand-ins are removed afterwards;
 - the manager's pod passes the Pod Security "restricted" profile its namespace enforces;
 - `kubectl apply -f config/samples/ --dry-run=server` is accepted, SidecarSets through the real
   validating webhook, and `kubectl get sidecarsets` shows the Kruise printer columns.
@@ -28,14 +28,14 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuberuntime import api, kubeapi, kubeconfig
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import MANAGER_NS, RunningManager, ensure_namespace
-from tests.unit.test_manifests import key, manager_container, parse_run, render
+from tests.unit.install.test_manifests import key, manager_container, parse_run, render
 
 CONFIG = REPO / "config"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import create_ready_pods, image_of, status_of, wait_status
 from tests.kube import builders
 from tests.kube.client import Kube, eventually

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, create_ready_pods, image_of, pods, ready, set_image, wait_injecting, wait_status
 from tests.kube.client import Kube, eventually
 from tests.kube.managerharness import RunningManager

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import missed, names
+from sidecarsets.pods import missed
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset, wait_injecting
 from tests.e2e.policysupport import PrivateCluster, kill_all, private_cluster
 from tests.kube.client import eventually

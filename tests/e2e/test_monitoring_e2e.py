@@ -16,7 +16,7 @@ evicted...), and most of those need a fault this test does not cause. So every q
 asserted present by its TYPE line, and series are asserted for the families that always have one
 (unlabelled gauges, the Lease, the certificate expiries) and for those the SidecarSet and the pod
 produce here (admissions and their latency through the webhook, reconciles, the per-SidecarSet
-gauges). That every name the dashboard uses is registered at all is tests/unit/test_monitoring.py.
+gauges). That every name the dashboard uses is registered at all is tests/unit/install/test_monitoring.py.
 In a real install the supervisor serves prometheus_client's multiprocess files, where a labelled
 family is absent until its first series: those panels show "No data" until the event happens.
 """
@@ -31,14 +31,14 @@ from typing import Any
 
 import yaml
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import create_ready_pods, wait_injecting, wait_status
 from tests.e2e.test_metrics_e2e import Scrape, scrape
 from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.managerharness import RunningManager
-from tests.unit.test_manifests import MANAGER_NS, key
-from tests.unit.test_monitoring import expected_dashboard_configmap, queried_families, service_monitor
+from tests.unit.install.test_manifests import MANAGER_NS, key
+from tests.unit.install.test_monitoring import expected_dashboard_configmap, queried_families, service_monitor
 
 CONFIG = REPO / "config"
 

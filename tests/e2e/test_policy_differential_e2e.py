@@ -29,7 +29,7 @@ import yaml
 from bench import common as bench_common
 from injector.policy.support import POLICIES
 from kuberuntime import api
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests import golden_cases
 from tests.e2e.policysupport import PrivateCluster, private_cluster, stored_pod
 from tests.kube.client import eventually

@@ -19,9 +19,9 @@ from pathlib import Path
 import jsonpatch
 import pytest
 
-from injector import engine
+from injector.engine import engine
 from kuberuntime import api
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset
 from tests.e2e.policysupport import PrivateCluster, descendants, private_cluster, stored_pod
 from tests.kube import builders

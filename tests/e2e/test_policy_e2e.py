@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from injector.metrics import ADMISSIONS
+from injector.http.metrics import ADMISSIONS
 from injector.policy.support import BINDINGS, POLICIES
 from injector.policy.sync import CONDITION_NAME
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, status_of
 from tests.kube import builders
 from tests.kube.client import Kube, eventually

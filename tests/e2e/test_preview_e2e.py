@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
     image_of,
@@ -70,7 +70,7 @@ WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 def sidecarctl(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     return subprocess.run(
-        [sys.executable, "-m", "sidecarctl.cli", *args],
+        [sys.executable, "-m", "sidecarctl.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -34,8 +34,8 @@ import yaml
 
 from kuberuntime import kubeapi
 from kuberuntime.kubeconfig import load_config
-from sidecarsets import names
-from sidecarsets.revisions import revision_data, revision_hash, revision_name
+from sidecarsets.spec import names
+from sidecarsets.spec.revisions import revision_data, revision_hash, revision_name
 from tests.e2e.helpers import (
     SS_PATH,
     create_ready_pods,

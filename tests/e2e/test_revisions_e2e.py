@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kuberuntime import kubeapi
-from sidecarsets.history import sync_history
-from sidecarsets.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VERSION
-from sidecarsets.revisions import resolve_pinned, revision_data
+from sidecarsets.controller.history import sync_history
+from sidecarsets.spec.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VERSION
+from sidecarsets.spec.revisions import resolve_pinned, revision_data
 from tests.kube.builders import container, model, sidecarset
 from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kuberuntime import api, kubeapi, kubeconfig
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
     container_status,

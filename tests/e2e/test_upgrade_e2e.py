@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
     container_status,

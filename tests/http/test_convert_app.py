@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
-from injector.app import CONVERT_MAX_BYTES, create_webhook_app
-from injector.body import BodyLimits, count_values
-from sidecarsets import names
-from sidecarsets.conversion import convert
+from injector.http.app import CONVERT_MAX_BYTES, create_webhook_app
+from injector.http.body import BodyLimits, count_values
+from sidecarsets.spec import names
+from sidecarsets.spec.conversion import convert
 from sidecarsets.store import TemplateStore
 from tests.kube import builders
 

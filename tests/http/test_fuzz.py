@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from injector.app import WebhookSettings, create_webhook_app
-from sidecarsets import names
+from injector.http.app import WebhookSettings, create_webhook_app
+from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels
 from tests.http.test_inject_app import pod, review, sidecarset
 

@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 
-from sidecarsets import names
-from sidecarsets.conversion import convert, is_v1beta1
+from sidecarsets.spec import names
+from sidecarsets.spec.conversion import convert, is_v1beta1
 from tests.golden_cases import GOLDEN_DIR, GoldenCase, cases, load
 from tests.http.test_golden_webhook import test_webhook as through_the_webhook
 

@@ -17,9 +17,9 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from injector.app import WebhookSettings, create_webhook_app
-from sidecarsets import names
-from sidecarsets.model import SidecarSet
+from injector.http.app import WebhookSettings, create_webhook_app
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 from sidecarsets.store import TemplateStore, namespace_labels
 from tests.golden_cases import GOLDEN_NOW, GoldenCase, cases
 

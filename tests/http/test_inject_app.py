@@ -11,8 +11,8 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from injector.app import WebhookSettings, create_webhook_app
-from sidecarsets import names
+from injector.http.app import WebhookSettings, create_webhook_app
+from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels
 from tests.kube import builders
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.http.test_fuzz import CLIENT, json_values
 from tests.http.test_inject_app import review
 

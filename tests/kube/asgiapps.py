@@ -1,4 +1,4 @@
-"""Tiny ASGI apps for tests of the webhook's server layer (injector.server.Listener)."""
+"""Tiny ASGI apps for tests of the webhook's server layer (injector.http.server.Listener)."""
 
 from __future__ import annotations
 

@@ -32,9 +32,9 @@ import jsonpatch
 import orjson
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
-from sidecarsets.hashing import spec_hash, spec_hash_without_image
-from sidecarsets.model import SidecarSet
+from sidecarsets.spec import names
+from sidecarsets.spec.hashing import spec_hash, spec_hash_without_image
+from sidecarsets.spec.model import SidecarSet
 
 T0 = "2024-05-01T10:00:00Z"
 """The time injected pods were created, became ready and got their hash annotations."""

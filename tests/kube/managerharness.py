@@ -29,9 +29,9 @@ import yaml
 from certwatcher.atomicdir import write_atomic
 from certwatcher.issuing import Issued, generate_ca, issue_leaf
 from kuberuntime import api
-from sidecarctl.manager import Manager
-from sidecarctl.options import ManagerOptions
-from sidecarsets import names
+from sidecarctl.manager.inprocess import Manager
+from sidecarctl.manager.options import ManagerOptions
+from sidecarsets.spec import names
 from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop
@@ -222,7 +222,7 @@ def start_process(
     args = [
         sys.executable,
         "-m",
-        "sidecarctl.cli",
+        "sidecarctl.cli.main",
         "run",
         f"--kubeconfig={cp.kubeconfig}",
         f"--namespace={MANAGER_NS}",

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube import builders
 from tests.kube.measure import MIB, RssSampler, descendants
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube import helm, images
 from tests.kube.adminrest import ApiError, wait_for
 from tests.kube.managerimage import Built

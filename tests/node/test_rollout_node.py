@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube import images
 from tests.kube.adminrest import wait_for
 from tests.node.conftest import (

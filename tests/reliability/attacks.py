@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from sidecarsets import names
+from sidecarsets.spec import names
 
 MIB = 1024 * 1024
 

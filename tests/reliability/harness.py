@@ -29,7 +29,7 @@ import yaml
 
 from kuberuntime import api, kubeapi, kubeconfig
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube import builders
 from tests.kube.adminrest import AdminRest
 from tests.kube.client import Kube, eventually

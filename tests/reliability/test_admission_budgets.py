@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube import soak
 from tests.kube.controlplane import REPO
 from tests.kube.managerharness import ManagerProcess

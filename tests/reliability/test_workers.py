@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecarsets import names
+from sidecarsets.spec import names
 from tests.kube.apiproxy import ApiProxy
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import WebhookClient, injected_names, percentile, pod_review

@@ -1,10 +1,12 @@
-"""The package arrows of the README's code map, enforced on every import statement.
+"""The arrows between the rooms of the README's code map, enforced on every import statement.
 
-kuberuntime knows nothing of ours; certwatcher, sidecarsets and injector build on it (injector
-also reads the sidecarsets model); sidecarctl, the program, wires them all and nothing in the
-product imports it. bench/ and tools/ may use the product and the test helpers of tests/kube
-(by design: the demo and the benchmarks drive the same control plane and fakes as the tests),
-never a test module itself.
+kuberuntime knows nothing of ours. Within sidecarsets the rooms import downwards only: values <-
+spec <- validation, pods <- rollout <- controller, with the admission store and pins beside them
+reading the spec. Within injector: engine <- policy <- http and manifests, and none of them reads
+the SidecarSet controller or rollout. sidecarctl, the program, wires everything; its manager never
+imports its cli, and nothing in the product imports sidecarctl. bench/ and tools/ may use the
+product and the test helpers of tests/kube (the demo and the benchmarks drive the same control
+plane and fakes as the tests), never a test module itself.
 """
 
 from __future__ import annotations
@@ -17,16 +19,50 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("kuberuntime", "certwatcher", "sidecarsets", "injector", "sidecarctl")
 TOP = (*PRODUCT, "tests", "bench", "tools")
-# package -> the top-level packages of ours it may import (itself always allowed)
+
+_SPEC = {"sidecarsets.values", "sidecarsets.spec", "kuberuntime"}
+_ADMISSION_READS = {*_SPEC, "sidecarsets.validation", "sidecarsets.store", "sidecarsets.pins"}
+# room -> the rooms of ours it may import (itself always allowed). A room is a package or a
+# module; a module belongs to the longest room that names it.
 ALLOWED: dict[str, set[str]] = {
     "kuberuntime": set(),
     "certwatcher": {"kuberuntime"},
-    "sidecarsets": {"kuberuntime"},
-    "injector": {"kuberuntime", "sidecarsets"},
-    "sidecarctl": {"kuberuntime", "certwatcher", "sidecarsets", "injector"},
+    "sidecarsets": set(),  # the package's own __init__: documentation only
+    "sidecarsets.values": {"kuberuntime"},
+    "sidecarsets.spec": _SPEC,
+    "sidecarsets.validation": _SPEC,
+    "sidecarsets.pods": _SPEC,
+    "sidecarsets.rollout": {*_SPEC, "sidecarsets.pods"},
+    "sidecarsets.controller": {*_SPEC, "sidecarsets.pods", "sidecarsets.rollout"},
+    "sidecarsets.store": _SPEC,
+    "sidecarsets.pins": {*_SPEC, "sidecarsets.store"},
+    "injector": set(),
+    "injector.engine": _SPEC,
+    "injector.policy": {*_SPEC, "injector.engine"},
+    "injector.http": {*_ADMISSION_READS, "injector.engine", "injector.policy"},
+    "injector.manifests": {*_ADMISSION_READS, "injector.engine", "injector.policy"},
+    "sidecarctl": set(),
+    "sidecarctl.manager": {"kuberuntime", "certwatcher", "sidecarsets", "injector"},
+    "sidecarctl.cli": {"kuberuntime", "certwatcher", "sidecarsets", "injector", "sidecarctl.manager"},
     "bench": {*PRODUCT, "tests.kube"},
     "tools": {*PRODUCT, "tests.kube"},
 }
+
+
+def room_of(module: str) -> str:
+    """The longest room that is `module` or one of its parents."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in ALLOWED:
+            return candidate
+    raise KeyError(module)
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
 
 
 def _imports(path: Path) -> set[str]:
@@ -42,36 +78,89 @@ def _imports(path: Path) -> set[str]:
     return {m for m in found if m.split(".")[0] in TOP}
 
 
-def _allowed(package: str, module: str) -> bool:
-    if module.split(".")[0] == package:
+def _allowed(room: str, module: str) -> bool:
+    if module == room or module.startswith(room + "."):
         return True
-    return any(module == a or module.startswith(a + ".") for a in ALLOWED[package])
+    return any(module == a or module.startswith(a + ".") for a in ALLOWED[room])
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
+def bad_imports(room: str, found: set[str]) -> set[str]:
+    """The imports in `found` that `room` may not make."""
+    # `from tests.kube import client` names both tests.kube and tests.kube.client, and
+    # `from sidecarsets.spec import names` both the package and the module: judge the longest.
+    return {
+        m
+        for m in found
+        if not _allowed(room, m) and not any(o.startswith(m + ".") and _allowed(room, o) for o in found)
+    }
+
+
+def offenders(files: list[Path]) -> dict[str, list[str]]:
+    """Each file's imports that its room may not make."""
+    out: dict[str, list[str]] = {}
+    for f in files:
+        bad = bad_imports(room_of(module_name(f)), _imports(f))
+        if bad:
+            out[str(f.relative_to(REPO))] = sorted(bad)
+    return out
+
+
+TOPS = sorted({room.split(".")[0] for room in ALLOWED})
+
+
+@pytest.mark.parametrize("package", TOPS)
 def test_package_respects_its_arrows(package: str) -> None:
     files = sorted((REPO / package).rglob("*.py"))
     assert files
-    offenders: dict[str, list[str]] = {}
-    for f in files:
-        found = _imports(f)
-        # `from tests.kube import client` names both tests.kube and tests.kube.client: judge the longest.
-        bad = {
-            m
-            for m in found
-            if not _allowed(package, m) and not any(o.startswith(m + ".") and _allowed(package, o) for o in found)
-        }
-        if bad:
-            offenders[str(f.relative_to(REPO))] = sorted(bad)
-    assert offenders == {}
+    assert offenders(files) == {}
+
+
+def test_every_room_of_the_product_is_a_package_with_a_docstring() -> None:
+    """Each room's `__init__.py` opens with what it holds and what it may import."""
+    for room in ALLOWED:
+        path = REPO / room.replace(".", "/")
+        if room.split(".")[0] not in PRODUCT or not path.is_dir():
+            continue
+        doc = ast.get_docstring(ast.parse((path / "__init__.py").read_text()))
+        assert doc and "import" in doc, room
+
+
+def test_no_product_folder_holds_more_than_15_modules() -> None:
+    for package in PRODUCT:
+        for folder in [REPO / package, *(p for p in (REPO / package).rglob("*") if p.is_dir())]:
+            modules = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+            assert len(modules) <= 15, (folder, len(modules))
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     source = tmp_path / "x.py"
-    source.write_text("from sidecarsets import model\nimport injector.engine\nfrom tests.kube.client import Kube\n")
+    source.write_text(
+        "from sidecarsets.spec import model\nimport injector.engine.engine\nfrom tests.kube.client import Kube\n"
+    )
     found = _imports(source)
-    assert {"sidecarsets.model", "injector.engine", "tests.kube.client"} <= found
-    assert not _allowed("kuberuntime", "sidecarsets.model")
-    assert not _allowed("sidecarsets", "injector.engine")
+    assert {"sidecarsets.spec.model", "injector.engine.engine", "tests.kube.client"} <= found
+    assert room_of("sidecarsets.spec.model") == "sidecarsets.spec"
+    assert room_of("sidecarsets.store") == "sidecarsets.store"
+    assert room_of("injector.http.app") == "injector.http"
+    assert not _allowed("kuberuntime", "sidecarsets.spec.model")
+    assert not _allowed("sidecarsets.spec", "sidecarsets.rollout.planner")
+    assert not _allowed("sidecarsets.spec", "sidecarsets.controller.controller")
+    assert not _allowed("sidecarsets.rollout", "sidecarsets.controller.podwrites")
+    assert not _allowed("injector.engine", "injector.http.admission")
+    assert not _allowed("injector.engine", "injector.policy.plan")
+    assert not _allowed("injector.http", "sidecarsets.controller.controller")
+    assert not _allowed("sidecarctl.manager", "sidecarctl.cli.injectcmd")
+    assert _allowed("sidecarsets.rollout", "sidecarsets.pods.projection")
+    assert _allowed("injector.http", "injector.engine.engine")
     assert _allowed("tools", "tests.kube.client")
     assert not _allowed("bench", "tests.unit.podbuild")
+
+
+def test_a_bad_import_in_a_real_room_is_reported() -> None:
+    """The whole check, on a real module's imports plus one its room may not make."""
+    real = REPO / "sidecarsets" / "spec" / "hashing.py"
+    room = room_of(module_name(real))
+    assert room == "sidecarsets.spec"
+    assert offenders([real]) == {}
+    found = _imports(real) | {"sidecarsets.rollout.planner", "sidecarsets.controller"}
+    assert bad_imports(room, found) == {"sidecarsets.rollout.planner", "sidecarsets.controller"}

@@ -1,0 +1,156 @@
+"""What each admission webhook decides for a parsed AdmissionReview; no HTTP here.
+
+The pod webhook takes the current store snapshot, resolves revision pins (sidecarsets.pins) and
+calls the pure engine; the SidecarSet webhook runs validation against the other SidecarSets and
+the stored revisions. Each returns a `Decision`: the metrics label, the AdmissionReview response
+body, and whether the same request may be answered again from the replay cache.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from injector.engine import engine
+from injector.http import admission
+from injector.http.namespaces import LookupFailed
+from injector.http.replay import ReplayCache
+from injector.policy import servable
+from kuberuntime.clock import now_rfc3339
+from sidecarsets import pins, validation
+from sidecarsets.spec import names
+from sidecarsets.store import TemplateStore
+
+# Partial revision pins draw per pod; from a generator of our own, not the shared `random` state.
+_DRAWS = random.Random()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    result: str  # metrics label: injected, skipped, allowed, denied
+    body: bytes  # the AdmissionReview response
+    replayable: bool = False
+
+
+Lookup = Callable[[str], Awaitable[Mapping[str, str] | None]]
+
+
+@dataclass
+class WebhookSettings:
+    manager_namespace: str = names.DEFAULT_MANAGER_NAMESPACE
+    # Reads a namespace the snapshot does not know (injector.http.namespaces); None: such pods are refused.
+    namespace_lookup: Lookup | None = None
+    clock: Callable[[], str] = field(default=now_rfc3339)
+    # Identical pods admitted within a second are answered from a cache (None turns it off).
+    replay: ReplayCache | None = field(default_factory=ReplayCache)
+    # --injection=policy: there is no pod webhook, so a SidecarSet no policy can serve is refused.
+    policy_only: bool = False
+
+
+class NamespaceUnknown(Exception):
+    """The labels of the pod's namespace cannot be known now; the pod is refused, to be retried."""
+
+
+async def _namespace_labels(
+    store: TemplateStore, namespace: str, settings: WebhookSettings
+) -> Mapping[str, str] | None:
+    """The namespace's labels: from the watch, or read once when the watch may be behind.
+
+    The API server only calls this webhook for namespaces its selector matched, so a snapshot
+    without the namespace, or without its injection label, is read again rather than trusted.
+    None: the namespace does not exist. NamespaceUnknown: it could not be found out.
+    """
+    labels = store.snapshot.namespaces.get(namespace)
+    enabled = labels is not None and labels.get(names.NS_INJECTION_LABEL) == names.NS_INJECTION_ENABLED
+    if enabled or namespace in names.SYSTEM_NAMESPACES or namespace == settings.manager_namespace:
+        return labels
+    if settings.namespace_lookup is None:
+        if labels is not None:
+            return labels
+        raise NamespaceUnknown("the watch has not delivered it yet")
+    try:
+        return await settings.namespace_lookup(namespace)
+    except LookupFailed as e:
+        raise NamespaceUnknown(f"the watch has not delivered it yet and {e}") from None
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    """The pod's labels, or none when they are malformed (the engine then names the field)."""
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+async def inject(review: admission.Review, store: TemplateStore, settings: WebhookSettings) -> Decision:
+    admission.require_kind(review, group="", kind="Pod", what="pods")
+    if review.operation != "CREATE" or review.sub_resource:
+        return Decision("skipped", admission.response(review))
+    if review.object is None:
+        raise admission.ReviewError(400, "request.object is required for CREATE")
+    namespace = review.namespace or "default"
+    try:
+        labels = await _namespace_labels(store, namespace, settings)
+    except NamespaceUnknown as e:
+        message = f"sidecarctl: the labels of namespace {namespace} are not known ({e}); retry the request"
+        return Decision("denied", admission.response(review, denied=message, code=503))
+    snapshot = store.snapshot
+    candidates, denied = pins.pinned_sidecarsets(
+        snapshot,
+        _labels(review.object),
+        namespace=namespace,
+        namespace_labels=labels,
+        rand=_DRAWS.random,
+    )
+    if denied is not None:
+        return Decision("denied", admission.response(review, denied=denied))
+    outcome = engine.inject(
+        review.object,
+        namespace=namespace,
+        namespace_labels=labels,
+        sidecarsets=candidates,
+        now=settings.clock(),
+        operation=review.operation,
+        manager_namespace=settings.manager_namespace,
+    )
+    if outcome.denied is not None:
+        return Decision("denied", admission.response(review, denied=outcome.denied, code=400))
+    body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
+    return Decision("injected" if outcome.patch else "skipped", body, pins.answer_is_replayable(snapshot, labels))
+
+
+async def validate(review: admission.Review, store: TemplateStore, settings: WebhookSettings | None = None) -> Decision:
+    admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
+    if review.operation not in ("CREATE", "UPDATE"):
+        return Decision("allowed", admission.response(review))
+    if review.object is None:
+        raise admission.ReviewError(400, f"request.object is required for {review.operation}")
+    size = len(orjson.dumps(review.object))
+    if size > validation.MAX_SIDECARSET_BYTES:
+        message = (
+            f"SidecarSet rejected: {size} bytes is larger than the {validation.MAX_SIDECARSET_BYTES} bytes etcd stores"
+        )
+        return Decision("denied", admission.response(review, denied=message, code=413))
+    snapshot = store.snapshot
+    errors = [
+        str(e)
+        for e in validation.validate_sidecarset(
+            review.object, old=review.old_object, others=list(snapshot.objects.values())
+        )
+    ]
+    problem = pins.pin_problem(review.object, snapshot.revisions.values())
+    if problem is not None:
+        errors.append(problem)
+    if not errors and settings is not None and settings.policy_only:
+        unservable = servable.why_not(review.object, snapshot.sidecarsets, manager_namespace=settings.manager_namespace)
+        if unservable is not None:
+            errors.append(
+                f"the manager runs with --injection=policy and no MutatingAdmissionPolicy can serve it: {unservable}"
+            )
+    if errors:
+        message = "SidecarSet rejected: " + "; ".join(errors)
+        return Decision("denied", admission.response(review, denied=message, code=422))
+    return Decision("allowed", admission.response(review))

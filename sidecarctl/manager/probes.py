@@ -1,0 +1,154 @@
+"""The manager's plain-HTTP port (/metrics, /healthz, /readyz) and the sockets it binds.
+
+Kept light (no Kubernetes client, no roles) so the supervisor process that serves the probes
+stays small. Readiness says what it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from injector.http.server import LISTEN_BACKLOG
+from kuberuntime.authn import Verdict
+
+Check = Callable[[], Awaitable[tuple[bool, str]]]
+Authorizer = Callable[[str | None], Awaitable[Verdict]]
+
+
+def create_probe_app(
+    *, ready: Check, live: Check | None = None, registry: CollectorRegistry | None = REGISTRY
+) -> Starlette:
+    """`registry`: where /metrics reads from (the supervisor passes one that reads every process);
+    None leaves /metrics off this port (it is served on the secure metrics port instead)."""
+
+    async def healthz(request: Request) -> Response:
+        if live is not None:
+            ok, why = await live()
+            if not ok:
+                return PlainTextResponse(why + "\n", status_code=503)
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        ok, why = await ready()
+        return PlainTextResponse((why or "ok") + "\n", status_code=200 if ok else 503)
+
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz)]
+    if registry is not None:
+        routes.append(Route("/metrics", metrics_endpoint(registry)))
+    return Starlette(routes=routes)
+
+
+def metrics_endpoint(
+    registry: CollectorRegistry, auth: Authorizer | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """/metrics; with `auth`, only for callers the API server authenticates and authorizes."""
+
+    async def metrics(request: Request) -> Response:
+        if auth is not None:
+            verdict = await auth(request.headers.get("authorization"))
+            if verdict.status != 200:
+                status = 503 if verdict.status == 500 else verdict.status
+                return PlainTextResponse(verdict.message + "\n", status_code=status)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def create_metrics_app(registry: CollectorRegistry, auth: Authorizer) -> Starlette:
+    """The secure metrics port: /metrics only, behind delegated authentication and authorization."""
+    return Starlette(routes=[Route("/metrics", metrics_endpoint(registry, auth))])
+
+
+async def serve_plain(app: Any, bind: str, stop: asyncio.Event, sock: socket.socket | None = None) -> None:
+    """The probe port: plain HTTP/1.1, graceful on stop; on `sock` when given (already bound)."""
+    config = Config()
+    config.bind = [bind] if sock is None else [f"fd://{sock.fileno()}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = 2.0
+    config.alpn_protocols = ["http/1.1"]
+    await serve(app, config, shutdown_trigger=stop.wait)
+
+
+def host_port(bind: str) -> tuple[str, int]:
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), int(port)
+
+
+async def tls_self_check(bind: str, ca_pem: bytes) -> tuple[bool, str]:
+    """A real handshake on the webhook port, trusting only the CA we publish in caBundle."""
+    host, port = host_port(bind)
+    try:
+        ctx = ssl.create_default_context(cadata=ca_pem.decode())
+        ctx.check_hostname = False  # the API server checks names; here we prove the chain and the key
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout=2)
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    except (OSError, ssl.SSLError, TimeoutError, ValueError) as e:
+        return False, f"TLS self-check against {host}:{port} failed: {e}"
+    return True, "ok"
+
+
+def _bound(bind: str, *, reuse_port: bool) -> socket.socket:
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and the
+    # sockets accepted from this one inherit it.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, int(port)))
+    sock.set_inheritable(True)
+    return sock
+
+
+def listen(bind: str, *, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+    """A listening TCP socket for `host:port` (the port may be 0)."""
+    sock = _bound(bind, reuse_port=False)
+    sock.listen(backlog)
+    return sock
+
+
+def bound_address(bind: str, sock: socket.socket) -> str:
+    """`bind` with the port the kernel chose when it asked for port 0."""
+    host = bind.rpartition(":")[0]
+    return f"{host}:{sock.getsockname()[1]}"
+
+
+def bind_reuseport(bind: str) -> socket.socket:
+    """A socket bound to `bind` with SO_REUSEPORT, not yet listening: one of a `bind_group`."""
+    return _bound(bind, reuse_port=True)
+
+
+def bind_group(bind: str, count: int) -> list[socket.socket]:
+    """`count` sockets bound to one port, one per admission worker, which each listens when ready.
+
+    Why not one shared listening socket: the API server keeps a few long-lived connections per
+    webhook, opened in a burst, and with a shared socket the first worker to wake accepts the whole
+    burst (measured: 16 of 16 connections on one of two workers, the other idle). With SO_REUSEPORT
+    the kernel hashes each new connection to one listening socket of the group, so the workers
+    share them. A socket that is bound but not listening gets none: a worker that has not yet
+    listed its SidecarSets and namespaces is sent no connection (`injector.http.server.Listener.serve`
+    listens).
+    """
+    first = bind_reuseport(bind)
+    same_port = bound_address(bind, first)
+    return [first, *(bind_reuseport(same_port) for _ in range(count - 1))]

@@ -1,0 +1,148 @@
+"""The admission role: watches feeding a read-only snapshot, and the bounded TLS listener serving it.
+
+One of these runs in every admission worker process (or in the single process the tests start).
+It keeps its own watches and its own snapshot, so workers share nothing but the webhook port:
+a worker busy with one request never slows another, and one that dies takes only its own
+connections with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from certwatcher.reloader import CertReloader
+from certwatcher.tls import ALPN_PROTOCOLS, HTTP1_ONLY
+from injector.http.app import create_webhook_app
+from injector.http.body import BodyLimits
+from injector.http.budget import ByteBudget
+from injector.http.decisions import WebhookSettings
+from injector.http.namespaces import NamespaceLookup
+from injector.http.server import Limits, Listener
+from kuberuntime import kubeapi, kubeconfig
+from kuberuntime.clock import first_of
+from kuberuntime.informer import Informer
+from kuberuntime.jsontypes import JsonObj
+from sidecarctl.manager.options import ManagerOptions
+from sidecarctl.manager.probes import listen
+from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.spec import names
+from sidecarsets.store import TemplateStore, namespace_labels
+
+log = logging.getLogger("sidecarctl.webhook")
+
+
+def _identity(obj: JsonObj) -> JsonObj:
+    return obj
+
+
+class WebhookRole:
+    def __init__(
+        self,
+        opts: ManagerOptions,
+        cert_dir: Path,
+        *,
+        client: kubeapi.KubeClient | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
+        self.opts = opts
+        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
+        self.store = TemplateStore()
+        self.informers: list[Informer[Any]] = [
+            Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=self.store.on_sidecarset),
+            Informer(
+                self.client,
+                "/api/v1/namespaces",
+                name="namespaces",
+                transform=namespace_labels,
+                handler=self.store.on_namespace,
+            ),
+            Informer(
+                self.client,
+                f"/apis/apps/v1/namespaces/{opts.namespace}/controllerrevisions",
+                name="controllerrevisions",
+                transform=_identity,
+                handler=self.store.on_revision,
+                label_selector=names.REVISION_LABEL_SIDECARSET,
+            ),
+        ]
+        self.reloader = CertReloader(
+            cert_dir,
+            poll_interval=opts.tls.cert_poll_interval,
+            event_interval=opts.tls.cert_event_interval or None,
+            alpn=ALPN_PROTOCOLS if opts.serving.enable_http2 else HTTP1_ONLY,
+        )
+        budgets = opts.budgets
+        settings = WebhookSettings(
+            manager_namespace=opts.namespace,
+            namespace_lookup=NamespaceLookup(self.client, timeout=budgets.namespace_lookup_timeout),
+            policy_only=opts.injection.injection == "policy",
+        )
+        body = BodyLimits(
+            timeout=budgets.body_timeout,
+            max_values=budgets.max_json_values,
+            budget=ByteBudget(budgets.body_budget_mib * 1024 * 1024),
+        )
+        self.app = create_webhook_app(self.store, settings, body)
+        self.sock = sock
+        self.listener: Listener | None = None
+
+    @property
+    def limits(self) -> Limits:
+        b = self.opts.budgets
+        return Limits(
+            max_connections=b.max_connections,
+            max_tls_connections=b.max_tls_connections,
+            handshake_timeout=b.handshake_timeout,
+            header_timeout=b.header_timeout,
+            keep_alive_timeout=b.keep_alive_timeout,
+            http2=self.opts.serving.enable_http2,
+            h2_max_concurrent_streams=b.h2_max_streams,
+            max_requests_per_connection=b.max_requests_per_connection,
+        )
+
+    def readiness(self) -> tuple[bool, str]:
+        waiting = [inf.name for inf in self.informers if not inf.synced.is_set()]
+        if waiting:
+            return False, "waiting for the first list of " + ", ".join(waiting)
+        if self.reloader.current is None:
+            return False, "no valid serving certificate yet"
+        if self.listener is None:
+            return False, "the webhook port is not listening yet"
+        return True, "ok"
+
+    async def _first_lists(self, stop: asyncio.Event) -> bool:
+        """Wait for every informer's first list; False when stopped first.
+
+        Until then the store does not know the SidecarSets, and a pod answered from it would be
+        admitted without its sidecars: a worker (started or restarted) takes no connection before.
+        """
+        started = time.monotonic()
+
+        async def all_synced() -> None:
+            for inf in self.informers:
+                await inf.synced.wait()
+
+        await first_of(all_synced(), stop.wait())
+        if stop.is_set():
+            return False
+        log.info("webhook: first lists in %.2fs; accepting connections", time.monotonic() - started)
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(inf.run(stop), name=f"informer-{inf.name}") for inf in self.informers]
+        self.reloader.reload_now()
+        tasks.append(asyncio.create_task(self.reloader.run(stop), name="cert-reloader"))
+        try:
+            if await self._first_lists(stop):
+                sock = self.sock if self.sock is not None else listen(self.opts.serving.webhook_bind)
+                self.listener = Listener(self.app, sock, self.reloader.front_context, self.limits)
+                await self.listener.serve(stop)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.client.close()

@@ -1,0 +1,345 @@
+"""The SidecarSet controller: status, revision history and in-place sidecar upgrades.
+
+Level-triggered: watch events only put SidecarSet names on a work queue; a reconcile reads
+the caches and converges, so a missed or repeated event cannot leave wrong state. All rollout
+state lives on the pods (hash and in-place-state annotations) and on the SidecarSet (status),
+so a new leader continues a rollout where the old one stopped.
+
+Pod patches carry a `test` of the pod's resourceVersion: a patch planned from a stale cache
+fails instead of landing twice. After patching, the controller waits until its cache has seen
+its own writes ("expectations") before planning again; otherwise a stale cache would show the
+patched pods as still ready and untouched, and the next plan could exceed maxUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kuberuntime import api, events
+from kuberuntime.clock import now_rfc3339
+from kuberuntime.jsontypes import JsonObj
+from kuberuntime.workqueue import WorkQueue, run_workers
+from sidecarsets.controller import history, metrics
+from sidecarsets.controller.podfailures import PodFailures
+from sidecarsets.controller.podwrites import PodWrites, rv_number
+from sidecarsets.pods import podstate
+from sidecarsets.pods.projection import PodProjection
+from sidecarsets.rollout import deadline, planner, status
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
+
+log = logging.getLogger("sidecarsets.controller")
+
+SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+RESYNC_SECONDS = 30.0
+REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
+
+
+class Controller(PodWrites):
+    """Reconciles every SidecarSet; run it only while holding the leader Lease."""
+
+    def __init__(
+        self,
+        client: api.Client,
+        *,
+        namespace: str,
+        namespaces: Callable[[], Mapping[str, Mapping[str, str]]],
+        revisions: Callable[[], Iterable[JsonObj]] | None = None,
+        recorder: events.EventRecorder,
+        workers: int = 3,
+        clock: Callable[[], str] = now_rfc3339,
+        may_write: Callable[[], Awaitable[bool]] | None = None,
+        failures: PodFailures | None = None,
+        conditions: Callable[[str], Iterable[Mapping[str, str]]] | None = None,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.namespaces = namespaces
+        self.revisions = revisions
+        self.recorder = recorder
+        self.workers = workers
+        self.clock = clock
+        # Asked before every batch of writes: False once another replica holds the Lease.
+        self.may_write = may_write
+        self.failures = failures or PodFailures()
+        # Conditions other parts own (PolicyInjection, from the policy sync), written with the status.
+        self.conditions = conditions
+        self.queue = WorkQueue()
+        # Read tolerantly: a SidecarSet written before validation existed is still counted and reported.
+        self.sidecarsets: dict[str, SidecarSet] = {}
+        self.pods: dict[str, PodProjection] = {}
+        self.pods_by_ss: dict[str, set[str]] = {}
+        # pod key → resourceVersion our last patch produced; planning waits until the cache has it.
+        self.expected: dict[str, int] = {}
+        self.reconciles = 0
+        # SidecarSet -> seconds until its next pod reaches the progress deadline (sidecarsets.rollout.deadline)
+        self._deadline_check: dict[str, float] = {}
+
+    # -- event handlers (informer callbacks; they only enqueue) --------------------------------
+    def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        obj = new or old or {}
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind == "DELETED" or new is None:
+            self.sidecarsets.pop(name, None)
+            self.queue.add(name)  # its reconcile drops its metric series (after one in flight, if any)
+            return
+        self.sidecarsets[name] = SidecarSet.from_object(new, tolerant=True)
+        old_gen = ((old or {}).get("metadata") or {}).get("generation")
+        if old is None or old_gen != new.get("metadata", {}).get("generation"):
+            self.queue.add(name)
+        elif _progressing(old) != _progressing(new):
+            self.queue.add(name)  # the stop condition removed by hand: the rollout resumes
+
+    def refresh(self, which: Iterable[str]) -> None:
+        """Reconcile these SidecarSets again (something their status reports has changed)."""
+        for name in which:
+            if name in self.sidecarsets:
+                self.queue.add(name)
+
+    def on_namespace(self, kind: str, old: Any, new: Any) -> None:
+        if old != new:
+            for name, ss in self.sidecarsets.items():
+                if ss.namespace_selector is not None:
+                    self.queue.add(name)
+
+    def on_pod(self, kind: str, old: PodProjection | None, new: PodProjection | None) -> None:
+        pod = new or old
+        if pod is None:
+            return
+        key = f"{pod.namespace}/{pod.name}"
+        before = set(old.injected) if old else set()
+        after = set(new.injected) if new else set()
+        if new is None:
+            self.pods.pop(key, None)
+            self.expected.pop(key, None)
+            self.failures.forget(key)
+        else:
+            self.pods[key] = new
+            exp = self.expected.get(key)
+            if exp is not None and rv_number(new.resource_version) >= exp:
+                del self.expected[key]
+        for ss in before - after:
+            self.pods_by_ss.get(ss, set()).discard(key)
+        for ss in after:
+            self.pods_by_ss.setdefault(ss, set()).add(key)
+        metrics.TRACKED_PODS.set(len(self.pods))
+        for ss in before | after:
+            if ss in self.sidecarsets:
+                self.queue.add(ss)
+
+    # -- reconcile -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        for name in self.sidecarsets:
+            self.queue.add(name)
+        resync = asyncio.create_task(self._resync(stop))
+        try:
+            await run_workers(self.queue, self.reconcile, workers=self.workers, stop=stop)
+        finally:
+            resync.cancel()
+
+    async def _resync(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(RESYNC_SECONDS)
+            for name in list(self.sidecarsets):
+                self.queue.add(name)
+
+    def _pods_of(self, name: str) -> list[PodProjection]:
+        return [p for k in self.pods_by_ss.get(name, ()) if (p := self.pods.get(k)) is not None]
+
+    async def reconcile(self, name: str) -> float | None:
+        """One pass for one SidecarSet; returns seconds until it wants another look, or None."""
+        self.reconciles += 1
+        ss = self.sidecarsets.get(name)
+        if ss is None:
+            metrics.forget(name)
+            metrics.RECONCILES.labels("success").inc()
+            return None
+        self._deadline_check.pop(name, None)
+        try:
+            result = await self._reconcile(ss)
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            raise
+        check = self._deadline_check.pop(name, None)
+        if check is not None:  # a pod reaches its progress deadline then: look again at that moment
+            result = check if result is None else min(result, check)
+        metrics.RECONCILES.labels("requeue" if result is not None else "success").inc()
+        return result
+
+    async def _reconcile(self, ss: SidecarSet) -> float | None:
+        pods = self._pods_of(ss.name)
+        matched = status.matched_pods(ss, pods, self.namespaces())
+        synced = await self._sync_status(ss, pods, matched)
+        if synced is None:
+            return None
+        latest, verdicts = synced
+        return await self._roll_out(ss, matched, latest=latest, verdicts=verdicts)
+
+    async def _sync_status(
+        self, ss: SidecarSet, pods: list[PodProjection], matched: list[PodProjection]
+    ) -> tuple[str, podstate.Verdicts] | None:
+        """Revision history and status brought up to date; (latest revision, the pods' verdicts) to
+        plan with, or None when no pod is to be touched now (writes are not ours, or the rollout stopped)."""
+        name = ss.name
+        in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
+        cached = None if self.revisions is None else self.revisions()
+        latest, collisions = await history.sync_history(
+            self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
+        )
+        verdicts = status.evaluate(ss, matched)  # shared by the status and the plan: each pod is evaluated once
+        new_status = status.compute_status(
+            ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
+        )
+        now = self.clock()
+        for condition in self.conditions(name) if self.conditions is not None else ():
+            status.set_condition(new_status, ss.status, condition, now=now)
+        progress = deadline.progress(ss, matched, verdicts, revision=latest, now=_time(now))
+        if progress.condition is not None:
+            status.put_condition(new_status, progress.condition)
+        metrics.ROLLOUT_STALLED.labels(name).set(1 if progress.stopped else 0)
+        if progress.recheck is not None:
+            self._deadline_check[name] = progress.recheck
+        if status.status_changed(ss.status, new_status):
+            if not await self._writable():
+                return None
+            await self._write_status(ss, new_status)
+        if progress.newly_overdue:
+            await self._report_stall(ss, progress)
+        if progress.stopped:
+            return None  # no pod is touched; a spec change or the condition's removal brings it back
+        return latest, verdicts
+
+    async def _roll_out(
+        self, ss: SidecarSet, matched: list[PodProjection], *, latest: str, verdicts: podstate.Verdicts
+    ) -> float | None:
+        """Plan the next step of the rollout and patch its pods; returns when to look again, or None."""
+        name = ss.name
+        stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
+        if stale:
+            return 0.5  # our own pod writes are not in the cache yet: plan again once they are
+        plan = planner.plan_upgrade(
+            ss, matched, revision=latest, now=self.clock(), verdicts=verdicts, held_back=self.failures.held_back()
+        )
+        await self._mark_upgradable(ss, matched, set(plan.not_upgradable))
+        if plan.not_upgradable:
+            metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
+        else:
+            metrics.PODS_NOT_UPGRADABLE.labels(name).set(0)
+        if plan.upgrades or plan.stage is planner.Stage.WAITING:
+            log.info(
+                "rollout: %s (unavailable %d/%d, matched %d): %s",
+                plan.reason,
+                plan.unavailable,
+                plan.max_unavailable,
+                len(matched),
+                ", ".join(f"{u.namespace}/{u.name}" for u in plan.upgrades),
+                extra={"sidecarset": name},
+            )
+        backing_off = self.failures.next_retry(self.pods_by_ss.get(name, ()))
+        if not plan.upgrades:
+            if plan.done:
+                return None
+            return RESYNC_SECONDS if backing_off is None else min(RESYNC_SECONDS, backing_off + 0.05)
+        if not await self._writable():
+            return None
+        return await self._upgrade(ss, plan, latest=latest)
+
+    async def _upgrade(self, ss: SidecarSet, plan: planner.Plan, *, latest: str) -> float | None:
+        """Patch the plan's pods and report how it went; returns when to look again, or None."""
+        results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))
+        if any(results) and plan.stage is planner.Stage.FLIPPING:
+            await self.recorder.event(
+                ss.obj,
+                type="Normal",
+                reason="ResetContainerSucceed",
+                message="HotUpgrade: the old containers of upgraded pairs are reset to the empty image",
+            )
+        elif any(results):
+            await self.recorder.event(
+                ss.obj,
+                type="Normal",
+                reason="SidecarUpgrade",
+                # One message per revision, so repeats aggregate into one Event's count.
+                message=f"upgrading sidecar images in place to revision {latest}",
+            )
+        await self._report_failures(ss, plan.upgrades)
+        if any(f"{u.namespace}/{u.name}" in self.failures for u in plan.upgrades):
+            # A refused pod now waits out its backoff, held back from the plan: plan again at once, so
+            # the rollout goes on with the other pods instead of idling until that pod's retry.
+            return REPLAN_SECONDS
+        retry = self.failures.next_retry(f"{u.namespace}/{u.name}" for u in plan.upgrades)
+        return None if retry is None else retry + 0.05
+
+    async def _writable(self) -> bool:
+        if self.may_write is None or await self.may_write():
+            return True
+        log.warning("not writing: this replica no longer holds the Lease")
+        return False
+
+    async def _report_failures(self, ss: SidecarSet, upgrades: Iterable[planner.PodUpgrade]) -> None:
+        for upgrade in upgrades:
+            key = f"{upgrade.namespace}/{upgrade.name}"
+            failure = self.failures.to_report(key)
+            if failure is None:
+                continue
+            await self.recorder.event(
+                ss.obj,
+                type="Warning",
+                reason="UpgradeFailed",
+                message=(
+                    f"pod {key}: the in-place upgrade was refused {failure.count} times ({failure.reason}); "
+                    "it is retried with backoff while the rollout goes on with other pods"
+                ),
+            )
+
+    async def _report_stall(self, ss: SidecarSet, progress: deadline.Progress) -> None:
+        late = progress.newly_overdue
+        shown = ", ".join(f"{o.key} ({o.why})" for o in late[:10]) + (" ..." if len(late) > 10 else "")
+        log.warning(
+            "rollout stopped: %d upgraded pod(s) not ready within the progress deadline: %s",
+            len(late),
+            shown,
+            extra={"sidecarset": ss.name},
+        )
+        await self.recorder.event(
+            ss.obj,
+            type="Warning",
+            reason=names.REASON_DEADLINE_EXCEEDED,
+            message=f"rollout stopped: {len(late)} upgraded pod(s) not ready within "
+            f"{ss.update_strategy.progress_deadline_seconds}s: {shown}",
+        )
+
+    async def _write_status(self, ss: SidecarSet, new_status: JsonObj) -> None:
+        name = ss.name
+        body = {"metadata": {"resourceVersion": ss.resource_version}, "status": new_status}
+        try:
+            updated = await self.client.patch(f"{SS_PATH}/{name}/status", body, patch_type="merge")
+            # Keep the cache current so the next pass does not write the same status again, unless
+            # the watch has already brought a newer object while the patch was on its way back: that
+            # one stays (keeping ours would plan with an older spec and make every status write conflict).
+            cached = self.sidecarsets.get(name)
+            fresh = SidecarSet.from_object(updated, tolerant=True)
+            if cached is not None and rv_number(fresh.resource_version) >= rv_number(cached.resource_version):
+                self.sidecarsets[name] = fresh
+        except api.Conflict:
+            raise  # the watch brings the newer object; the queue retries with backoff
+        except api.NotFound:
+            self.sidecarsets.pop(name, None)
+
+
+def _progressing(obj: JsonObj | None) -> Any:
+    """The Progressing condition of a SidecarSet object, or None."""
+    status = (obj or {}).get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for c in conditions if isinstance(conditions, list) else []:
+        if isinstance(c, dict) and c.get("type") == names.CONDITION_PROGRESSING:
+            return c
+    return None
+
+
+def _time(value: str) -> datetime:
+    return deadline.parse_time(value) or datetime.now(UTC)

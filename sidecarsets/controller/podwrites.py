@@ -1,0 +1,130 @@
+"""The controller's writes to pods: in-place upgrade patches and the `SidecarSetUpgradable` condition.
+
+A mixin of sidecarsets.controller.controller.Controller, apart from the reconcile logic that decides what to
+write: these methods only carry a decision to the API server and keep the bookkeeping the next
+pass depends on (expectations of our own writes, the per-pod failure backoff).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kuberuntime import api, events
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets.controller import metrics
+from sidecarsets.controller.podfailures import PodFailures
+from sidecarsets.pods.projection import PodProjection
+from sidecarsets.rollout import planner
+from sidecarsets.spec import names, podmeta
+from sidecarsets.spec.model import SidecarSet
+
+# These lines are the controller's own, and keep its logger name (log filters select it by name).
+log = logging.getLogger("sidecarsets.controller")
+
+
+def rv_number(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+class PodWrites:
+    """Pod patches and conditions for a controller that holds the state below."""
+
+    client: api.Client
+    recorder: events.EventRecorder
+    clock: Callable[[], str]
+    failures: PodFailures
+    pods: dict[str, PodProjection]
+    # pod key -> resourceVersion our last patch produced; planning waits until the cache has it.
+    expected: dict[str, int]
+
+    async def _with_metadata(self, upgrade: planner.PodUpgrade, path: str) -> list[JsonObj] | None:
+        """The upgrade's patch plus its patchPodMetadata operations, from the pod as it is now;
+        None when the pod moved on since it was planned (the watch brings it; planned again)."""
+        if not upgrade.metadata:
+            return upgrade.patch
+        pod = await self.client.get(path)
+        meta = pod.get("metadata") or {}
+        if str(meta.get("resourceVersion")) != upgrade.resource_version:
+            return None
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if isinstance(v, str)}
+        ops, warnings = podmeta.upgrade_ops(annotations, upgrade.metadata, sidecarset=upgrade.sidecarset)
+        for w in warnings:
+            log.warning("pod %s/%s: %s", upgrade.namespace, upgrade.name, w)
+        return upgrade.patch + ops
+
+    async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
+        key = f"{upgrade.namespace}/{upgrade.name}"
+        path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
+        try:
+            patch = await self._with_metadata(upgrade, path)
+            if patch is None:
+                metrics.INPLACE_UPGRADES.labels("conflict").inc()
+                return False
+            result = await self.client.patch(path, patch, patch_type="json")
+        except api.NotFound:
+            metrics.INPLACE_UPGRADES.labels("gone").inc()
+            self.failures.forget(key)
+            return False
+        except (api.Conflict, api.Invalid) as e:
+            # Usually a failed resourceVersion test (the cache was behind, the watch catches up);
+            # an admission policy refusing the patch looks the same, so it backs off like any failure.
+            metrics.INPLACE_UPGRADES.labels("conflict").inc()
+            failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
+            log.info("pod %s: patch refused (%s), attempt %d; backing off", key, e.reason, failure.count)
+            return False
+        except api.ApiError as e:
+            metrics.INPLACE_UPGRADES.labels("error").inc()
+            failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
+            log.warning("upgrading pod %s failed (attempt %d): %s", key, failure.count, e)
+            return False
+        self.failures.succeeded(key)
+        written = rv_number(str((result.get("metadata") or {}).get("resourceVersion") or "0"))
+        cached = self.pods.get(key)
+        # The watch may have delivered our write before the response arrived: expect only what is missing.
+        if cached is None or rv_number(cached.resource_version) < written:
+            self.expected[key] = written
+        metrics.INPLACE_UPGRADES.labels("patched").inc()
+        return True
+
+    async def _mark_upgradable(self, ss: SidecarSet, matched: list[PodProjection], stuck: set[tuple[str, str]]) -> None:
+        """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers."""
+        name = ss.name
+        now = self.clock()
+        newly_stuck: list[str] = []
+        # Pods of one workload share their condition tuple, so each distinct (condition, verdict)
+        # is worked out once.
+        verdicts: dict[tuple[tuple[str, ...], bool], tuple[JsonObj, bool]] = {}
+        for pod in matched:
+            blocked = bool(stuck) and pod.key in stuck
+            if not pod.upgradable_condition and not blocked:
+                continue  # no condition yet and nothing to report: do not write to every pod
+            found = verdicts.get((pod.upgradable_condition, blocked))
+            if found is None:
+                cond = planner.upgradable_condition(pod, {name: blocked}, now=now)
+                found = verdicts[(pod.upgradable_condition, blocked)] = (cond, planner.condition_current(pod, cond))
+            cond, current = found
+            if current:
+                continue
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+            try:
+                await self.client.patch(path, {"status": {"conditions": [cond]}}, patch_type="strategic")
+            except api.ApiError as e:
+                log.info("could not set %s on %s/%s: %s", names.POD_CONDITION_UPGRADABLE, *pod.key, e)
+                continue
+            if blocked:
+                newly_stuck.append(f"{pod.namespace}/{pod.name}")
+        if newly_stuck:
+            shown = ", ".join(newly_stuck[:10]) + (" ..." if len(newly_stuck) > 10 else "")
+            await self.recorder.event(
+                ss.obj,
+                type="Warning",
+                reason="NotUpgradablePods",
+                message=(
+                    f"{len(newly_stuck)} pod(s) differ from the SidecarSet in more than the image and cannot be "
+                    f"upgraded in place; recreate them to pick up the change: {shown}"
+                ),
+            )

@@ -1,0 +1,338 @@
+"""Which pods get their sidecar images swapped in place next, and the exact patch for each.
+
+A pure function of the SidecarSet and the pod projections, so every rollout rule (partition,
+maxUnavailable, selector, priority, scatter, done detection) is tested without a cluster and
+the controller only applies what it is given. Semantics follow Kruise's GetNextUpgradePods,
+hot upgrades (the -1/-2 container pairs, sidecarsets.rollout.hotupgrade) and their flips included.
+Each planned patch is written by sidecarsets.rollout.podpatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets.pods import podstate
+from sidecarsets.pods.projection import PodProjection
+from sidecarsets.rollout import hotupgrade
+from sidecarsets.rollout.ordering import upgrade_order
+from sidecarsets.rollout.podpatch import inplace_annotation, pointer
+from sidecarsets.rollout.podpatch import pod_patch as pod_patch
+from sidecarsets.rollout.status import evaluate as evaluate_pods
+from sidecarsets.spec import hotsidecars, selectors
+from sidecarsets.spec.enums import UpdateType
+from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.names import ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
+from sidecarsets.spec.sidecar import MetadataPatch
+from sidecarsets.values import intorpercent
+
+REASON_UPGRADABLE = "AllSidecarsetUpgradable"
+REASON_NOT_UPGRADABLE = "UpdateImmutableField"
+
+
+@dataclass(frozen=True)
+class PodUpgrade:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    patch: list[JsonObj]
+    # patchPodMetadata to re-apply in the same patch (as Kruise does on upgrade); the operations
+    # depend on the pod's current annotations, which the projection does not keep, so the
+    # controller reads the pod and adds them (sidecarsets.spec.podmeta.upgrade_ops).
+    metadata: tuple[MetadataPatch, ...] = ()
+    sidecarset: str = ""
+
+
+class Stage(Enum):
+    """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`."""
+
+    UPGRADING = "upgrading"  # `upgrades` holds the pods to patch now
+    WAITING = "waiting"  # maxUnavailable is spent, or patched pods are still upgrading
+    PARTITION = "partition"  # the remaining pods are held back by the partition
+    NOTHING_UPGRADABLE = "nothing upgradable"
+    DONE = "done"
+    PAUSED = "paused"
+    FLIPPING = "flipping"  # HotUpgrade: `upgrades` put the old containers of finished pairs on the empty image
+    NOT_UPDATE = "NotUpdate"
+    INVALID = "invalid"  # a field the rollout depends on cannot be read
+
+
+@dataclass(frozen=True)
+class Plan:
+    upgrades: tuple[PodUpgrade, ...]
+    not_upgradable: tuple[tuple[str, str], ...]
+    unavailable: int  # pods unavailable because of this SidecarSet's rollout, before this plan
+    max_unavailable: int
+    done: bool  # every matched pod carries the SidecarSet's current hash
+    stage: Stage
+    reason: str  # for people: the stage with its numbers, e.g. "waiting: 2/2 unavailable"
+
+
+def _partition(value: Any, total: int) -> int:
+    """Pods to leave on the old revision. A percentage that rounds up to every pod (say 99% of
+    10) still lets one pod upgrade; only "100%" (or an integer) holds back all of them."""
+    if value is None:
+        return 0
+    kept = intorpercent.scaled(value, total)
+    _, percent = intorpercent.parse(value)
+    if percent and total > 1 and kept >= total and value != "100%":
+        kept = total - 1
+    return min(kept, total)
+
+
+def _max_unavailable(value: Any, total: int) -> int:
+    try:
+        m = intorpercent.scaled(value, total, default=1)
+        n, _ = intorpercent.parse(value) if value is not None else (1, False)
+    except intorpercent.IntOrPercentError:
+        return 0
+    return max(m, 1) if n > 0 and total > 0 else m
+
+
+def _by_identity(item: tuple[PodProjection, bool]) -> tuple[str, str, str]:
+    pod = item[0]
+    return (pod.namespace, pod.name, pod.uid)
+
+
+def plan_upgrade(
+    ss: SidecarSet,
+    matched: Sequence[PodProjection],
+    *,
+    revision: str,
+    now: str,
+    verdicts: podstate.Verdicts | None = None,
+    held_back: Collection[tuple[str, str]] = (),
+) -> Plan:
+    """The next step of the rollout over `matched` (pods with distinct namespace/name).
+
+    `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
+    status was just computed from the same pods. Pods in `held_back` (namespace, name) are not
+    planned this time (their patch keeps failing and they wait out a backoff); the others go on.
+    """
+    name, strategy, total = ss.name, ss.update_strategy, len(matched)
+    m = _max_unavailable(strategy.max_unavailable, total)
+    if verdicts is None:
+        verdicts = evaluate_pods(ss, matched)
+    elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
+        raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
+    unavailable = sum(
+        1
+        for is_new, moving, ok in zip(verdicts.updated, verdicts.in_flight, verdicts.available, strict=True)
+        if (is_new or moving) and not ok
+    )
+    done = sum(verdicts.updated) >= total
+
+    def stop(stage: Stage, reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
+        return Plan((), not_upgradable, unavailable, m, done, stage, reason)
+
+    stopped = _stopped(ss)
+    if stopped is not None:
+        return stop(*stopped)
+    candidates, stuck, waiting = _candidates(ss, matched, verdicts)
+    if held_back:
+        candidates = [p for p in candidates if p.key not in held_back]
+    flips = _flips(ss, matched, now=now, held_back=held_back)
+    if flips:  # as Kruise: every pod ready for its flip, before (and instead of) new upgrades
+        return Plan(flips, stuck, unavailable, m, done, Stage.FLIPPING, f"flipping {len(flips)}")
+    if done:
+        return stop(Stage.DONE, "done", stuck)
+
+    order = upgrade_order(candidates, matched, strategy)
+    kept = _partition(strategy.partition, total)
+    order = order[: max(0, len(order) - kept)]
+    chosen = _within_budget(order, unavailable, m, ready=lambda p: _ready(ss, p))
+    upgrades = tuple(_upgrade(ss, pod, revision=revision, now=now) for pod in chosen)
+    if upgrades:
+        stage, reason = Stage.UPGRADING, f"upgrading {len(upgrades)}"
+    elif candidates and not order:
+        stage, reason = Stage.PARTITION, f"partition: {kept} pods kept on the old revision"
+    elif order:
+        stage, reason = Stage.WAITING, f"waiting: {unavailable}/{m} unavailable"
+    elif waiting:
+        stage, reason = Stage.WAITING, f"waiting: {waiting} pods still upgrading"
+    else:
+        stage, reason = Stage.NOTHING_UPGRADABLE, "no upgradable pods"
+    return Plan(upgrades, stuck, unavailable, m, done, stage, reason)
+
+
+def _stopped(ss: SidecarSet) -> tuple[Stage, str] | None:
+    """Why no pod may be planned at all, before any pod is looked at."""
+    if not ss.name:
+        return Stage.INVALID, "invalid: metadata.name: missing"
+    if ss.update_strategy.type is UpdateType.NOT_UPDATE:
+        return Stage.NOT_UPDATE, "NotUpdate"
+    type_problem = ss.problem("spec.updateStrategy.type")
+    if type_problem is not None:
+        return Stage.INVALID, f"invalid: {type_problem}"
+    if ss.update_strategy.paused:
+        return Stage.PAUSED, "paused"
+    problem = ss.rollout_problem()
+    if problem is not None:
+        return Stage.INVALID, f"invalid: {problem}"
+    return None
+
+
+def _candidates(
+    ss: SidecarSet, matched: Sequence[PodProjection], verdicts: podstate.Verdicts
+) -> tuple[list[PodProjection], tuple[tuple[str, str], ...], int]:
+    """(pods that may be upgraded now, pods that cannot be upgraded in place, pods still upgrading).
+
+    Only pods not yet updated are considered, in namespace/name order, so ties and the
+    not-upgradable list never depend on the order the pods came in.
+    """
+    outdated = [(p, f) for p, u, f in zip(matched, verdicts.updated, verdicts.in_flight, strict=True) if not u]
+    outdated.sort(key=_by_identity)
+    update_selector = ss.update_strategy.selector
+    selected = None if update_selector is None else selectors.matcher(update_selector)
+    candidates: list[PodProjection] = []
+    not_upgradable: list[tuple[str, str]] = []
+    waiting = 0
+    for pod, moving in outdated:
+        if selected is not None and not selected(pod.labels):
+            continue
+        entry = pod.hash_without_image_for(ss.name)
+        if entry is None or entry.hash != ss.hash_without_image:
+            not_upgradable.append(pod.key)
+        elif moving and not _superseded(ss, pod):
+            waiting += 1
+        else:
+            candidates.append(pod)
+    return candidates, tuple(not_upgradable), waiting
+
+
+def _superseded(ss: SidecarSet, pod: PodProjection) -> bool:
+    """The pod waits for an image the SidecarSet no longer asks for (say one that cannot be pulled,
+    since replaced): the kubelet will never report it, so the pod is patched again, to the image
+    wanted now, instead of holding maxUnavailable forever. Not yet ready, it costs no budget."""
+    wanted = {**ss.cold_images, **ss.native_images}
+    specs = dict(pod.containers) | dict(pod.init_containers)
+    return any(name in specs and specs[name] != image for name, image in wanted.items())
+
+
+def _ready(ss: SidecarSet, pod: PodProjection) -> bool:
+    """Kruise's control.IsPodReady: running and ready, and each HotUpgrade pair's idle container emptied."""
+    return podstate.is_running_ready(pod) and hotupgrade.empties_done(pod, ss)
+
+
+def _upgrade(ss: SidecarSet, pod: PodProjection, *, revision: str, now: str) -> PodUpgrade:
+    physical = hotsidecars.physical_names(ss)
+
+    def consistent(container: str) -> bool:
+        return podstate.is_consistent(pod, sidecarset=ss.name, containers={container} & physical)
+
+    hot_ops, hot_changed = hotupgrade.upgrade_ops(pod, ss, consistent=consistent)
+    patch = pod_patch(
+        pod,
+        ss_name=ss.name,
+        images={**ss.cold_images, **ss.native_images},
+        new_hash=ss.hash,
+        sidecars=ss.sidecar_list,
+        revision=revision,
+        now=now,
+        hot_ops=hot_ops,
+        hot_changed=hot_changed,
+    )
+    return PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, patch, ss.patch_pod_metadata, ss.name)
+
+
+def _flips(
+    ss: SidecarSet, matched: Sequence[PodProjection], *, now: str, held_back: Collection[tuple[str, str]]
+) -> tuple[PodUpgrade, ...]:
+    """The HotUpgrade flips due now: pods whose new containers run and which are ready get their old
+    containers put on the empty image (no maxUnavailable: the sidecar keeps serving throughout)."""
+    if not hotsidecars.hot_sidecars(ss):
+        return ()
+    physical = hotsidecars.physical_names(ss)
+    out: list[PodUpgrade] = []
+    for pod in sorted(matched, key=lambda p: (p.namespace, p.name, p.uid)):
+        if pod.key in held_back or not podstate.is_active(pod):
+            continue
+
+        def consistent_except(idle: set[str], pod: PodProjection = pod) -> bool:
+            return podstate.is_consistent(pod, sidecarset=ss.name, containers=physical - idle)
+
+        if not hotupgrade.flip_ready(pod, ss, consistent_except=consistent_except):
+            continue
+        ops, changed = hotupgrade.flip_ops(pod, ss)
+        if not changed:
+            continue
+        state = inplace_annotation(pod, ss_name=ss.name, changed=changed, revision="", now=now, merge=True)
+        ops.append({"op": "add", "path": pointer("metadata", "annotations", ANN_INPLACE_STATE), "value": state})
+        out.append(PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, ops, (), ss.name))
+    return tuple(out)
+
+
+def _within_budget(
+    order: Sequence[PodProjection], unavailable: int, max_unavailable: int, *, ready: Callable[[PodProjection], bool]
+) -> list[PodProjection]:
+    """Pods from the front of `order` while maxUnavailable allows; pods already unavailable cost nothing."""
+    count = unavailable
+    chosen: list[PodProjection] = []
+    for pod in order:
+        if not ready(pod):
+            chosen.append(pod)  # already unavailable: upgrading it costs nothing
+            continue
+        if count >= max_unavailable:
+            break
+        count += 1
+        chosen.append(pod)
+    return chosen
+
+
+def _message_kv(message: str) -> dict[str, bool] | None:
+    """The `{ss: upgradable}` map in a condition message; None when it is not one."""
+    try:
+        parsed = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    return {k: v for k, v in parsed.items() if isinstance(k, str) and isinstance(v, bool)}
+
+
+def upgradable_condition(
+    pod: PodProjection, not_upgradable_for: Mapping[str, bool], *, now: str | None = None
+) -> JsonObj:
+    """The pod's `SidecarSetUpgradable` condition after merging in these SidecarSets' verdicts.
+
+    `not_upgradable_for[ss]` is True when that SidecarSet cannot roll its images into the pod.
+    Verdicts of other SidecarSets already in the condition's message are kept, so each
+    SidecarSet's controller pass only states its own. `now` sets lastTransitionTime when the
+    status flips.
+    """
+    old = pod.upgradable_condition
+    kv = (_message_kv(old[2]) if len(old) == 3 else None) or {}
+    for ss, not_upgradable in not_upgradable_for.items():
+        kv[ss] = not not_upgradable
+    ok = all(kv.values())
+    status = "True" if ok else "False"
+    condition: JsonObj = {
+        "type": POD_CONDITION_UPGRADABLE,
+        "status": status,
+        "reason": REASON_UPGRADABLE if ok else REASON_NOT_UPGRADABLE,
+        "message": orjson.dumps({k: kv[k] for k in sorted(kv)}).decode(),
+    }
+    if now is not None and (len(old) != 3 or old[0] != status):
+        condition["lastTransitionTime"] = now
+    return condition
+
+
+def condition_current(pod: PodProjection, condition: Mapping[str, Any]) -> bool:
+    """The pod already carries this condition (message compared as JSON), so nothing to write."""
+    old = pod.upgradable_condition
+    if len(old) != 3:
+        return False
+    status, reason, message = old
+    old_kv = _message_kv(message)
+    return (
+        old_kv is not None
+        and status == condition.get("status")
+        and reason == condition.get("reason")
+        and old_kv == _message_kv(str(condition.get("message", "")))
+    )

@@ -1,0 +1,54 @@
+"""A SidecarSet's HotUpgrade sidecars: each served in a pod by a pair of containers, `<n>-1` and `<n>-2`.
+
+What the spec says about them, read the same way by injection (injector.engine.hotupgrade), by
+the status counters and by the rollout (sidecarsets.rollout.hotupgrade): the logical name, the
+image, the `hotUpgradeEmptyImage` the idle container runs, and every container name the
+SidecarSet's sidecars occupy in a pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sidecarsets.spec.model import SidecarSet
+
+
+@dataclass(frozen=True)
+class HotSidecar:
+    name: str  # the logical name, `<name>-1` and `<name>-2` in the pod
+    image: str
+    empty_image: str
+    init: bool  # a native-sidecar init container
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return f"{self.name}-1", f"{self.name}-2"
+
+    @property
+    def field(self) -> str:
+        return "initContainers" if self.init else "containers"
+
+
+def hot_sidecars(ss: SidecarSet) -> list[HotSidecar]:
+    """The SidecarSet's HotUpgrade sidecars, with their empty images (from the spec: the model
+    keeps only what goes into the pod)."""
+    empty: dict[str, str] = {}
+    for key in ("containers", "initContainers"):
+        for raw in ss.spec.get(key) or []:
+            if isinstance(raw, Mapping):
+                strategy = raw.get("upgradeStrategy")
+                value = strategy.get("hotUpgradeEmptyImage") if isinstance(strategy, Mapping) else None
+                empty[str(raw.get("name"))] = value if isinstance(value, str) else ""
+    out = [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), False) for c in ss.containers if c.hot]
+    natives = [c for c in ss.init_containers if c.hot and c.native]
+    return out + [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), True) for c in natives]
+
+
+def physical_names(ss: SidecarSet) -> set[str]:
+    """Every container the SidecarSet's sidecars occupy in a pod: cold names, native init names,
+    and both containers of each HotUpgrade pair."""
+    out = {c.name for c in ss.containers if not c.hot} | {c.name for c in ss.init_containers if c.native and not c.hot}
+    for h in hot_sidecars(ss):
+        out.update(h.pair)
+    return out

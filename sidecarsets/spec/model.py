@@ -1,0 +1,386 @@
+"""The one SidecarSet model: what the webhook, the controller, the planner, status, revisions and
+validation read of a SidecarSet object.
+
+The API server may or may not have applied defaults (a manifest given to the CLI never has), so
+every default of Kruise's SidecarSet webhook is applied when reading (sidecarsets.spec.defaults): an
+object with and without server-side defaults behaves the same.
+
+Two modes (sidecarsets.spec.reading): strict for injection, where a structural problem raises
+ModelError naming the field; tolerant for objects read back from the cluster, where nothing raises,
+unknown fields are kept (`obj` is the object as received) and problems are reported in `problems`.
+Finer checks (name formats, conflicts, update rules) belong to validation, which runs before an
+object is accepted.
+
+The hashes are computed from the spec exactly as received, so that they equal what anything else
+computes with `sidecarsets.spec.hashing` from the same object.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from dataclasses import field as _derived
+from typing import Any
+
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets.spec import hashing, names, selectors
+from sidecarsets.spec.conversion import is_v1beta1
+from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, mapping, type_name
+from sidecarsets.spec.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
+from sidecarsets.spec.strategies import RevisionPin, UpdateStrategy, read_revision_pin, read_update_strategy
+from sidecarsets.values.jsontemplate import JsonTemplate
+
+ACCEPTED_API_VERSIONS = (
+    names.API_VERSION,
+    names.API_VERSION_V1BETA1,
+    names.KRUISE_API_VERSION,
+    names.KRUISE_API_VERSION_V1BETA1,
+)
+_IMAGE_FIELD = re.compile(r"^spec\.containers\[\d+\]\.image$")
+
+__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet"]
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarSet:
+    """An immutable view of one SidecarSet object; build it with `SidecarSet.from_object`."""
+
+    name: str
+    obj: JsonObj
+    spec: JsonObj
+    uid: str
+    resource_version: str
+    generation: int
+    creation_timestamp: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    status: Mapping[str, Any]
+    selector: JsonObj | None
+    namespace_selector: JsonObj | None
+    hash: str
+    hash_without_image: str
+    injection_paused: bool
+    injection_revision: RevisionPin | None
+    update_strategy: UpdateStrategy
+    containers: tuple[SidecarContainer, ...]
+    init_containers: tuple[SidecarContainer, ...]
+    volumes: tuple[JsonObj, ...]
+    image_pull_secrets: tuple[JsonObj, ...]
+    patch_pod_metadata: tuple[MetadataPatch, ...]
+    revision_history_limit: int
+    latest_revision: str | None
+    collision_count: int
+    problems: tuple[Problem, ...] = ()
+    # Derived once from the fields above: the engine asks for them for every pod, and a
+    # SidecarSet is read once per change.
+    _container_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
+    _all_container_names: frozenset[str] = _derived(init=False, repr=False, compare=False)
+    _names_in_pod: dict[str, tuple[str, ...]] = _derived(init=False, repr=False, compare=False)
+    _volumes_by_name: dict[str, tuple[JsonObj, JsonTemplate]] = _derived(init=False, repr=False, compare=False)
+    _pull_secrets: tuple[JsonTemplate, ...] = _derived(init=False, repr=False, compare=False)
+    _pod_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
+    _namespace_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
+    _namespace_name_only: bool = _derived(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        def derive(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        derive(
+            "_container_names",
+            tuple(c.name for c in self.containers) + tuple(c.name for c in self.init_containers if c.native),
+        )
+        derive("_all_container_names", frozenset(c.name for c in self.containers + self.init_containers))
+        # A HotUpgrade sidecar (a container, or a native-sidecar init container) is a -1/-2 pair in the pod.
+        in_pod: dict[str, tuple[str, ...]] = {}
+        for c in self.init_containers:
+            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot and c.native else (c.name,)
+        for c in self.containers:  # a container wins over an init container of its name, as before
+            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot else (c.name,)
+        derive("_names_in_pod", in_pod)
+        by_name: dict[str, tuple[JsonObj, JsonTemplate]] = {}
+        for vol in self.volumes:
+            by_name.setdefault(vol["name"], (vol, JsonTemplate(vol)))
+        derive("_volumes_by_name", by_name)
+        derive("_pull_secrets", tuple(JsonTemplate(s) for s in self.image_pull_secrets))
+        selector = None if selectors.is_empty(self.selector) else self.selector
+        derive("_pod_matcher", selectors.matcher(selector))
+        sel = self.namespace_selector
+        derive("_namespace_matcher", selectors.matcher(sel))
+        derive("_namespace_name_only", sel is not None and _only_name_label(sel))
+
+    @classmethod
+    def from_object(cls, obj: Any, *, tolerant: bool = False) -> SidecarSet:
+        """Read a SidecarSet object.
+
+        Strict (default): raise ModelError when it cannot be used for injection. Tolerant: never
+        raise; what cannot be read is empty and listed in `problems`.
+        """
+        reader = Reader(tolerant=tolerant)
+        if not isinstance(obj, Mapping):
+            reader.fail("", f"a SidecarSet must be an object, not {type_name(obj)}")
+            obj = {}
+        _check_type(reader, obj)
+        metadata = reader.object(obj.get("metadata"), "metadata", required=True)
+        name = metadata.get("name")
+        if not isinstance(name, str) or not name:
+            reader.fail("metadata.name", "metadata.name must be a non-empty string")
+            name = ""
+        spec = reader.object(obj.get("spec"), "spec", required=True)
+        status = reader.object(obj.get("status"), "status")
+        selector = reader.optional_object(spec.get("selector"), "spec.selector")
+        ns_selector = _namespace_scope(reader, spec, beta=is_v1beta1(obj))
+        init_containers = read_containers(reader, spec.get("initContainers"), "spec.initContainers", init=True)
+        containers = read_containers(reader, spec.get("containers"), "spec.containers", init=False)
+        _check_names(reader, containers, init_containers)
+        _check_images(reader, spec.get("containers"))
+        injection = reader.object(spec.get("injectionStrategy"), "spec.injectionStrategy")
+        labels = metadata.get("labels")
+        annotations = metadata.get("annotations")
+        generation = metadata.get("generation", 0)
+        latest = status.get("latestRevision")
+        return cls(
+            name=name,
+            obj=obj if isinstance(obj, dict) else dict(obj),
+            spec=spec,
+            uid=str(metadata.get("uid") or ""),
+            resource_version=str(metadata.get("resourceVersion") or ""),
+            generation=generation if _is_int(generation) else 0,
+            creation_timestamp=str(metadata.get("creationTimestamp") or ""),
+            labels=labels if isinstance(labels, Mapping) else {},
+            annotations=annotations if isinstance(annotations, Mapping) else {},
+            status=status,
+            selector=selector,
+            namespace_selector=ns_selector,
+            hash=hashing.spec_hash(spec),
+            hash_without_image=hashing.spec_hash_without_image(spec),
+            injection_paused=reader.boolean(injection.get("paused"), "spec.injectionStrategy.paused"),
+            injection_revision=read_revision_pin(reader, injection),
+            update_strategy=read_update_strategy(reader, spec.get("updateStrategy")),
+            containers=containers,
+            init_containers=init_containers,
+            volumes=reader.named_objects(spec.get("volumes"), "spec.volumes"),
+            image_pull_secrets=reader.named_objects(spec.get("imagePullSecrets"), "spec.imagePullSecrets"),
+            patch_pod_metadata=read_patch_pod_metadata(reader, spec.get("patchPodMetadata")),
+            revision_history_limit=_history_limit(reader, spec.get("revisionHistoryLimit")),
+            latest_revision=latest if isinstance(latest, str) and latest else None,
+            collision_count=_collision_count(reader, status.get("collisionCount")),
+            problems=tuple(reader.problems),
+        )
+
+    # -- questions -------------------------------------------------------------------------------
+    @property
+    def container_names(self) -> tuple[str, ...]:
+        """The sidecars a pod carries for this SidecarSet: containers and native-sidecar init containers."""
+        return self._container_names
+
+    @property
+    def all_container_names(self) -> frozenset[str]:
+        """Every name this SidecarSet puts into a pod, init containers included."""
+        return self._all_container_names
+
+    def names_in_pod(self, name: str) -> tuple[str, ...]:
+        """The container names sidecar `name` takes in a pod: a HotUpgrade one (a container or a
+        native-sidecar init container) is injected as its `-1`/`-2` pair, any other under its name."""
+        return self._names_in_pod.get(name, (name,))
+
+    @property
+    def all_names_in_pod(self) -> frozenset[str]:
+        """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each)."""
+        return frozenset(n for taken in self._names_in_pod.values() for n in taken)
+
+    @property
+    def sidecar_list(self) -> list[str]:
+        """Sorted logical sidecar names, as recorded in the pod's hash annotation."""
+        return sorted(set(self._container_names))
+
+    @property
+    def hot_names(self) -> list[str]:
+        return [c.name for c in self.containers if c.hot]
+
+    @property
+    def cold_names(self) -> list[str]:
+        return [c.name for c in self.containers if not c.hot]
+
+    @property
+    def native_init_names(self) -> list[str]:
+        """Init containers with `restartPolicy: Always` run for the pod's lifetime (native sidecars);
+        the HotUpgrade ones are in `hot_init_names` (the pod has their -1/-2 pair)."""
+        return [c.name for c in self.init_containers if c.native and not c.hot]
+
+    @property
+    def hot_init_names(self) -> list[str]:
+        """Native-sidecar init containers with HotUpgrade: injected as a -1/-2 pair of init containers."""
+        return [c.name for c in self.init_containers if c.native and c.hot]
+
+    @property
+    def cold_images(self) -> dict[str, str]:
+        """Cold sidecar name -> image, for the ones that have an image."""
+        return {c.name: c.image for c in self.containers if not c.hot and c.image is not None}
+
+    @property
+    def native_images(self) -> dict[str, str]:
+        """Native-sidecar init container name -> image: rolled in place like the containers."""
+        return {c.name: c.image for c in self.init_containers if c.native and not c.hot and c.image is not None}
+
+    @property
+    def custom_version(self) -> str:
+        """The SidecarSet's custom version (v1beta1 `spec.customVersion`, v1alpha1 a label), or ""."""
+        if is_v1beta1(self.obj):
+            value = self.spec.get("customVersion")
+            return value if isinstance(value, str) else ""
+        return str(self.labels.get(names.SS_LABEL_CUSTOM_VERSION) or "")
+
+    @property
+    def canary_base(self) -> str | None:
+        """The base SidecarSet this canary replaces in the pods it selects, or None for a non-canary."""
+        base = self.annotations.get(names.ANN_BASE)
+        if self.annotations.get(names.ANN_CANARY) == "true" and isinstance(base, str) and base:
+            return base
+        return None
+
+    def problem(self, *fields: str, exact: bool = False) -> Problem | None:
+        """The first problem on any of `fields` or below them (only on them with `exact`)."""
+        return first_problem(self.problems, *fields, exact=exact)
+
+    def rollout_problem(self) -> Problem | None:
+        """Why the controller cannot roll sidecar images out under this spec, or None.
+
+        A strategy it cannot read, or a sidecar without an image, stops the rollout: rolling on
+        guessed values could exceed what the user allowed.
+        """
+        found = self.problem("spec.updateStrategy")
+        if found is not None:
+            return found
+        return next((p for p in self.problems if _IMAGE_FIELD.match(p.field)), None)
+
+    def volume(self, name: str) -> JsonObj | None:
+        """The SidecarSet's volume called `name`, if it defines one."""
+        found = self._volumes_by_name.get(name)
+        return None if found is None else found[0]
+
+    def fresh_volume(self, name: str) -> JsonObj | None:
+        """A deep copy of the volume called `name`, for a pod to own; None if there is no such volume."""
+        found = self._volumes_by_name.get(name)
+        if found is None:
+            return None
+        out: JsonObj = found[1].fresh()
+        return out
+
+    def fresh_image_pull_secrets(self) -> list[JsonObj]:
+        """Deep copies of `image_pull_secrets`, for a pod to own."""
+        return [template.fresh() for template in self._pull_secrets]
+
+    def matches_namespace(self, namespace: str, namespace_labels: Mapping[str, str] | None) -> bool:
+        """Whether pods in `namespace` are in scope.
+
+        With the labels unknown (None) only a selector on the namespace name label can be decided,
+        from the name itself; any other selector does not match: unsure never widens injection.
+        """
+        if self.namespace_selector is None:
+            return True
+        if namespace_labels is None:
+            return self._namespace_name_only and self._namespace_matcher({names.NS_NAME_LABEL: namespace})
+        # The API server always sets this label to the namespace's name.
+        return self._namespace_matcher({**namespace_labels, names.NS_NAME_LABEL: namespace})
+
+    def matches_pod(self, pod_labels: Mapping[str, str]) -> bool:
+        """Whether the pod selector matches; an absent or empty selector matches no pod."""
+        return self._pod_matcher(pod_labels)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_type(reader: Reader, obj: Mapping[str, Any]) -> None:
+    api_version = obj.get("apiVersion")
+    if api_version is not None and api_version not in ACCEPTED_API_VERSIONS:
+        reader.fail(
+            "apiVersion",
+            f"apiVersion: {api_version!r} is not a SidecarSet version ({' or '.join(ACCEPTED_API_VERSIONS)})",
+        )
+    kind = obj.get("kind")
+    if kind is not None and kind != names.KIND:
+        reader.fail("kind", f"kind: {kind!r} is not {names.KIND}")
+
+
+def _namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
+    """The selector of the namespaces in scope; one namespace (which wins) is its name label.
+
+    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: the same two under `specificNamespace`,
+    or Kruise 1.9's top-level `namespaceSelector` instead (sidecarsets.spec.conversion).
+    """
+    where = "spec"
+    scope: Mapping[str, Any] = spec
+    if beta:
+        specific = reader.optional_object(spec.get("specificNamespace"), "spec.specificNamespace")
+        if specific is not None:
+            if spec.get("namespaceSelector") is not None:
+                reader.fail(
+                    "spec.namespaceSelector", "spec.namespaceSelector and spec.specificNamespace are mutually exclusive"
+                )
+            where, scope = "spec.specificNamespace", specific
+    namespace = None if beta and scope is spec else reader.string(scope.get("namespace"), f"{where}.namespace")
+    if namespace:
+        return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
+    return reader.optional_object(scope.get("namespaceSelector"), f"{where}.namespaceSelector")
+
+
+def _check_names(
+    reader: Reader, containers: tuple[SidecarContainer, ...], init_containers: tuple[SidecarContainer, ...]
+) -> None:
+    seen: dict[str, str] = {}
+    for field, group in (("spec.containers", containers), ("spec.initContainers", init_containers)):
+        for i, sc in enumerate(group):
+            where = f"{field}[{i}].name"
+            if sc.name in seen:
+                reader.fail(where, f"{where}: container name {sc.name!r} is already used by {seen[sc.name]}")
+            seen[sc.name] = where
+
+
+def _check_images(reader: Reader, raw_containers: Any) -> None:
+    """A sidecar without an image cannot be rolled (validation refuses it; older objects may have one)."""
+    for i, raw in enumerate(raw_containers if isinstance(raw_containers, list) else ()):
+        image = raw.get("image") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and (not isinstance(image, str) or not image):
+            where = f"spec.containers[{i}].image"
+            reader.fail(where, f"{where}: must be a non-empty string", advisory=True)
+
+
+def _history_limit(reader: Reader, value: Any) -> int:
+    """Kruise keeps at least one revision; the default is 10."""
+    if value is None:
+        return 10
+    if not _is_int(value):
+        reader.fail(
+            "spec.revisionHistoryLimit", f"spec.revisionHistoryLimit must be an integer, got {value!r}", advisory=True
+        )
+        return 10
+    return int(max(1, value))
+
+
+def _collision_count(reader: Reader, value: Any) -> int:
+    if value is None:
+        return 0
+    if not _is_int(value) or value < 0:
+        reader.fail(
+            "status.collisionCount",
+            f"status.collisionCount must be a non-negative integer, got {value!r}",
+            advisory=True,
+        )
+        return 0
+    return int(value)
+
+
+def _only_name_label(selector: Mapping[str, Any]) -> bool:
+    """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
+    try:
+        keys = set(mapping(selector.get("matchLabels")).keys())
+        for expr in selector.get("matchExpressions") or []:
+            if isinstance(expr, Mapping):
+                keys.add(str(expr.get("key")))
+    except (AttributeError, TypeError):  # ill-formed: such a selector matches nothing anyway
+        return False
+    return keys <= {names.NS_NAME_LABEL}

@@ -1,0 +1,85 @@
+"""Names fixed by the public contract: other people's tests and manifests rely on them.
+
+Kept in one module so a rename is one edit and a grep finds every use.
+"""
+
+from __future__ import annotations
+
+GROUP = "sidecarctl.io"
+# The version the manager reads and writes, and the CRD's storage version (README: storage version).
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+# Kruise 1.9's shape, served beside v1alpha1 and converted by the manager at CONVERT_PATH.
+VERSION_V1BETA1 = "v1beta1"
+API_VERSION_V1BETA1 = f"{GROUP}/{VERSION_V1BETA1}"
+KIND = "SidecarSet"
+PLURAL = "sidecarsets"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+KRUISE_GROUP = "apps.kruise.io"
+KRUISE_API_VERSION = f"{KRUISE_GROUP}/{VERSION}"
+KRUISE_API_VERSION_V1BETA1 = f"{KRUISE_GROUP}/{VERSION_V1BETA1}"
+
+# Namespace label that turns injection on; only this exact value counts.
+NS_INJECTION_LABEL = "sidecar-injection"
+NS_INJECTION_ENABLED = "enabled"
+NS_NAME_LABEL = "kubernetes.io/metadata.name"
+
+# Pod-level opt out and the marker put on every injected pod (the controller watches by it).
+POD_INJECT_LABEL = "sidecarctl.io/inject"
+POD_INJECTED_LABEL = "sidecarctl.io/injected"
+
+ANN_HASH = "sidecarctl.io/sidecarset-hash"
+ANN_HASH_WITHOUT_IMAGE = "sidecarctl.io/sidecarset-hash-without-image"
+ANN_INJECTED_LIST = "sidecarctl.io/sidecarset-injected-list"
+ANN_INPLACE_STATE = "sidecarctl.io/inplace-update-state"
+ANN_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
+# How a pod got its sidecars: "policy" (a MutatingAdmissionPolicy) or "webhook" (/inject, or the CLI).
+ANN_INJECTED_BY = "sidecarctl.io/injected-by"
+# HotUpgrade bookkeeping on the pod (Kruise's, under our prefix): which of `<n>-1` / `<n>-2` serves,
+# and each container's version and its partner's (read by the containers as SIDECARSET_VERSION[_ALT]).
+ANN_WORKING_HOT = "sidecarctl.io/sidecarset-working-hotupgrade-container"
+ANN_VERSION_PREFIX = "version.sidecarset.sidecarctl.io/"
+ANN_VERSION_ALT_PREFIX = "versionalt.sidecarset.sidecarctl.io/"
+ENV_SIDECARSET_VERSION = "SIDECARSET_VERSION"
+ENV_SIDECARSET_VERSION_ALT = "SIDECARSET_VERSION_ALT"
+# On a SidecarSet: `webhook` keeps it on the webhook even where a MutatingAdmissionPolicy could serve it.
+ANN_INJECTION_PATH = "sidecarctl.io/injection-path"
+INJECTED_BY_POLICY = "policy"
+INJECTED_BY_WEBHOOK = "webhook"
+# On a SidecarSet: "true" together with a base name makes it a canary, which replaces that base
+# SidecarSet in the pods the canary selects (Kruise's apps.kruise.io/sidecarset-canary and -base).
+ANN_CANARY = "sidecarctl.io/sidecarset-canary"
+ANN_BASE = "sidecarctl.io/sidecarset-base"
+# SidecarSet status condition: whether MutatingAdmissionPolicies inject it, or why the webhook must.
+CONDITION_POLICY_INJECTION = "PolicyInjection"
+CONDITION_MISSING_SIDECARS = "PodsMissingSidecars"
+CONDITION_PROGRESSING = "Progressing"
+REASON_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+
+# SidecarSet-side annotations, as Kruise keeps them on the SidecarSet object.
+SS_ANN_HASH = "sidecarctl.io/sidecarset-hash"
+SS_ANN_HASH_WITHOUT_IMAGE = "sidecarctl.io/sidecarset-hash-without-image"
+# Kruise v1alpha1 keeps a SidecarSet's custom version in this label (v1beta1: spec.customVersion).
+SS_LABEL_CUSTOM_VERSION = "sidecarctl.io/sidecarset-custom-version"
+# What a v1alpha1 object keeps of a v1beta1 one that v1alpha1 has no field for (sidecarsets.spec.conversion).
+# Reserved: a v1beta1 object may not carry annotations under this prefix.
+CONVERSION_ANNOTATION_PREFIX = "conversion.sidecarctl.io/"
+# "spec.namespaceSelector": in v1beta1 the selector is Kruise's top-level field, not specificNamespace's.
+ANN_CONVERSION_SELECTOR_AT = CONVERSION_ANNOTATION_PREFIX + "namespace-selector-at"
+# The v1beta1 object's own SS_LABEL_CUSTOM_VERSION label (a plain label there), when it has one.
+ANN_CONVERSION_VERSION_LABEL = CONVERSION_ANNOTATION_PREFIX + "custom-version-label"
+# ControllerRevisions carry the SidecarSet name in this label.
+REVISION_LABEL_SIDECARSET = "sidecarctl.io/sidecarset-name"
+
+ENV_IS_INJECTED = "IS_INJECTED"
+POD_CONDITION_UPGRADABLE = "SidecarSetUpgradable"
+
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+DEFAULT_MANAGER_NAMESPACE = "sidecarctl-system"
+
+MUTATING_WEBHOOK_CONFIG = "sidecarctl-injector"
+MUTATING_WEBHOOK_NAME = "inject.sidecarctl.io"
+VALIDATING_WEBHOOK_CONFIG = "sidecarctl-validator"
+INJECT_PATH = "/inject"
+VALIDATE_PATH = "/validate-sidecarset"
+CONVERT_PATH = "/convert"

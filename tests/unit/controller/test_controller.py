@@ -1,0 +1,80 @@
+"""Controller bookkeeping that decides whether planning may run on the cache: expectations."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kuberuntime.events import EventRecorder
+from sidecarsets.controller.controller import Controller
+from sidecarsets.pods.projection import project
+from sidecarsets.rollout.planner import PodUpgrade
+from sidecarsets.spec import names
+from tests.kube import builders
+
+
+def pod(rv: str) -> dict[str, Any]:
+    """Pod shop/web-1 at resourceVersion `rv`, injected by `mesh`."""
+    return builders.pod(
+        "web-1",
+        namespace="shop",
+        labels={names.POD_INJECTED_LABEL: "true"},
+        annotations={names.ANN_INJECTED_LIST: "mesh"},
+        containers=[builders.container("proxy", "proxy:1")],
+        metadata={"uid": "u1", "resourceVersion": rv},
+    )
+
+
+class FakeClient:
+    """Answers a pod patch with resourceVersion 10, optionally delivering the watch event first."""
+
+    def __init__(self, controller_ref: list[Controller], *, watch_first: bool) -> None:
+        self.ref = controller_ref
+        self.watch_first = watch_first
+        self.patches: list[str] = []
+
+    async def patch(self, path: str, body: Any, *, patch_type: str = "merge", params: Any = None) -> dict[str, Any]:
+        self.patches.append(path)
+        written = pod("10")
+        if self.watch_first:
+            self.ref[0].on_pod("MODIFIED", project(pod("5")), project(written))
+        return written
+
+
+def controller(watch_first: bool) -> tuple[Controller, FakeClient]:
+    ref: list[Controller] = []
+    client = FakeClient(ref, watch_first=watch_first)
+    c = Controller(
+        client,  # type: ignore[arg-type]
+        namespace="sidecarctl-system",
+        namespaces=lambda: {},
+        recorder=EventRecorder(client),  # type: ignore[arg-type]
+    )
+    ref.append(c)
+    c.on_pod("ADDED", None, project(pod("5")))
+    return c, client
+
+
+UPGRADE = PodUpgrade("shop", "web-1", "u1", "5", [{"op": "test", "path": "/metadata/resourceVersion", "value": "5"}])
+
+
+def test_expectation_waits_for_the_watch_and_clears_on_it() -> None:
+    c, client = controller(watch_first=False)
+    assert asyncio.run(c._patch_pod(UPGRADE))
+    assert client.patches == ["/api/v1/namespaces/shop/pods/web-1"]
+    assert c.expected == {"shop/web-1": 10}
+    c.on_pod("MODIFIED", project(pod("5")), project(pod("10")))
+    assert c.expected == {}
+
+
+def test_a_watch_event_that_beats_the_response_leaves_nothing_to_wait_for() -> None:
+    c, _ = controller(watch_first=True)
+    assert asyncio.run(c._patch_pod(UPGRADE))
+    assert c.expected == {}, "planning would wait for an event that has already arrived"
+
+
+def test_deleted_pod_drops_its_expectation() -> None:
+    c, _ = controller(watch_first=False)
+    asyncio.run(c._patch_pod(UPGRADE))
+    c.on_pod("DELETED", project(pod("10")), None)
+    assert c.expected == {} and c.pods == {}

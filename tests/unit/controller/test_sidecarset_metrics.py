@@ -1,0 +1,84 @@
+"""Per-SidecarSet gauges are dropped when their SidecarSet goes and when a replica stops leading,
+in one process (series removed) and under `sidecarctl run`'s multiprocess files (set to 0, since
+prometheus-client cannot remove a series there)."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from pathlib import Path
+
+import pytest
+from prometheus_client import Gauge
+
+from kuberuntime.events import EventRecorder
+from kuberuntime.workqueue import WorkQueue
+from sidecarsets.controller import metrics
+from sidecarsets.controller.controller import Controller
+from tests.kube import builders
+
+
+def _value(gauge: Gauge, name: str) -> float | None:
+    for family in gauge.collect():
+        for s in family.samples:
+            if s.labels.get("sidecarset") == name:
+                return float(s.value)
+    return None
+
+
+def _report(*names: str) -> None:
+    for name in names:
+        metrics.ROLLOUT_STALLED.labels(name).set(1)
+        metrics.PODS_NOT_UPGRADABLE.labels(name).set(3)
+        metrics.PODS_MISSING_SIDECARS.labels(name).set(2)
+    metrics.TRACKED_PODS.set(7)
+
+
+def test_forgetting_one_sidecarset_removes_its_series_and_keeps_the_others() -> None:
+    _report("m-gone", "m-kept")
+    metrics.forget("m-gone")
+    for gauge in metrics.PER_SIDECARSET:
+        assert _value(gauge, "m-gone") is None
+        kept = _value(gauge, "m-kept")
+        assert kept is not None and kept > 0
+    assert metrics.TRACKED_PODS._value.get() == 7  # one SidecarSet's deletion leaves the pod count
+
+
+def test_forgetting_everything_drops_every_series_and_the_tracked_pods() -> None:
+    _report("m-a", "m-b")
+    metrics.forget()
+    for gauge in metrics.PER_SIDECARSET:
+        assert metrics.series(gauge) == set()
+    assert metrics.TRACKED_PODS._value.get() == 0
+
+
+def test_under_multiprocess_files_the_series_are_zeroed_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _report("m-multi")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # prometheus-client warns when asked to remove there
+        metrics.forget("m-multi")
+    for gauge in metrics.PER_SIDECARSET:
+        assert _value(gauge, "m-multi") == 0
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    metrics.forget("m-multi")
+    assert all(_value(g, "m-multi") is None for g in metrics.PER_SIDECARSET)
+
+
+def test_a_deleted_sidecarset_loses_its_series_on_its_next_reconcile() -> None:
+    c = Controller(
+        None,  # type: ignore[arg-type]  # a deleted SidecarSet's reconcile reads nothing
+        namespace="sidecarctl-system",
+        namespaces=lambda: {},
+        recorder=EventRecorder(None),  # type: ignore[arg-type]
+    )
+    obj = builders.sidecarset("m-deleted", containers=[builders.container("proxy", "proxy:1")])
+    c.on_sidecarset("ADDED", None, obj)
+    _report("m-deleted")
+    c.queue = WorkQueue()  # what the ADDED event queued has been reconciled
+    c.on_sidecarset("DELETED", obj, None)
+    assert len(c.queue) == 1, "the deletion must queue a reconcile that drops the series"
+    assert asyncio.run(c.reconcile("m-deleted")) is None
+    assert all(_value(g, "m-deleted") is None for g in metrics.PER_SIDECARSET)

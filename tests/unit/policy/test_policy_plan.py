@@ -1,0 +1,242 @@
+"""Which SidecarSets MutatingAdmissionPolicies serve, grouped how, and what the webhook keeps.
+
+What the generated CEL does to pods is shown against the real API server by the differential
+tier (tests/e2e/test_policy_differential_e2e.py); here: the routes, the groups, the reasons, the
+objects' shape, and the CEL text helpers whose output the API server must parse.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from injector.policy import cel, generate, plan
+from injector.policy.plan import Mode, Path, Why
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
+from tests.kube import builders
+
+TS = "2024-01-01T00:00:00Z"
+NS = "sidecarctl-system"
+
+
+def ss(name: str, app: str = "web", **spec: Any) -> SidecarSet:
+    selector = spec.pop("selector", {"matchLabels": {"app": app}})
+    return SidecarSet.from_object(builders.sidecarset(name, selector=selector, **spec))
+
+
+def hot(name: str = "proxy") -> dict[str, Any]:
+    return builders.container(
+        name, "proxy:1", upgradeStrategy={"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}
+    )
+
+
+def planned(*sets: SidecarSet, mode: Mode = Mode.AUTO, **kw: Any) -> plan.Plan:
+    return plan.plan(sets, mode=mode, manager_namespace=NS, timestamp=TS, **kw)
+
+
+def test_a_plain_sidecarset_gets_one_policy_and_binding() -> None:
+    p = planned(ss("mesh"))
+    assert [g.name for g in p.policies] == ["sidecarctl-mesh"]
+    route = p.routes["mesh"]
+    assert (route.path, route.why, route.policy) == (Path.POLICY, Why.POLICY_SERVED, "sidecarctl-mesh")
+    assert route.condition() == ("True", "PolicyServed", "MutatingAdmissionPolicy sidecarctl-mesh")
+    policy, binding = p.policies[0].policy, p.policies[0].binding
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail" and spec["reinvocationPolicy"] == "Never"
+    assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    ns_sel = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert {"key": names.NS_INJECTION_LABEL, "operator": "In", "values": ["enabled"]} in ns_sel
+    excluded = next(e for e in ns_sel if e["key"] == names.NS_NAME_LABEL)["values"]
+    assert {"kube-system", "kube-public", "kube-node-lease", NS} <= set(excluded)
+    opt_out = spec["matchConstraints"]["objectSelector"]["matchExpressions"]
+    assert opt_out == [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
+    assert [m["patchType"] for m in spec["mutations"]] == ["JSONPatch"]
+    # A group of one is gated by its binding: the selector, as matchExpressions.
+    assert binding["spec"]["policyName"] == "sidecarctl-mesh"
+    assert binding["spec"]["matchResources"]["objectSelector"] == {
+        "matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]
+    }
+    # Nothing for the webhook but what a policy declines.
+    assert p.webhook_condition.startswith("(false) || (")
+    assert p.webhook_condition.endswith(f"({plan.policies_decline([ss('mesh')])})")
+
+
+def test_namespace_field_and_selector_go_to_the_binding() -> None:
+    p = planned(ss("mesh", namespace="shop"))
+    resources = p.policies[0].binding["spec"]["matchResources"]
+    assert resources["namespaceSelector"] == {
+        "matchExpressions": [{"key": names.NS_NAME_LABEL, "operator": "In", "values": ["shop"]}]
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "feature"),
+    [
+        ({"containers": [hot()]}, "HotUpgrade"),
+        ({"injectionStrategy": {"revision": {"revisionName": "mesh-abc", "policy": "Always"}}}, "revision"),
+        ({"metadata": {"annotations": {names.ANN_INJECTION_PATH: "webhook"}}}, "injection-path=webhook"),
+    ],
+)
+def test_what_a_policy_cannot_express_stays_on_the_webhook_named(spec: dict[str, Any], feature: str) -> None:
+    p = planned(ss("mesh", **spec), ss("other", app="other"))
+    route = p.routes["mesh"]
+    assert (route.path, route.why) == (Path.WEBHOOK, Why.NEEDS_WEBHOOK)
+    assert feature in route.message
+    assert route.condition()[0] == "False"
+    assert [g.name for g in p.policies] == ["sidecarctl-other"]
+    # The webhook takes the pods that set selects; the policy of `other` leaves them to it.
+    labels = cel.LABELS
+    selects_mesh = f'(("app" in {labels} && {labels}["app"] == "web"))'
+    assert plan.webhook_selects([ss("mesh", **spec)]) == selects_mesh
+    assert p.webhook_condition.startswith(f"({selects_mesh}) || (")
+    # `other` cannot select mesh's pods: its policy need not exclude them.
+    [gates] = p.policies[0].policy["spec"]["matchConditions"]
+    assert "// not-for-the-webhook" not in gates["expression"]
+    near = planned(ss("mesh", **spec), ss("other", selector={"matchLabels": {"tier": "x"}}))
+    [gates] = near.policies[0].policy["spec"]["matchConditions"]
+    assert f"(!({plan.policy_excludes([ss('mesh', **spec)])})) // not-for-the-webhook" in gates["expression"]
+
+
+def test_overlapping_sidecarsets_share_one_policy_in_name_order() -> None:
+    p = planned(ss("zeta"), ss("alpha"), ss("solo", app="other"))
+    assert sorted(g.name for g in p.policies) == ["sidecarctl-alpha-zeta", "sidecarctl-solo"]
+    group = next(g for g in p.policies if g.name == "sidecarctl-alpha-zeta")
+    assert group.members == ["alpha", "zeta"]
+    # A group's binding matches every pod; the members' selectors are CEL inside the policy.
+    assert "matchResources" not in group.binding["spec"]
+    assert p.routes["alpha"].policy == p.routes["zeta"].policy == "sidecarctl-alpha-zeta"
+
+
+def test_groups_are_connected_components() -> None:
+    a = ss("a", selector={"matchLabels": {"x": "1"}})
+    b = ss("b", selector={"matchLabels": {"y": "1"}})  # may share pods with a and with c
+    c = ss("c", selector={"matchLabels": {"x": "2"}})  # never with a
+    d = ss(
+        "d",
+        selector={
+            "matchExpressions": [
+                {"key": "x", "operator": "DoesNotExist"},
+                {"key": "y", "operator": "In", "values": ["2"]},
+            ]
+        },
+    )
+    groups = plan.overlap_groups([a, b, c, d])
+    assert [[s.name for s in g] for g in groups] == [["a", "b", "c"], ["d"]]
+
+
+def test_disjoint_namespace_selectors_split_groups() -> None:
+    shop = ss("shop-mesh", namespace="shop")
+    pay = ss("pay-mesh", namespace="payments")
+    assert len(plan.overlap_groups([shop, pay])) == 2
+
+
+def test_paused_and_selectorless_sets_inject_nothing() -> None:
+    p = planned(ss("paused", injectionStrategy={"paused": True}))
+    assert p.policies == ()
+    assert p.routes["paused"].path is Path.NONE
+    assert p.routes["paused"].condition() == (
+        "False",
+        "NotInjecting",
+        "injection paused or no selector: nothing is injected",
+    )
+
+
+def test_webhook_mode_and_an_unsupported_server_leave_everything_to_the_webhook() -> None:
+    for p, why in (
+        (planned(ss("mesh"), mode=Mode.WEBHOOK), Why.WEBHOOK_MODE),
+        (planned(ss("mesh"), unsupported="no MAP here"), Why.UNSUPPORTED),
+    ):
+        assert p.policies == ()
+        assert p.webhook_condition == "true"
+        assert (p.routes["mesh"].path, p.routes["mesh"].why) == (Path.WEBHOOK, why)
+    assert planned(ss("mesh"), unsupported="no MAP here").routes["mesh"].message == "no MAP here"
+
+
+def test_a_policy_the_api_server_refused_moves_its_sets_to_the_webhook() -> None:
+    p = planned(ss("mesh"), refused={"mesh": "the API server refused its MutatingAdmissionPolicy: too big"})
+    assert p.policies == ()
+    assert p.routes["mesh"].path is Path.WEBHOOK and "too big" in p.routes["mesh"].message
+
+
+def test_a_group_falling_back_excludes_its_pods_from_its_neighbours_policies() -> None:
+    # Two MergePatchJson patches of one annotation: the pair needs the webhook; `solo` overlaps neither.
+    merge = {"patchPolicy": "MergePatchJson", "annotations": {"a.example/x": '{"k":1}'}}
+    p = planned(ss("m1", patchPodMetadata=[merge]), ss("m2", patchPodMetadata=[merge]), ss("solo", app="other"))
+    assert p.routes["m1"].path is p.routes["m2"].path is Path.WEBHOOK
+    assert "MergePatchJson" in p.routes["m1"].message
+    assert p.routes["solo"].path is Path.POLICY
+
+
+def test_policy_mode_keeps_only_what_policies_decline_on_the_webhook() -> None:
+    p = planned(ss("mesh"), ss("hot", app="hot", containers=[hot()]), mode=Mode.POLICY)
+    assert p.routes["hot"].path is Path.WEBHOOK  # refused by validation in this mode (injector.policy.servable)
+    assert '"hot"' not in p.webhook_condition
+
+
+def test_an_oversized_group_stays_on_the_webhook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "MAX_POLICY_BYTES", 2000)
+    p = planned(ss("mesh"))
+    assert p.routes["mesh"].path is Path.WEBHOOK and "bytes" in p.routes["mesh"].message
+
+
+def test_policy_names_stay_valid_and_distinct_when_long() -> None:
+    long_a = [ss(f"{'a' * 60}-{i}") for i in range(5)]
+    long_b = [ss(f"{'a' * 60}-{i}") for i in range(4)] + [ss(f"{'a' * 60}-9")]
+    name_a, name_b = generate.policy_name(long_a), generate.policy_name(long_b)
+    assert len(name_a) <= 253 and len(name_b) <= 253
+    assert name_a != name_b
+    assert generate.policy_name([ss("b"), ss("a")]) == "sidecarctl-a-b"
+
+
+def test_the_generated_policy_is_json_with_literal_values() -> None:
+    s = ss("mesh", containers=[builders.container("proxy", "proxy:1", env=[{"name": "A", "value": 'é"\\'}])])
+    g = generate.generate([s], timestamp=TS, manager_namespace=NS)
+    expressions = " ".join(v["expression"] for v in g.policy["spec"]["variables"])
+    assert cel.literal([{"name": "A", "value": 'é"\\'}, {"name": "IS_INJECTED", "value": "true"}]) in expressions
+    assert orjson.loads(orjson.dumps(g.policy)) == g.policy
+    assert g.policy["metadata"]["annotations"][generate.ANN_MEMBERS] == "mesh"
+    assert g.policy["metadata"]["labels"] == generate.MANAGED_BY
+
+
+# -- CEL text -------------------------------------------------------------------------------------
+
+
+def test_literals_are_typed_dyn() -> None:
+    assert cel.literal({"a": [1, "x", None, True]}) == '{"a": dyn([dyn(1), dyn("x"), dyn(null), dyn(true)])}'
+    assert cel.literal(1.5) == "1.5"
+    with pytest.raises(TypeError):
+        cel.literal(object())
+
+
+def test_json_pointer_segments_are_escaped() -> None:
+    assert cel.pointer("sidecarctl.io/injected") == "sidecarctl.io~1injected"
+    assert cel.pointer("a~b/c") == "a~0b~1c"
+
+
+def test_selectors_become_boolean_cel() -> None:
+    labels = "L"
+    assert cel.selector(None, labels) == "false"
+    assert cel.selector({}, labels) == "true"
+    text = cel.selector(
+        {
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "NotIn", "values": ["db"]},
+                {"key": "x", "operator": "Exists"},
+                {"key": "y", "operator": "DoesNotExist"},
+            ],
+        },
+        labels,
+    )
+    assert text == (
+        '("app" in L && L["app"] == "web") && (!("tier" in L) || !(L["tier"] in ["db"])) && ("x" in L) && !("y" in L)'
+    )
+    assert cel.selector({"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1"]}]}, labels) == "false"
+
+
+def test_variables_are_inlined_for_match_conditions() -> None:
+    out = cel.inline_variables("variables.ab && variables.a", [("a", "x > 1"), ("ab", "variables.a || y")])
+    assert out == "((x > 1) || y) && (x > 1)"

@@ -1,0 +1,153 @@
+"""Finding out whether policies are enforced, refusing what policy mode cannot serve, and the
+PolicyInjection condition in the SidecarSet status."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from injector.http import admission, decisions
+from injector.policy import servable
+from injector.policy.support import BINDINGS, CANARY, GROUP_VERSION, NOT_ENFORCED, NOT_SERVED, POLICIES, SupportProbe
+from kuberuntime import api
+from kuberuntime.jsontypes import JsonObj
+from sidecarctl.manager import preflight
+from sidecarctl.manager.options import ManagerOptions
+from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.rollout import status
+from sidecarsets.spec.model import SidecarSet
+from sidecarsets.store import TemplateStore
+from tests.kube import builders
+from tests.kube.fakeapi import FakeApiServer
+
+NS = "sidecarctl-system"
+DISCOVERY = {"resources": [{"name": "mutatingadmissionpolicies"}, {"name": "mutatingadmissionpolicybindings"}]}
+
+
+class Mutating(FakeApiServer):
+    """A fake whose dry-run ConfigMap creates come back mutated once `enforced` (as the canary makes them)."""
+
+    def __init__(self, enforced: bool) -> None:
+        super().__init__()
+        self.enforced = enforced
+
+    async def get(self, path: str, *, params: Any = None) -> JsonObj:
+        named = path.startswith((POLICIES + "/", BINDINGS + "/"))
+        if named and path not in self.objects:
+            raise api.NotFound(404, "NotFound", f"{path} not found")
+        return await super().get(path, params=params)
+
+    async def create(self, path: str, body: JsonObj, *, params: Any = None) -> JsonObj:
+        if path.endswith("/configmaps") and (params or {}).get("dryRun") == "All":
+            self.calls.append(("create", path))
+            return {**body, "data": {"served": "true"}} if self.enforced else dict(body)
+        return await super().create(path, body, params=params)
+
+
+def probe(api: FakeApiServer) -> str | None:
+    return asyncio.run(SupportProbe(api, namespace=NS, timeout=0.3, interval=0.05).check())
+
+
+def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
+    api = Mutating(enforced=True)
+    api.put(GROUP_VERSION, DISCOVERY)
+    ns = api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
+    assert probe(api) is None
+    assert f"{POLICIES}/{CANARY}" in api.objects and f"{BINDINGS}/{CANARY}" in api.objects
+    # Owned by the manager's namespace: uninstalling removes the pair.
+    owner = {"apiVersion": "v1", "kind": "Namespace", "name": NS, "uid": ns["metadata"]["uid"]}
+    for path in (f"{POLICIES}/{CANARY}", f"{BINDINGS}/{CANARY}"):
+        assert api.objects[path]["metadata"]["ownerReferences"] == [owner]
+    binding = api.objects[f"{BINDINGS}/{CANARY}"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": NS}
+    }
+    # A second probe finds the canary in place and does not rewrite it.
+    writes = len(api.writes())
+    assert probe(api) is None
+    assert [w for w in api.writes()[writes:] if "admissionpolicies" in w or "policybindings" in w] == []
+
+
+def test_a_server_that_stores_but_ignores_policies_is_not_trusted() -> None:
+    api = Mutating(enforced=False)
+    api.put(GROUP_VERSION, DISCOVERY)
+    api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
+    assert probe(api) == NOT_ENFORCED
+
+
+def test_a_server_without_the_api_says_so() -> None:
+    assert probe(Mutating(enforced=True)) == NOT_SERVED
+
+
+def hot_object(name: str = "hot") -> JsonObj:
+    hot = builders.container(
+        "proxy", "p:1", upgradeStrategy={"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "e:1"}
+    )
+    return builders.sidecarset(name, containers=[hot])
+
+
+def test_servable_names_the_feature() -> None:
+    assert servable.why_not(builders.sidecarset("plain"), [], manager_namespace=NS) is None
+    assert "HotUpgrade" in (servable.why_not(hot_object(), [], manager_namespace=NS) or "")
+
+
+def _review(obj: JsonObj) -> admission.Review:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1",
+            "kind": {"group": "sidecarctl.io", "version": "v1alpha1", "kind": "SidecarSet"},
+            "operation": "CREATE",
+            "object": obj,
+        },
+    }
+    return admission.parse(orjson.dumps(body))
+
+
+def _verdict(obj: JsonObj, policy_only: bool) -> JsonObj:
+    settings = decisions.WebhookSettings(policy_only=policy_only)
+    decision = asyncio.run(decisions.validate(_review(obj), TemplateStore(), settings))
+    response: JsonObj = orjson.loads(decision.body)["response"]
+    return response
+
+
+def test_policy_mode_validation_refuses_what_only_the_webhook_serves() -> None:
+    refused = _verdict(hot_object(), policy_only=True)
+    assert refused["allowed"] is False
+    assert "--injection=policy" in refused["status"]["message"] and "HotUpgrade" in refused["status"]["message"]
+    assert _verdict(hot_object(), policy_only=False)["allowed"] is True
+    assert _verdict(builders.sidecarset("plain"), policy_only=True)["allowed"] is True
+
+
+def test_policy_mode_does_not_start_while_an_unservable_sidecarset_exists() -> None:
+    api = FakeApiServer()
+    api.put(f"{SS_PATH}/plain", builders.sidecarset("plain"))
+    opts = ManagerOptions.build(injection="policy", namespace=NS)
+    assert asyncio.run(preflight.policy_mode_problem(opts, api)) is None
+    api.put(f"{SS_PATH}/hot", hot_object())
+    problem = asyncio.run(preflight.policy_mode_problem(opts, api))
+    assert problem is not None and "hot:" in problem and "HotUpgrade" in problem and "--injection=auto" in problem
+    auto = ManagerOptions.build(injection="auto", namespace=NS)
+    assert asyncio.run(preflight.policy_mode_problem(auto, api)) is None
+
+
+def test_the_condition_keeps_its_transition_time_while_its_status_holds() -> None:
+    cond = {"type": "PolicyInjection", "status": "True", "reason": "PolicyServed", "message": "m"}
+    first: JsonObj = {}
+    status.set_condition(first, None, cond, now="T1")
+    assert first["conditions"] == [{**cond, "lastTransitionTime": "T1"}]
+    again: JsonObj = {}
+    status.set_condition(again, first, {**cond, "message": "other"}, now="T2")
+    assert again["conditions"][0]["lastTransitionTime"] == "T1"
+    flipped: JsonObj = {}
+    status.set_condition(flipped, first, {**cond, "status": "False"}, now="T3")
+    assert flipped["conditions"][0]["lastTransitionTime"] == "T3"
+    assert not status.status_changed({**first}, {**first})
+
+
+def test_sidecarset_model_reads_the_condition_back_tolerantly() -> None:
+    obj = builders.sidecarset("plain", status={"conditions": [{"type": "PolicyInjection", "status": "True"}]})
+    assert SidecarSet.from_object(obj, tolerant=True).status["conditions"][0]["status"] == "True"

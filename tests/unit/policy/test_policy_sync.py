@@ -1,0 +1,309 @@
+"""The policy sync against an in-memory API: what it writes, in which order, and what it puts back.
+
+The fake API's listener plays the watches (every write is seen at once). A fake clock decides
+when a widened webhook may be narrowed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from injector.policy.plan import Mode, Path, Why
+from injector.policy.support import BINDINGS, CANARY, POLICIES
+from injector.policy.sync import ANN_GENERATED_AT, CONDITION_NAME, MWC_PATH, PolicySync
+from kuberuntime import api
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.spec import names
+from tests.kube import builders
+from tests.kube.fakeapi import FakeApiServer
+
+NS = "sidecarctl-system"
+MWC = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
+
+
+class FixedProbe:
+    def __init__(self, answer: str | None) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    async def check(self) -> str | None:
+        self.calls += 1
+        return self.answer
+
+
+class Rig:
+    def __init__(self, mode: Mode = Mode.AUTO, unsupported: str | None = None) -> None:
+        self.api = FakeApiServer()
+        self.now = 100.0
+        self.times = iter(f"2024-01-01T00:00:{i:02d}Z" for i in range(60))
+        self.changed: list[set[str]] = []
+        self.sync = PolicySync(
+            self.api,
+            mode=mode,
+            manager_namespace=NS,
+            settle=2.0,
+            probe=FixedProbe(unsupported),
+            on_routes=self.changed.append,
+            clock=lambda: next(self.times),
+            monotonic=lambda: self.now,
+        )
+        self.api.listeners.append(self._deliver)
+        self.api.put(
+            MWC,
+            {
+                "metadata": {"name": names.MUTATING_WEBHOOK_CONFIG},
+                "webhooks": [
+                    {"name": "other.example.com", "matchConditions": [{"name": "theirs", "expression": "true"}]},
+                    {"name": names.MUTATING_WEBHOOK_NAME, "matchConditions": [{"name": "user", "expression": "true"}]},
+                ],
+            },
+        )
+
+    def _deliver(self, path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        kind = "DELETED" if new is None else ("ADDED" if old is None else "MODIFIED")
+        for prefix, handler in (
+            (SS_PATH + "/", self.sync.on_sidecarset),
+            (POLICIES + "/", self.sync.on_policy),
+            (BINDINGS + "/", self.sync.on_binding),
+            (MWC_PATH + "/", self.sync.on_webhook_config),
+        ):
+            if path.startswith(prefix):
+                handler(kind, old, new)
+
+    def add(self, name: str, app: str = "web", **spec: Any) -> JsonObj:
+        return self.api.put(
+            f"{SS_PATH}/{name}", builders.sidecarset(name, selector={"matchLabels": {"app": app}}, **spec)
+        )
+
+    def run(self) -> None:
+        async def go() -> None:
+            if not self.sync.supported_known:
+                await self.sync._check_support()
+            await self.sync.sync_once()
+
+        asyncio.run(go())
+
+    def policy(self, name: str) -> JsonObj | None:
+        return self.api.objects.get(f"{POLICIES}/{name}")
+
+    def binding(self, name: str) -> JsonObj | None:
+        return self.api.objects.get(f"{BINDINGS}/{name}")
+
+    def conditions(self) -> list[JsonObj]:
+        hook = next(h for h in self.api.objects[MWC]["webhooks"] if h["name"] == names.MUTATING_WEBHOOK_NAME)
+        return list(hook.get("matchConditions") or [])
+
+    def ours(self) -> str | None:
+        found = [c["expression"] for c in self.conditions() if c["name"] == CONDITION_NAME]
+        return found[0] if found else None
+
+
+def test_a_new_sidecarset_widens_the_webhook_writes_its_policy_then_narrows() -> None:
+    rig = Rig()
+    ss = rig.add("mesh")
+    rig.run()
+    policy, binding = rig.policy("sidecarctl-mesh"), rig.binding("sidecarctl-mesh")
+    assert policy is not None and binding is not None
+    owner = {"apiVersion": "sidecarctl.io/v1alpha1", "kind": "SidecarSet", "name": "mesh", "uid": ss["metadata"]["uid"]}
+    assert policy["metadata"]["ownerReferences"] == [owner] == binding["metadata"]["ownerReferences"]
+    assert policy["metadata"]["annotations"][ANN_GENERATED_AT] == "2024-01-01T00:00:00Z"
+    widened = rig.ours()
+    assert widened is not None and '"web"' in widened  # the webhook takes mesh's pods while the policy settles
+    # The webhook was widened before the policy was written.
+    writes = rig.api.writes()
+    assert writes.index(MWC) < writes.index(POLICIES)
+    assert rig.sync.routes["mesh"].path is Path.POLICY
+    assert rig.changed == [{"mesh"}]
+    # The user's own condition and the other webhook are untouched.
+    assert {"name": "user", "expression": "true"} in rig.conditions()
+    rig.now += 1.0
+    rig.run()
+    assert rig.ours() == widened, "narrowed before the policy can be enforced"
+    rig.now += 1.5
+    rig.run()
+    narrowed = rig.ours()
+    assert narrowed is not None and narrowed != widened and narrowed.startswith("(false) || (")
+    assert rig.api.objects[MWC]["webhooks"][0]["matchConditions"] == [{"name": "theirs", "expression": "true"}]
+
+
+def test_a_quiet_pass_writes_nothing() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    before = len(rig.api.writes())
+    rig.now += 10
+    rig.run()
+    assert len(rig.api.writes()) == before
+
+
+def test_an_image_change_rewrites_the_policy_with_a_new_time_and_widens_again() -> None:
+    rig = Rig()
+    ss = rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    narrowed = rig.ours()
+    first = rig.policy("sidecarctl-mesh")
+    assert first is not None
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    changed["metadata"]["generation"] = 2
+    rig.api._store(f"{SS_PATH}/mesh", changed)
+    rig.run()
+    second = rig.policy("sidecarctl-mesh")
+    assert second is not None
+    assert rig.api.writes("update", f"{POLICIES}/sidecarctl-mesh"), "updated in place"
+    assert not rig.api.writes("delete", POLICIES)
+    assert second["metadata"]["annotations"][ANN_GENERATED_AT] != first["metadata"]["annotations"][ANN_GENERATED_AT]
+    assert "proxy:2" in str(second["spec"]) and "proxy:1" not in str(second["spec"])
+    assert rig.ours() != narrowed
+    del ss
+
+
+def test_a_hand_edit_is_put_back_with_the_same_time() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    kept = copy.deepcopy(rig.policy("sidecarctl-mesh"))
+    assert kept is not None
+    edited = copy.deepcopy(kept)
+    edited["spec"]["mutations"] = []
+    rig.api._store(f"{POLICIES}/sidecarctl-mesh", edited)
+    rig.run()
+    restored = rig.policy("sidecarctl-mesh")
+    assert restored is not None and restored["spec"] == kept["spec"]
+    assert restored["metadata"]["annotations"] == kept["metadata"]["annotations"]
+    rig.api._store(f"{BINDINGS}/sidecarctl-mesh", None)
+    rig.run()
+    assert rig.binding("sidecarctl-mesh") is not None
+    # The condition, hand-edited, is put back too.
+    mwc = copy.deepcopy(rig.api.objects[MWC])
+    mwc["webhooks"][1]["matchConditions"] = [{"name": CONDITION_NAME, "expression": "false"}]
+    rig.now += 10
+    rig.api._store(MWC, mwc)
+    rig.run()
+    assert rig.ours() not in (None, "false")
+
+
+def test_deleted_and_paused_sidecarsets_lose_their_policies_the_canary_stays() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.add("logs", app="logs")
+    rig.api.put(
+        f"{POLICIES}/{CANARY}", {"metadata": {"name": CANARY, "labels": {"app.kubernetes.io/managed-by": "sidecarctl"}}}
+    )
+    rig.run()
+    assert rig.policy("sidecarctl-logs") is not None
+    rig.api._store(f"{SS_PATH}/logs", None)
+    paused = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    paused["spec"]["injectionStrategy"] = {"paused": True}
+    rig.api._store(f"{SS_PATH}/mesh", paused)
+    rig.run()
+    assert rig.policy("sidecarctl-logs") is None and rig.binding("sidecarctl-logs") is None
+    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(CANARY) is not None
+    assert rig.sync.routes["mesh"].why is Why.NOT_INJECTING
+
+
+def test_webhook_mode_removes_what_auto_left_and_the_condition() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    assert rig.ours() is not None
+    webhook = Rig(mode=Mode.WEBHOOK)
+    webhook.api = rig.api
+    webhook.sync.client = rig.api
+    rig.api.listeners = [webhook._deliver]
+    for path, obj in list(rig.api.objects.items()):
+        webhook._deliver(path, None, obj)
+    webhook.run()
+    assert rig.policy("sidecarctl-mesh") is None
+    assert webhook.ours() is None
+    assert {"name": "user", "expression": "true"} in webhook.conditions()
+    assert webhook.sync.routes["mesh"].why is Why.WEBHOOK_MODE
+
+
+def test_an_api_server_that_does_not_enforce_policies_gets_none() -> None:
+    rig = Rig(unsupported="policies are not enforced here")
+    rig.add("mesh")
+    rig.run()
+    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.ours() is None
+    route = rig.sync.routes["mesh"]
+    assert (route.why, route.message) == (Why.UNSUPPORTED, "policies are not enforced here")
+
+
+def test_a_policy_the_api_server_refuses_sends_its_sidecarsets_to_the_webhook() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.api.fail("create", POLICIES, api.Invalid(422, "Invalid", "compilation failed: max recursion depth exceeded"))
+    rig.run()
+    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.sync.dirty.is_set()
+    rig.run()
+    route = rig.sync.routes["mesh"]
+    assert route.path is Path.WEBHOOK and "max recursion depth" in route.message
+    assert rig.policy("sidecarctl-mesh") is None
+    rig.now += 10
+    rig.run()
+    assert '"web"' in (rig.ours() or ""), "the webhook serves mesh's pods"
+
+
+def test_a_conflict_on_the_webhook_configuration_is_retried() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.api.fail("patch", MWC_PATH, api.Conflict(409, "Conflict", "the object has been modified"))
+    rig.run()
+    assert rig.sync.dirty.is_set()
+    rig.run()
+    assert rig.ours() is not None
+
+
+def test_an_unreadable_sidecarset_keeps_its_last_good_policy() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    kept = rig.policy("sidecarctl-mesh")
+    broken = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    broken["spec"]["containers"] = "not a list"
+    rig.api._store(f"{SS_PATH}/mesh", broken)
+    rig.run()
+    assert rig.policy("sidecarctl-mesh") == kept
+
+
+def test_nothing_is_planned_until_support_is_known() -> None:
+    rig = Rig()
+    rig.add("mesh")
+
+    async def go() -> None:
+        await rig.sync.sync_once()
+
+    asyncio.run(go())
+    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.sync.routes["mesh"].why is Why.PENDING
+    assert rig.ours() is None
+
+
+@pytest.mark.parametrize("mode", [Mode.AUTO, Mode.POLICY])
+def test_the_condition_grows_too_long_then_the_webhook_is_not_narrowed(
+    mode: Mode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from injector.policy import sync as sync_module
+
+    monkeypatch.setattr(sync_module, "MAX_CONDITION_CHARS", 50)
+    rig = Rig(mode=mode)
+    rig.add("mesh")
+    rig.run()
+    assert rig.ours() is None
+    assert rig.policy("sidecarctl-mesh") is not None
