@@ -18,6 +18,10 @@ client-go algorithm on our async raw-JSON client:
 - On `stop` the leading task is cancelled first, then the Lease is released (empty holder,
   `leaseDurationSeconds: 1`, as client-go's ReleaseOnCancel) so a standby takes over at once.
   Cancelling `run` itself does not release: that is what a crash looks like to the others.
+- The handover is bounded whatever the load: a renewal in flight when `stop` comes is abandoned,
+  the leading task gets `STOP_LEADING_SECONDS` to end, and the release (one update of the Lease
+  last read or written, re-read only on a Conflict) gets `RELEASE_SECONDS`; a release that fails or
+  runs out of time says so in the log, and the standby then takes over when the Lease expires.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 
 from kuberuntime import api
 from kuberuntime.backoff import JITTER
-from kuberuntime.clock import micro_time, utc_now
+from kuberuntime.clock import first_of, micro_time, utc_now
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import IS_LEADER
 
@@ -42,6 +46,11 @@ LEASE_API = "/apis/coordination.k8s.io/v1"
 DEFAULT_LEASE_NAME = "sidecarctl-controller"
 # client-go waits retry_period * (1 + rand * 1.2) between acquisition attempts.
 JITTER_FACTOR = 1.2
+# On stop: the time the leading task gets to end after it is cancelled, and the time the release
+# gets. Both together stay well inside the control process's 10 s shutdown window
+# (sidecarctl.manager.control), so the release is never itself cut off.
+STOP_LEADING_SECONDS = 2.0
+RELEASE_SECONDS = 4.0
 
 OnStarted = Callable[[asyncio.Event], Awaitable[None]]
 
@@ -125,6 +134,7 @@ class LeaderElector:
         self._rand = rand
         self._observed: LeaseRecord | None = None
         self._observed_time = 0.0
+        self._lease: JsonObj | None = None  # the Lease object last read or written
         self._leading = False
         self._taken = asyncio.Event()  # `confirm` saw another holder: stop leading now
 
@@ -146,6 +156,7 @@ class LeaderElector:
         IS_LEADER.labels(f"{self.namespace}/{self.name}").set(1 if leading else 0)
 
     def _observe(self, lease: JsonObj) -> LeaseRecord:
+        self._lease = lease
         record = LeaseRecord.from_spec(lease.get("spec"))
         if record != self._observed:
             self._observed = record
@@ -224,28 +235,60 @@ class LeaderElector:
             return False
         return True
 
-    async def release(self) -> bool:
-        """Give the Lease up if we hold it, so a standby need not wait for it to expire."""
+    async def release(self, timeout: float = RELEASE_SECONDS) -> bool:
+        """Give the Lease up if we hold it, so a standby need not wait for it to expire.
+
+        Bounded by `timeout` whatever the API server's load; the outcome is logged either way.
+        """
+        started = self._clock()
         try:
-            lease = await self.client.get(self.path)
-        except api.NotFound:
-            return True
-        except Exception as e:
-            log.warning("lease %s/%s: read for release failed: %s", self.namespace, self.name, e)
+            released = await asyncio.wait_for(self._release(), timeout=timeout)
+        except TimeoutError:
+            log.error(
+                "lease %s/%s: release by %s not done within %.1fs; a standby takes over when it expires "
+                "(%ss after the last renewal)",
+                self.namespace,
+                self.name,
+                self.identity,
+                timeout,
+                self.lease_duration,
+            )
             return False
-        old = self._observe(lease)
-        if old.holder != self.identity:
+        if released:
+            log.info(
+                "lease %s/%s released by %s in %.2fs", self.namespace, self.name, self.identity, self._clock() - started
+            )
+        return released
+
+    async def _release(self) -> bool:
+        """One update of the Lease we last saw (no read first: each request counts on shutdown);
+        a Conflict means it changed since, so it is read once and released if still ours."""
+        lease = self._lease
+        for attempt in range(2):
+            if lease is None or attempt:
+                try:
+                    lease = await self.client.get(self.path)
+                except api.NotFound:
+                    return True
+                except Exception as e:
+                    log.error("lease %s/%s: read for release failed: %s", self.namespace, self.name, e)
+                    return False
+            old = self._observe(lease)
+            if old.holder != self.identity:
+                return True
+            now = micro_time(self._wall_clock())
+            released = LeaseRecord("", 1, now, now, old.transitions)
+            body = {**lease, "spec": {**(lease.get("spec") or {}), **released.to_spec()}}
+            try:
+                self._observe(await self.client.update(self.path, body))
+            except api.Conflict:
+                continue
+            except Exception as e:
+                log.error("lease %s/%s: release failed: %s", self.namespace, self.name, e)
+                return False
             return True
-        now = micro_time(self._wall_clock())
-        released = LeaseRecord("", 1, now, now, old.transitions)
-        body = {**lease, "spec": {**(lease.get("spec") or {}), **released.to_spec()}}
-        try:
-            self._observe(await self.client.update(self.path, body))
-        except Exception as e:
-            log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, e)
-            return False
-        log.info("lease %s/%s released by %s", self.namespace, self.name, self.identity)
-        return True
+        log.error("lease %s/%s: release failed: the Lease kept changing", self.namespace, self.name)
+        return False
 
     async def _pause(self, delay: float, *wake: asyncio.Event | asyncio.Task[None]) -> None:
         """Sleep `delay` seconds, or less when an event is set or a task finishes."""
@@ -268,6 +311,17 @@ class LeaderElector:
         except TimeoutError:
             log.warning("lease %s/%s: request timed out after %.1fs", self.namespace, self.name, timeout)
             return False
+
+    async def _attempt_unless(self, stop: asyncio.Event, timeout: float) -> bool:
+        """`_attempt`, abandoned when `stop` is set meanwhile: a renewal slowed by a loaded API server
+        must not hold up the release."""
+        attempt = asyncio.ensure_future(self._attempt(timeout))
+        await first_of(asyncio.shield(attempt), stop.wait())
+        if attempt.done():
+            return attempt.result()
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)
+        return False
 
     async def _acquire(self, stop: asyncio.Event) -> bool:
         while not stop.is_set():
@@ -292,7 +346,7 @@ class LeaderElector:
                 if remaining <= 0:
                     return "lost"
                 sent = self._clock()
-                if await self._attempt(remaining):
+                if await self._attempt_unless(stop, remaining):
                     last_renew = sent
                     break
                 if self.observed_holder not in (None, "", self.identity):
@@ -318,7 +372,7 @@ class LeaderElector:
                 raise
             self._set_leading(False)
             lost.set()
-            await _cancel(task)
+            await _cancel(task, timeout=STOP_LEADING_SECONDS if outcome == "stop" else None)
             if outcome == "lost":
                 log.error("lease %s/%s lost by %s: stopped leading", self.namespace, self.name, self.identity)
                 continue
@@ -342,7 +396,12 @@ async def _lead(on_started: OnStarted, lost: asyncio.Event) -> None:
     await on_started(lost)
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+async def _cancel(task: asyncio.Task[None], timeout: float | None = None) -> None:
+    """Cancel `task` and wait for it to end, at most `timeout` seconds (then say so and go on)."""
     if not task.done():
         task.cancel()
+    done, _ = await asyncio.wait([task], timeout=timeout)
+    if not done:
+        log.error("the leading task did not end within %.1fs of its cancellation; releasing the lease anyway", timeout)
+        return
     await asyncio.gather(task, return_exceptions=True)

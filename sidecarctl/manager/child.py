@@ -43,6 +43,13 @@ def _die_with_parent() -> None:
         sys.exit(1)
 
 
+def _stopping(name: str, sig: signal.Signals, stop: asyncio.Event) -> None:
+    """The moment shutdown starts, in the log: a slow handover is read against it."""
+    if not stop.is_set():
+        log.info("%s received %s: stopping", name, sig.name)
+    stop.set()
+
+
 async def _report(path: Path, ready: Callable[[], tuple[bool, str]], stop: asyncio.Event) -> None:
     """Write {pid, ready, why, time} every second, atomically, for the supervisor's probes."""
     tmp = path.with_suffix(".tmp")
@@ -69,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _stopping, args.name, sig, stop)
         if args.role == "control":
             from sidecarctl.manager.control import ControlRole
 

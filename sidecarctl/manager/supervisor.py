@@ -320,6 +320,12 @@ class Supervisor:
             log.info("manager stopped")
 
 
+def _stopping(sig: signal.Signals, stop: asyncio.Event) -> None:
+    if not stop.is_set():
+        log.info("manager received %s: draining its processes", sig.name)
+    stop.set()
+
+
 def run_forever(opts: ManagerOptions) -> int:
     """Entry point of `sidecarctl run`: runs until SIGTERM or SIGINT."""
 
@@ -327,7 +333,7 @@ def run_forever(opts: ManagerOptions) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _stopping, sig, stop)
         await Supervisor(opts).run(stop)
 
     asyncio.run(main())

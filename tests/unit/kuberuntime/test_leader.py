@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client import REGISTRY
 
-from kuberuntime import api
+from kuberuntime import api, leader
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import DEFAULT_LEASE_NAME, LeaderElector
 
@@ -33,6 +33,8 @@ class FakeLeases:
         self.fail = False
         self.before_update: Callable[[], object] | None = None
         self.updates = 0
+        self.gets = 0
+        self.hang_updates = 0  # the next this many updates never answer (a loaded API server)
 
     def _check(self) -> None:
         if self.fail:
@@ -53,6 +55,7 @@ class FakeLeases:
     async def get(self, path: str, *, params: api.Params | None = None) -> JsonObj:
         self._check()
         assert path == PATH
+        self.gets += 1
         if self.lease is None:
             raise api.NotFound(404, "NotFound", "leases not found")
         return copy.deepcopy(self.lease)
@@ -68,6 +71,9 @@ class FakeLeases:
         self._check()
         assert path == PATH
         self.updates += 1
+        if self.hang_updates > 0:
+            self.hang_updates -= 1
+            await asyncio.sleep(3600)
         if self.before_update is not None:
             hook, self.before_update = self.before_update, None
             hook()
@@ -199,6 +205,42 @@ def test_release_lets_a_standby_take_over_without_waiting() -> None:
     assert spec(api)["leaseTransitions"] == 1
 
 
+def test_release_is_one_update_of_the_lease_last_seen_and_rereads_only_on_a_conflict() -> None:
+    api = FakeLeases()
+    a = elector(api, "a")
+    assert run(a.try_acquire_or_renew())
+    gets, updates = api.gets, api.updates
+    assert run(a.release())
+    assert (api.gets - gets, api.updates - updates) == (0, 1), "on shutdown every request counts"
+    assert spec(api)["holderIdentity"] == ""
+
+    assert run(a.try_acquire_or_renew())
+    api.store({**spec(api), "renewTime": "2030-01-01T00:00:00.000000Z"})  # written meanwhile: a Conflict
+    gets = api.gets
+    assert run(a.release())
+    assert api.gets - gets == 1
+    assert spec(api)["holderIdentity"] == ""
+
+
+def test_a_release_the_api_server_never_answers_gives_up_within_its_bound_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = FakeLeases()
+    a = elector(api, "a")
+    assert run(a.try_acquire_or_renew())
+    api.hang_updates = 1
+
+    async def timed() -> tuple[bool, float]:
+        started = asyncio.get_running_loop().time()
+        ok = await a.release(timeout=0.3)
+        return ok, asyncio.get_running_loop().time() - started
+
+    ok, took = run(timed())
+    assert not ok and 0.3 <= took < 1.0
+    assert spec(api)["holderIdentity"] == "a"
+    assert any("not done within 0.3s" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
 def test_api_errors_are_a_failed_attempt_not_an_exception() -> None:
     api = FakeLeases()
     api.fail = True
@@ -245,6 +287,63 @@ def test_run_leads_then_stop_cancels_the_task_and_releases() -> None:
         assert spec(api)["leaseDurationSeconds"] == 1
 
     run(body())
+
+
+def test_stop_during_a_renewal_that_hangs_releases_at_once() -> None:
+    """A renewal stuck on a loaded API server is abandoned on stop, so the release is not held up
+    for the rest of the renew deadline."""
+
+    async def body() -> None:
+        api = FakeLeases()
+        a = elector(api, "a", lease_duration=30, renew_deadline=20, retry_period=0.05)
+        stop = asyncio.Event()
+        started = asyncio.Event()
+
+        async def lead(lost: asyncio.Event) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(a.run(stop, lead))
+        await asyncio.wait_for(started.wait(), 2)
+        updates = api.updates
+        api.hang_updates = 1
+        while api.updates == updates:  # the next renewal is now hanging
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 1.0)
+        assert spec(api)["holderIdentity"] == ""
+
+    run(body())
+
+
+def test_a_leading_task_that_does_not_end_when_cancelled_does_not_hold_up_the_release(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(leader, "STOP_LEADING_SECONDS", 0.2)
+
+    async def body() -> None:
+        api = FakeLeases()
+        a = elector(api, "a", **FAST)
+        stop = asyncio.Event()
+        started = asyncio.Event()
+        release_work = asyncio.Event()
+
+        async def lead(lost: asyncio.Event) -> None:
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await release_work.wait()  # cleanup that outlives the cancellation
+
+        task = asyncio.create_task(a.run(stop, lead))
+        await asyncio.wait_for(started.wait(), 2)
+        stop.set()
+        await asyncio.wait_for(task, 1.0)
+        assert spec(api)["holderIdentity"] == ""
+        release_work.set()
+
+    run(body())
+    assert any("did not end within 0.2s" in r.getMessage() for r in caplog.records)
 
 
 def test_failed_renewals_past_the_deadline_lose_leadership_then_it_campaigns_again() -> None:
