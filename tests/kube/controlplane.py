@@ -282,6 +282,8 @@ class ControlPlane:
             "--audit-log-maxsize=0",
             "--max-requests-inflight=2000",
             "--max-mutating-requests-inflight=1000",
+            # A node's name resolves nowhere here: logs, exec and port-forward go to its InternalIP.
+            "--kubelet-preferred-address-types=InternalIP",
             "--v=0",
         ]
         self._spawn("kube-apiserver", self._apiserver_args)

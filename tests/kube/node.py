@@ -390,7 +390,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         cfg = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            # The node's InternalIP (--node-ip), where the API server dials it for logs and exec;
+            # on the bridge this node created, like every server of the node.
+            "address": self.gateway,
             "port": free_port(),
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
