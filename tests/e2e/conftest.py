@@ -1,9 +1,14 @@
-"""E2e fixtures around the real manager: one in-process manager for the session, webhooks
-registered by URL, and helpers to make namespaces that are labelled for injection."""
+"""E2e fixtures: the real control plane, API clients, the fake kubelet and one in-process manager,
+with webhooks registered by URL, and helpers to make namespaces that are labelled for injection.
+
+They are package-scoped: everything they start stops when the last e2e test has run, so the tiers
+after this one (HTTP, node, reliability, unit) do not share the machine, nor the test process's
+loop, with an idle control plane and manager."""
 
 from __future__ import annotations
 
 import base64
+import re
 import secrets
 import tempfile
 from collections.abc import Callable, Iterator
@@ -12,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from kuberuntime import kubeapi
+from kuberuntime import kubeapi, kubeconfig
 from sidecarsets.spec import names
+from tests.conftest import IN_CI
 from tests.e2e.certsupport import Rig, open_rig
 from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane
+from tests.kube.controlplane import ControlPlane, ControlPlaneError, free_port
 from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import (
@@ -26,6 +32,7 @@ from tests.kube.managerharness import (
     VWC_PATH,
     RunningManager,
     conversion_bundle_synced,
+    conversion_crd,
     conversion_works,
     ensure_namespace,
     start_in_process,
@@ -35,7 +42,7 @@ from tests.kube.managerharness import (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def manager(
     aloop: BackgroundLoop,
     control_plane: ControlPlane,
@@ -108,3 +115,81 @@ def rig(
     """Per-test names, extra managers and cleanup for the cert watcher tests."""
     with open_rig(aloop, control_plane, kube, kube_client) as r:
         yield r
+
+
+@pytest.fixture(scope="package")
+def control_plane() -> Iterator[ControlPlane]:
+    try:
+        cp = ControlPlane().start()
+    except ControlPlaneError as e:
+        if IN_CI:
+            pytest.fail(f"cannot start the test control plane: {e}")
+        pytest.skip(f"no test control plane: {e}")
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="package")
+def kube_client(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[kubeapi.KubeClient]:
+    client = kubeapi.KubeClient(kubeconfig.load_config(str(control_plane.kubeconfig)))
+    yield client
+    aloop.run(client.close())
+
+
+@pytest.fixture(scope="package")
+def kube(aloop: BackgroundLoop, kube_client: kubeapi.KubeClient) -> Kube:
+    return Kube(aloop, kube_client)
+
+
+@pytest.fixture(scope="package")
+def kubelet(aloop: BackgroundLoop, kube_client: kubeapi.KubeClient) -> Iterator[FakeKubelet]:
+    k = FakeKubelet(kube_client)
+    aloop.run(k.start())
+    yield k
+    aloop.run(k.stop())
+
+
+@pytest.fixture(scope="package")
+def manager_port() -> int:
+    """The port the session's manager serves its webhooks on, known before it starts: the CRD's
+    conversion webhook points there from the moment the CRD is installed."""
+    return free_port()
+
+
+@pytest.fixture(scope="package")
+def crd(kube: Kube, manager_port: int) -> dict[str, object]:
+    """The SidecarSet CRD from config/crd, installed and Established, converting through the session's
+    manager (by URL). Until that manager runs, v1alpha1 (stored) works and v1beta1 fails to convert."""
+    obj = conversion_crd(f"https://127.0.0.1:{manager_port}")
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    kube.apply(path, obj)
+
+    def established() -> bool:
+        got = kube.get(f"{path}/{obj['metadata']['name']}")
+        conds = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
+        return conds.get("Established") == "True"
+
+    eventually(established, timeout=30, what="CRD Established")
+    return obj
+
+
+def _ns_name(nodeid: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
+    return f"{base or 't'}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: Kube, kubelet: FakeKubelet) -> Iterator[str]:
+    """A fresh namespace per test, managed by the fake kubelet, deleted afterwards."""
+    name = _ns_name(request.node.nodeid)
+    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kubelet.namespaces.add(name)
+    eventually(
+        lambda: kube.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None,
+        timeout=30,
+        what=f"default ServiceAccount in {name}",
+    )
+    yield name
+    kube.delete(f"/api/v1/namespaces/{name}")

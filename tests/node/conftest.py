@@ -1,4 +1,4 @@
-"""Session fixtures of the real-node tier: one control plane that pods can reach, one real node
+"""Fixtures of the real-node tier: one control plane that pods can reach, one real node
 (containerd + runc + kubelet + kube-scheduler) registered with it, and the manager's image.
 
 The machine may lack what a node needs (root, Debian's containerd and runc, the kubelet build):
@@ -6,10 +6,11 @@ then every node test is skipped with the one line tests/kube/node.py gives, and 
 fails instead (tests/conftest.py turns any skip of a `node` test into a failure there too).
 
 Tests that start a node of their own (the SIGKILL clean-up test) are marked `own_node` and run
-before the others: one node per machine at a time, and the session node lives until the end.
+before the others: one node per machine at a time. The tier's node lives until its last test
+(package scope), and is removed before the tiers after it run.
 Then come the modules in FIRST_MODULES (`helm install`, which needs the cluster without the
 kustomize install), then the rest, which share one install of the manager (`installed`: `kubectl
-apply -k tests/node/install`, made once per session).
+apply -k tests/node/install`, made once for the tier).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Cluster:
         return self.node.bin_dir / "kubectl"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if reason := unavailable_reason():
         not_here(reason)
@@ -103,7 +104,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(cp, node, AdminRest(cp))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def manager_image(cluster: Cluster) -> Built:
     """The Dockerfile's image (built on the local Debian base, cached), imported into the node."""
     try:
@@ -205,7 +206,7 @@ class Installed:
     seconds: float
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def installed(cluster: Cluster, manager_image: Built) -> Iterator[Installed]:
     """One install for every node test that needs the manager (tests that disturb it wait until it
     has settled again: 2 ready replicas of the current revision)."""
