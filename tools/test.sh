@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # The project's test command: installs what is missing, then lint, types, and every test tier.
-#   bash tools/test.sh            # everything (unit, HTTP, e2e on a real kube-apiserver + etcd)
+#   bash tools/test.sh            # everything (unit, HTTP, e2e, reliability, real node as root)
 #   bash tools/test.sh -k inject  # extra arguments go to pytest
+#   bash tools/test.sh --quick    # the inner loop: lint, types, unit, HTTP and one e2e module
+#                                 # (injection through the real API server), in under 3 minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+quick=0
+if [[ "${1:-}" == "--quick" ]]; then
+  quick=1
+  shift
+fi
 
 bash tools/setup.sh
 
@@ -13,4 +21,7 @@ echo "== ruff"
 echo "== mypy --strict"
 .venv/bin/mypy
 echo "== pytest"
+if [[ $quick -eq 1 ]]; then
+  exec .venv/bin/pytest tests/unit tests/http tests/e2e/test_inject_e2e.py "$@"
+fi
 exec .venv/bin/pytest "$@"
