@@ -1,0 +1,376 @@
+"""Pod creation through the real API server as the number of SidecarSets grows.
+
+One private control plane (etcd + kube-apiserver) and the real `sidecarctl run --injection=auto`.
+At each stage there are 2N SidecarSets with disjoint selectors (`team: pK` and `team: wK`, the
+benchmark's two-sidecar spec: a proxy with transferEnv, a log agent sharing the app's volumes):
+N served by MutatingAdmissionPolicies, N annotated `sidecarctl.io/injection-path: webhook`. Each
+stage adds SidecarSets to the previous one's and measures three kinds of pod, 8 clients each, in
+alternating order over the rounds:
+
+- stored: an already injected pod created in a namespace without the injection label (no mutation
+  at all: what every other pod of the cluster costs);
+- policy: a raw pod that one policy-served SidecarSet selects (the webhook must not be called:
+  the manager's inject counter is read before and after);
+- webhook: a raw pod that one webhook-served SidecarSet selects.
+
+Before measuring, the stage's last SidecarSets must be live: a dry-run pod of the last
+policy-served one injected by its policy and of the last webhook-served one by the webhook; the
+time from the last create to that is printed. While measuring, the manager is a follower (the
+Lease is held elsewhere), as in bench_policy: the controller would track every injected pod and
+load the 2 cores unevenly; what is measured is admission. `--profile DIR` saves a CPU profile of
+kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints its top entries.
+
+Printed per stage: pods/s (median of rounds), p50/p99 create latency, kube-apiserver CPU per pod,
+the policies and bindings (count, bytes), the webhook's matchConditions (bytes) and how many
+policy-served pods called the webhook; then the goals of the scale issue against N=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+from bench.bench_policy import POLICIES, _free_port, raw_pod, run_load, sidecarset
+from kuberuntime import api
+from kuberuntime.jsontypes import JsonObj
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
+
+KINDS = ("stored", "policy", "webhook")
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
+MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{names.MUTATING_WEBHOOK_CONFIG}"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{names.DEFAULT_MANAGER_NAMESPACE}/leases/sidecarctl-controller"
+ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
+NAMESPACES = {"stored": "s-stored", "policy": "s-inject", "webhook": "s-inject"}
+PROFILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pprof")
+
+
+def team_sidecarset(kind: str, k: int) -> JsonObj:
+    """SidecarSet `scale-<kind><k>` selecting `team: <kind><k>`; kind "w" is kept on the webhook."""
+    meta = {"annotations": {names.ANN_INJECTION_PATH: "webhook"}} if kind == "w" else {}
+    ss = sidecarset(f"scale-{kind}{k}", "unused", **meta)
+    ss["spec"]["selector"] = {"matchLabels": {"team": f"{kind}{k}"}}
+    return ss
+
+
+def team_pod(team: str) -> JsonObj:
+    pod = raw_pod("scale")
+    pod["metadata"]["labels"]["team"] = team
+    return pod
+
+
+@dataclass
+class Figures:
+    rates: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    apiserver_ms: list[float] = field(default_factory=list)
+    webhook_calls: int = 0
+    paths: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+
+
+@dataclass
+class Stage:
+    n: int
+    live_seconds: float
+    policies: int
+    policy_bytes: int
+    bindings: int
+    condition_bytes: int | None  # None: the webhook is not narrowed
+    figures: dict[str, Figures]
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples with these labels, from the manager's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def _profile(cp: Any, seconds: float, out: Path) -> None:
+    """kube-apiserver's CPU profile over the next `seconds`, saved to `out` (runs in a thread)."""
+    pki = cp.workdir / "pki"
+    ctx = ssl.create_default_context(cafile=str(pki / "serving-ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    url = f"{cp.url}/debug/pprof/profile?seconds={int(seconds)}"
+    with urllib.request.urlopen(url, context=ctx, timeout=seconds + 30) as resp:
+        out.write_bytes(resp.read())
+
+
+def _top(profile: Path, lines: int = 25) -> str:
+    proc = subprocess.run(
+        ["go", "tool", "pprof", "-top", "-cum", "-focus=admission", f"-nodecount={lines}", str(profile)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    return proc.stdout if proc.returncode == 0 else proc.stderr
+
+
+async def _create_all(c: common.Cluster, objs: list[JsonObj], *, limit: int = 16) -> None:
+    async def create(obj: JsonObj) -> None:
+        with contextlib.suppress(api.Conflict):
+            await c.client.create(common.SS_PATH, obj)
+
+    await common.bounded([lambda o=o: create(o) for o in objs], limit=limit)  # type: ignore[misc]
+
+
+def _injected_by(c: common.Cluster, team: str) -> str | None:
+    try:
+        got = c.run(c.client.create("/api/v1/namespaces/s-inject/pods", team_pod(team), params={"dryRun": "All"}))
+    except api.ApiError:
+        return None
+    return (got["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
+
+
+def _wait_live(c: common.Cluster, n: int, since: float, timeout: float) -> float:
+    """Seconds from `since` until the last of both kinds injects through its own path."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if _injected_by(c, f"p{n - 1}") == "policy" and _injected_by(c, f"w{n - 1}") == "webhook":
+            return time.monotonic() - since
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the SidecarSets of stage {n} were not live within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _sizes(c: common.Cluster) -> tuple[int, int, int, int | None]:
+    sel = {"labelSelector": "app.kubernetes.io/managed-by=sidecarctl"}
+    policies = c.run(c.client.get(POLICIES, params=sel))["items"]
+    bindings = c.run(c.client.get(BINDINGS, params=sel))["items"]
+    policies = [p for p in policies if p["metadata"]["name"] != "sidecarctl-canary"]
+    mwc = c.run(c.client.get(MWC))
+    conditions = mwc["webhooks"][0].get("matchConditions") or []
+    ours = [m for m in conditions if m.get("name") == "sidecarctl-needs-webhook"]
+    cond_bytes = sum(len(m["expression"]) for m in ours) if ours else None
+    return len(policies), sum(len(json.dumps(p)) for p in policies), len(bindings), cond_bytes
+
+
+def _measure(
+    c: common.Cluster, bodies: dict[str, JsonObj], probe_url: str, args: argparse.Namespace, n: int
+) -> dict[str, Figures]:
+    figures = {k: Figures() for k in KINDS}
+    apiserver = c.cp.procs["kube-apiserver"].pid
+    kubeconfig_path = str(c.cp.kubeconfig)
+    for kind in KINDS:  # warm-up
+        run_load(kubeconfig_path, NAMESPACES[kind], bodies[kind], 1.0, args.clients)
+    for r in range(args.rounds):
+        for kind in KINDS if r % 2 == 0 else tuple(reversed(KINDS)):
+            calls = _metric(probe_url, "sidecarctl_admissions_total", webhook="inject")
+            before = common.process_cpu(apiserver)
+            profiler: Future[None] | None = None
+            if args.profile is not None and r == 0:
+                out = args.profile / f"apiserver-n{n}-{kind}.pprof"
+                profiler = PROFILER.submit(_profile, c.cp, args.seconds, out)
+            result = run_load(kubeconfig_path, NAMESPACES[kind], bodies[kind], args.seconds, args.clients)
+            if profiler is not None:
+                profiler.result()
+            cpu = common.process_cpu(apiserver) - before
+            count = len(result["latencies"])
+            f = figures[kind]
+            f.rates.append(count / result["elapsed"])
+            f.latencies += result["latencies"]
+            f.apiserver_ms.append(1000 * cpu / max(count, 1))
+            f.errors += result["error_count"]
+            f.webhook_calls += int(_metric(probe_url, "sidecarctl_admissions_total", webhook="inject") - calls)
+            for by, k in result["injected_by"].items():
+                f.paths[by] = f.paths.get(by, 0) + k
+            print(f"  N={n} round {r + 1} {kind:8} {count / result['elapsed']:6.0f} pods/s", flush=True)
+            c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES[kind]}/pods"))
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stages", default="1,30,100,300,1000", help="values of N, increasing")
+    parser.add_argument("--rounds", type=common.positive_int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds of load per kind and round")
+    parser.add_argument("--clients", type=common.positive_int, default=8)
+    parser.add_argument("--profile", type=Path, default=None, help="save kube-apiserver CPU profiles here")
+    args = parser.parse_args(argv)
+    stages = [int(s) for s in args.stages.split(",")]
+    if stages != sorted(set(stages)) or stages[0] < 1:
+        parser.error("--stages: increasing positive numbers")
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    common.print_machine(
+        f"bench_scale: 2N SidecarSets, N in {stages}; {args.clients} clients, {args.rounds} rounds x {args.seconds:g} s"
+    )
+    from tests.kube.managerharness import MWC_PATH, VWC_PATH, start_process, wait_ready, webhook_configs, write_cert_dir
+
+    results: list[Stage] = []
+    with common.cluster() as c:
+        for ns, labels in (("s-stored", {}), ("s-inject", ENABLED), (names.DEFAULT_MANAGER_NAMESPACE, {})):
+            c.run(c.ensure_namespace(ns, labels))
+        cert_dir = common.temp_dir("bench-scale-certs-")
+        write_cert_dir(cert_dir)
+        port = _free_port()
+        mwc, vwc = webhook_configs(
+            f"https://127.0.0.1:{port}",
+            mutating=names.MUTATING_WEBHOOK_CONFIG,
+            validating=names.VALIDATING_WEBHOOK_CONFIG,
+        )
+        c.run(c.client.create(MWC_PATH, mwc))
+        c.run(c.client.create(VWC_PATH, vwc))
+        have = 0
+        for n in stages:
+            with contextlib.suppress(api.NotFound):
+                c.run(c.client.delete(LEASE))
+            manager = start_process(
+                c.cp, cert_dir, identity=f"scale-{n}", webhook_port=port, extra=("--log-format=text",)
+            )
+            try:
+                wait_ready(manager, timeout=120)
+                new = [team_sidecarset(kind, k) for k in range(have, n) for kind in ("p", "w")]
+                c.run(_create_all(c, new), timeout=1800)
+                created = time.monotonic()
+                live = _wait_live(c, n, created, timeout=600)
+                have = n
+                print(f"N={n}: {2 * n} SidecarSets, the last live {live:.1f} s after its create", flush=True)
+                time.sleep(3.0)  # the manager's make-before-break settle time: the webhook is narrowed again
+                sizes = _sizes(c)
+            finally:
+                manager.terminate()
+            # Measured with a follower: the webhook and the policies serve, nothing reconciles.
+            c.run(_hold_lease(c))
+            follower = start_process(
+                c.cp, cert_dir, identity=f"scale-follower-{n}", webhook_port=port, extra=("--log-format=text",)
+            )
+            try:
+                wait_ready(follower, timeout=120)
+                model = SidecarSet.from_object(team_sidecarset("p", n // 2))
+                bodies = {
+                    "stored": common.injected(team_pod(f"p{n // 2}"), [model], namespace="s-inject", labels=ENABLED),
+                    "policy": team_pod(f"p{n // 2}"),
+                    "webhook": team_pod(f"w{n // 2}"),
+                }
+                figures = _measure(c, bodies, follower.probe_url, args, n)
+            finally:
+                follower.terminate()
+            results.append(Stage(n, live, *sizes, figures))
+            _report(results[-1:], goals=False)  # each stage as it ends: a long run keeps what it measured
+            if args.profile is not None:
+                for kind in KINDS:
+                    prof = args.profile / f"apiserver-n{n}-{kind}.pprof"
+                    if prof.exists():
+                        print(f"\n-- kube-apiserver CPU, N={n}, {kind} pods (top) --\n{_top(prof)}")
+    _report(results)
+    return 0
+
+
+async def _hold_lease(c: common.Cluster) -> None:
+    import datetime
+
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "sidecarctl-controller", "namespace": names.DEFAULT_MANAGER_NAMESPACE},
+        "spec": {
+            "holderIdentity": "bench-holder",
+            "leaseDurationSeconds": 86400,
+            "renewTime": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+    try:
+        got = await c.client.get(LEASE)
+    except api.NotFound:
+        await c.client.create(LEASE.rsplit("/", 1)[0], lease)
+        return
+    got["spec"] = lease["spec"]
+    await c.client.update(LEASE, got)
+
+
+def _report(stages: list[Stage], *, goals: bool = True) -> None:
+    rows = []
+    for s in stages:
+        row: list[object] = [s.n, f"{s.live_seconds:.1f}", f"{s.policies}, {s.policy_bytes / 1024:.0f} KiB"]
+        row.append("none" if s.condition_bytes is None else f"{s.condition_bytes / 1024:.1f} KiB")
+        for kind in KINDS:
+            f = s.figures[kind]
+            lat = sorted(f.latencies)
+            row.append(
+                f"{statistics.median(f.rates):.0f} ({1000 * common.percentile(lat, 50):.0f}/"
+                f"{1000 * common.percentile(lat, 99):.0f} ms, {statistics.median(f.apiserver_ms):.1f} ms CPU)"
+            )
+        row.append(s.figures["policy"].webhook_calls)
+        row.append(sum(f.errors for f in s.figures.values()))
+        rows.append(row)
+    print()
+    print(
+        common.table(
+            (
+                "N",
+                "live s",
+                "policies",
+                "webhook condition",
+                "stored pods/s (p50/p99, apiserver CPU/pod)",
+                "policy-served",
+                "webhook-served",
+                "webhook calls by policy pods",
+                "errors",
+            ),
+            rows,
+        )
+    )
+    if not goals:
+        return
+    base = stages[0]
+
+    def ratio(s: Stage, kind: str) -> float:
+        return statistics.median(s.figures[kind].rates) / statistics.median(base.figures[kind].rates)
+
+    verdicts = []
+    for s in stages[1:]:
+        cpu = statistics.median(s.figures["policy"].apiserver_ms) / statistics.median(
+            base.figures["policy"].apiserver_ms
+        )
+        verdicts += [
+            (
+                f"N={s.n}: stored rate vs N={base.n}",
+                f"{ratio(s, 'stored'):.0%}",
+                common.verdict(ratio(s, "stored") >= 0.9),
+            ),
+            (f"N={s.n}: policy-served rate", f"{ratio(s, 'policy'):.0%}", common.verdict(ratio(s, "policy") >= 0.8)),
+            (f"N={s.n}: webhook-served rate", f"{ratio(s, 'webhook'):.0%}", common.verdict(ratio(s, "webhook") >= 0.8)),
+            (f"N={s.n}: apiserver CPU per policy-served pod", f"{cpu:.2f}x", common.verdict(cpu <= 1.25)),
+            (
+                f"N={s.n}: webhook calls for policy-served pods",
+                str(s.figures["policy"].webhook_calls),
+                common.verdict(s.figures["policy"].webhook_calls == 0),
+            ),
+        ]
+    verdicts.append(
+        (
+            f"N={stages[-1].n}: last SidecarSet live",
+            f"{stages[-1].live_seconds:.1f} s",
+            common.verdict(stages[-1].live_seconds <= 30),
+        )
+    )
+    print()
+    print(common.table(("goal", "measured", "met"), verdicts))
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_main(main, sys.argv[1:]))
