@@ -156,6 +156,20 @@ def _wait_live(c: common.Cluster, n: int, since: float, timeout: float) -> float
         time.sleep(0.2)
 
 
+def _wait_narrowed(c: common.Cluster, probe_url: str, team: str, timeout: float) -> None:
+    """Until a policy-served pod no longer reaches the webhook (the manager narrows it again once
+    the policies it wrote have settled: make before break), twice in a row a second apart."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 2:
+        before = _metric(probe_url, "sidecarctl_admissions_total", webhook="inject")
+        _injected_by(c, team)
+        quiet = quiet + 1 if _metric(probe_url, "sidecarctl_admissions_total", webhook="inject") == before else 0
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"policy-served pods still reach the webhook {timeout:.0f} s after the last create")
+        time.sleep(1.0)
+
+
 def _sizes(c: common.Cluster) -> tuple[int, int, int, int | None]:
     sel = {"labelSelector": "app.kubernetes.io/managed-by=sidecarctl"}
     policies = c.run(c.client.get(POLICIES, params=sel))["items"]
@@ -249,7 +263,7 @@ def main(argv: list[str]) -> int:
                 live = _wait_live(c, n, created, timeout=600)
                 have = n
                 print(f"N={n}: {2 * n} SidecarSets, the last live {live:.1f} s after its create", flush=True)
-                time.sleep(3.0)  # the manager's make-before-break settle time: the webhook is narrowed again
+                _wait_narrowed(c, manager.probe_url, f"p{n // 2}", timeout=300)
                 sizes = _sizes(c)
             finally:
                 manager.terminate()
