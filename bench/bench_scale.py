@@ -158,7 +158,8 @@ def _wait_live(c: common.Cluster, n: int, since: float, timeout: float) -> float
 
 def _wait_narrowed(c: common.Cluster, probe_url: str, team: str, timeout: float) -> None:
     """Until a policy-served pod no longer reaches the webhook (the manager narrows it again once
-    the policies it wrote have settled: make before break), twice in a row a second apart."""
+    the policies it wrote have settled: make before break), twice in a row a second apart; at
+    most `timeout` seconds (a webhook that is never narrowed is what the table then shows)."""
     deadline = time.monotonic() + timeout
     quiet = 0
     while quiet < 2:
@@ -166,7 +167,8 @@ def _wait_narrowed(c: common.Cluster, probe_url: str, team: str, timeout: float)
         _injected_by(c, team)
         quiet = quiet + 1 if _metric(probe_url, "sidecarctl_admissions_total", webhook="inject") == before else 0
         if time.monotonic() > deadline:
-            raise RuntimeError(f"policy-served pods still reach the webhook {timeout:.0f} s after the last create")
+            print(f"  policy-served pods still reach the webhook {timeout:.0f} s after the last create", flush=True)
+            return
         time.sleep(1.0)
 
 
@@ -263,7 +265,7 @@ def main(argv: list[str]) -> int:
                 live = _wait_live(c, n, created, timeout=600)
                 have = n
                 print(f"N={n}: {2 * n} SidecarSets, the last live {live:.1f} s after its create", flush=True)
-                _wait_narrowed(c, manager.probe_url, f"p{n // 2}", timeout=300)
+                _wait_narrowed(c, manager.probe_url, f"p{n // 2}", timeout=60)
                 sizes = _sizes(c)
             finally:
                 manager.terminate()
