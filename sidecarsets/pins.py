@@ -27,12 +27,13 @@ def pinned_sidecarsets(
 ) -> tuple[list[SidecarSet], str | None]:
     """The SidecarSets to inject, with pins resolved from history; or a reason to refuse the pod.
 
-    Only SidecarSets that select this pod are resolved. A pin that names no existing revision
+    Only the SidecarSets that may select the pod are returned (the snapshot's index), and of those
+    only the ones that select it are resolved. A pin that names no existing revision
     fails the pod (as in Kruise): injecting the latest spec instead would silently break the
     pinning the user asked for.
     """
     result: list[SidecarSet] = []
-    for ss in snapshot.sidecarsets:
+    for ss in snapshot.sidecarsets_for(namespace, pod_labels):
         try:
             use_pin = (
                 (ss.injection_revision is not None or ss.problem(_PIN) is not None)
@@ -58,7 +59,7 @@ def answer_is_replayable(snapshot: Snapshot, namespace_labels: Mapping[str, str]
     Not while the namespace is still unknown (its labels may arrive), nor while any SidecarSet
     pins a revision (Partial pins draw at random per pod).
     """
-    return namespace_labels is not None and not any(ss.injection_revision for ss in snapshot.sidecarsets)
+    return namespace_labels is not None and not snapshot.pinning
 
 
 def pin_problem(obj: Any, stored_revisions: Iterable[Mapping[str, Any]]) -> str | None:

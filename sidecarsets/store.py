@@ -17,6 +17,7 @@ from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec.model import ModelError, SidecarSet
+from sidecarsets.spec.podindex import PodIndex
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,21 @@ class Snapshot:
     namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: _EMPTY)
     # ControllerRevision name → object, for injecting a pinned revision.
     revisions: Mapping[str, JsonObj] = field(default_factory=lambda: _EMPTY)
+    # The SidecarSets above by what a pod must carry to be selected: a pod's cost follows the
+    # SidecarSets that could select it, not all of them.
+    # Built from `sidecarsets` when not given (the store passes the one it keeps across namespace changes).
+    index: PodIndex | None = field(default=None, compare=False)
+    pinning: bool = field(init=False, compare=False)  # some SidecarSet pins new pods to a revision
+
+    def __post_init__(self) -> None:
+        if self.index is None or self.index.sidecarsets != self.sidecarsets:
+            object.__setattr__(self, "index", PodIndex(self.sidecarsets))
+        object.__setattr__(self, "pinning", any(ss.injection_revision is not None for ss in self.sidecarsets))
+
+    def sidecarsets_for(self, namespace: str, pod_labels: Mapping[str, str]) -> tuple[SidecarSet, ...]:
+        """The SidecarSets that may select such a pod (PodIndex): the others cannot."""
+        assert self.index is not None  # set by __post_init__
+        return self.index.candidates(namespace, pod_labels)
 
 
 def _name(obj: Mapping[str, Any] | None) -> str:
@@ -63,6 +79,7 @@ class TemplateStore:
         self._objects: dict[str, JsonObj] = {}
         self._namespaces: dict[str, Mapping[str, str]] = {}
         self._revisions: dict[str, JsonObj] = {}
+        self._index: PodIndex | None = None  # the SidecarSets' index: kept while only namespaces change
 
     @property
     def snapshot(self) -> Snapshot:
@@ -76,9 +93,12 @@ class TemplateStore:
         self.version += 1
 
     def _build(self) -> Snapshot:
-        ordered = sorted(self._models.values(), key=lambda s: (s.creation_timestamp, s.name))
+        if self._index is None:
+            ordered = tuple(sorted(self._models.values(), key=lambda s: (s.creation_timestamp, s.name)))
+            self._index = PodIndex(ordered)
         return Snapshot(
-            sidecarsets=tuple(ordered),
+            sidecarsets=self._index.sidecarsets,
+            index=self._index,
             objects=MappingProxyType(dict(self._objects)),
             namespaces=MappingProxyType(dict(self._namespaces)),
             revisions=MappingProxyType(dict(self._revisions)),
@@ -97,6 +117,7 @@ class TemplateStore:
             except ModelError as e:
                 # Keep injecting with the last good version rather than dropping the sidecar.
                 log.error("SidecarSet %s is unusable, keeping its previous version: %s", name, e)
+        self._index = None
         self._publish()
 
     def on_namespace(self, kind: str, old: Mapping[str, str] | None, new: Mapping[str, str] | None) -> None:

@@ -1,0 +1,114 @@
+"""SidecarSets indexed by what a pod must carry for each of them to select it.
+
+Admission asks "which SidecarSets select this pod?" for every pod; checking every SidecarSet's
+selectors makes a pod's cost grow with the cluster's SidecarSets (109 µs per pod at 300 against
+43 µs at one, mostly selector evaluation). Each SidecarSet is filed under one necessary condition,
+its anchor: the namespace when its namespace selector names namespaces only (by
+`kubernetes.io/metadata.name`), else one label its pod selector requires (`matchLabels`, or an
+`In` expression: one entry per value), else a label key it requires (`Exists`). A pod's candidates
+are the SidecarSets filed under its namespace or one of its labels, plus the few without any
+anchor (selectors made only of `NotIn` / `DoesNotExist`); the caller still evaluates the full
+selectors on those, so the index can only narrow, never decide. Kruise indexes SidecarSets by
+namespace for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
+
+Anchor = tuple[str, str, str | None]  # ("ns", name, None) | ("label", key, value) | ("key", key, None)
+
+
+def anchors(ss: SidecarSet) -> list[Anchor] | None:
+    """The entries `ss` is filed under (a pod it selects has at least one); None: it has no anchor."""
+    ns = _namespace_names(ss.namespace_selector)
+    if ns is not None:
+        return [("ns", n, None) for n in ns]
+    return label_anchors(ss.selector)
+
+
+def label_anchors(selector: Mapping[str, Any] | None) -> list[Anchor] | None:
+    """The pod labels (or keys) one of which a pod matching `selector` must carry; None when the
+    selector requires no label, [] when it matches no pod (absent or empty, as the model reads it)."""
+    if not selector or (not selector.get("matchLabels") and not selector.get("matchExpressions")):
+        return []
+    match_labels = selector.get("matchLabels") or {}
+    if match_labels:
+        key = min(match_labels)
+        return [("label", str(key), str(match_labels[key]))]
+    expressions = selector.get("matchExpressions") or []
+    ins = [e for e in expressions if e.get("operator") == "In"]
+    if ins:
+        best = min(ins, key=lambda e: (len(e.get("values") or []), str(e.get("key"))))
+        return [("label", str(best["key"]), str(v)) for v in best.get("values") or []]
+    exists = sorted(str(e["key"]) for e in expressions if e.get("operator") == "Exists")
+    if exists:
+        return [("key", exists[0], None)]
+    return None
+
+
+def _namespace_names(selector: Mapping[str, Any] | None) -> list[str] | None:
+    """The namespaces a selector on the name label alone can match, or None when it is no such selector."""
+    if not selector:
+        return None
+    allowed: set[str] | None = None
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if key != names.NS_NAME_LABEL:
+            return None
+        allowed = {str(value)} if allowed is None else allowed & {str(value)}
+    for e in selector.get("matchExpressions") or []:
+        if e.get("key") != names.NS_NAME_LABEL:
+            return None
+        if e.get("operator") == "In":
+            values = {str(v) for v in e.get("values") or []}
+            allowed = values if allowed is None else allowed & values
+        elif e.get("operator") not in ("NotIn", "Exists"):
+            return None  # DoesNotExist (matches none) or an unknown operator: not indexed by name
+    return None if allowed is None else sorted(allowed)
+
+
+class PodIndex:
+    """`candidates(namespace, labels)`: the SidecarSets that may select such a pod, in the given order."""
+
+    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_loose", "sidecarsets")
+
+    def __init__(self, sidecarsets: Sequence[SidecarSet]) -> None:
+        self.sidecarsets = tuple(sidecarsets)
+        self._by_namespace: dict[str, list[int]] = {}
+        self._by_label: dict[tuple[str, str], list[int]] = {}
+        self._by_key: dict[str, list[int]] = {}
+        self._loose: list[int] = []  # no anchor: a candidate for every pod
+        for i, ss in enumerate(self.sidecarsets):
+            found = anchors(ss)
+            if found is None:
+                self._loose.append(i)
+                continue
+            for kind, key, value in found:
+                if kind == "ns":
+                    self._by_namespace.setdefault(key, []).append(i)
+                elif kind == "label":
+                    self._by_label.setdefault((key, str(value)), []).append(i)
+                else:
+                    self._by_key.setdefault(key, []).append(i)
+
+    def candidates(self, namespace: str, labels: Mapping[str, str]) -> tuple[SidecarSet, ...]:
+        hits: set[int] = set(self._loose)
+        hits.update(self._by_namespace.get(namespace, ()))
+        if self._by_label or self._by_key:
+            for key, value in labels.items():
+                if type(key) is not str or type(value) is not str:
+                    continue  # a malformed pod (the engine names the field); no anchor is anything but text
+                found = self._by_label.get((key, value))
+                if found:
+                    hits.update(found)
+                found = self._by_key.get(key)
+                if found:
+                    hits.update(found)
+        if not hits:
+            return ()
+        sets = self.sidecarsets
+        return tuple(sets[i] for i in sorted(hits))
