@@ -14,6 +14,8 @@ VARIABLES = "variables."
 # A pod's labels and annotations, present or not (outside `variables`: matchConditions cannot read them).
 LABELS = "(has(object.metadata.labels) ? object.metadata.labels : {})"
 ANNOTATIONS = "(has(object.metadata.annotations) ? object.metadata.annotations : {})"
+# The namespace's labels, inside a mutation only (a policy's matchConditions see `namespaceObject` empty).
+NAMESPACE_LABELS = "(namespaceObject.metadata.labels)"
 
 
 def string(value: str) -> str:
@@ -42,6 +44,20 @@ def literal(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{string(str(k))}: dyn({literal(x)})" for k, x in value.items()) + "}"
     raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def patch_op(op: str, path: str, value: str) -> str:
+    """One JSON Patch operation as a CEL map (`op` a literal; `path`, `value` CEL expressions).
+
+    Maps, not `JSONPatch{...}` objects: that type exists only inside a mutation's expression, and a
+    policy keeps each group's operations in a variable (injector.policy.bundle) which the mutation
+    turns into JSONPatch objects (`AS_JSON_PATCH`).
+    """
+    return f'{{"op": dyn({string(op)}), "path": dyn({path}), "value": dyn({value})}}'
+
+
+# Applied to a list of `patch_op` maps inside a mutation.
+AS_JSON_PATCH = ".map(o, JSONPatch{op: o.op, path: o.path, value: o.value})"
 
 
 def pointer(key: str) -> str:

@@ -22,7 +22,7 @@ SidecarSets (injector.policy.plan).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from injector.policy import bookkeeping, cel
@@ -76,17 +76,52 @@ def check_servable(ss: SidecarSet) -> None:
 
 @dataclass
 class Generated:
+    """One MutatingAdmissionPolicy and its binding, serving one or more overlap groups."""
+
     policy: JsonObj
     binding: JsonObj
+    digests: dict[str, str] = field(default_factory=dict)  # group (its members, ",") -> its parts' digest
 
     @property
     def name(self) -> str:
         return str(self.policy["metadata"]["name"])
 
     @property
+    def groups(self) -> list[list[str]]:
+        """The overlap groups this policy injects, each in name order."""
+        text = str(self.policy["metadata"]["annotations"][ANN_MEMBERS])
+        return [g.split(",") for g in text.split(";") if g]
+
+    @property
     def members(self) -> list[str]:
-        """The SidecarSets this policy injects, in name order."""
-        return str(self.policy["metadata"]["annotations"][ANN_MEMBERS]).split(",")
+        """The SidecarSets this policy injects."""
+        return [m for g in self.groups for m in g]
+
+
+@dataclass(frozen=True)
+class GroupParts:
+    """One overlap group as a part of a policy: CEL that still names its variables unprefixed.
+
+    `common`: gates every group of the policy shares; `gates`: this group's own, its selector
+    first; `guards`: its gates that need `namespaceObject`; `patch`: its JSONPatch operations.
+    """
+
+    members: tuple[str, ...]
+    sidecarsets: tuple[SidecarSet, ...]
+    variables: tuple[tuple[str, str], ...]
+    common: tuple[str, ...]
+    gates: tuple[str, ...]
+    guards: tuple[str, ...]
+    patch: str
+
+    @property
+    def key(self) -> str:
+        return ",".join(self.members)
+
+    @property
+    def digest(self) -> str:
+        text = repr((self.variables, self.gates, self.guards, self.patch))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def policy_name(group: list[SidecarSet]) -> str:
@@ -99,7 +134,7 @@ def policy_name(group: list[SidecarSet]) -> str:
 
 
 class Generator(SpecOps, MetadataOps):
-    """`Generator(group, timestamp=..., manager_namespace=..., exclude=...).generate()`.
+    """`Generator(group, timestamp=..., manager_namespace=..., exclude=...).parts()`.
 
     `timestamp` is written as every entry's `updateTimestamp` (CEL has no clock, and at admission a
     pod has no creation time yet). `exclude` is CEL for pods the webhook serves whole (some
@@ -128,7 +163,7 @@ class Generator(SpecOps, MetadataOps):
             ss = g[i]
             match = cel.selector(None if selectors.is_empty(ss.selector) else ss.selector, labels)
             if ss.namespace_selector is not None:
-                match += " && " + cel.selector(ss.namespace_selector, "(namespaceObject.metadata.labels)")
+                match += " && " + cel.selector(ss.namespace_selector, cel.NAMESPACE_LABELS)
             older = [j for j in claimed if not g[j].all_container_names.isdisjoint(ss.all_container_names)]
             beaten = "".join(f" && !{V}chosen{j}" for j in older)
             # As the engine: conflicts are settled among the matching members before recorded ones drop out.
@@ -138,7 +173,8 @@ class Generator(SpecOps, MetadataOps):
             claimed.append(i)
 
     # -- the objects ---------------------------------------------------------------------------------
-    def generate(self) -> Generated:
+    def generate_ops(self) -> None:
+        """Fill the Build: variables, patch operations, declining conditions."""
         b = self.b
         anns = b.var("anns", "has(object.metadata.annotations) ? object.metadata.annotations : {}")
         labels = b.var("labels", "has(object.metadata.labels) ? object.metadata.labels : {}")
@@ -161,12 +197,16 @@ class Generator(SpecOps, MetadataOps):
         self._containers(apps, cnames, inames)
         self._volumes()
         self._metadata(anns, entries, entries_wi, apps)
-        return Generated(self._policy(), self._binding())
 
-    def _conditions(self) -> tuple[list[JsonObj], list[str]]:
-        """(matchConditions, guards the mutation must check): conditions that need `namespaceObject`
-        cannot be matchConditions (it is empty there), nor can ones that read `variables`."""
-        conds = [
+    def _gates(self) -> tuple[list[str], list[str], list[str]]:
+        """(gates every group of a policy shares, this group's own gates, guards the mutation must
+        check), each a CEL expression with its variables inlined and named in a trailing comment.
+
+        The group's own gates start with its selector, so that the other groups of a policy cost
+        one selector each. Gates that need `namespaceObject` (a namespace selector) are guards:
+        matchConditions see it empty, and cannot read `variables` either.
+        """
+        common = [
             ("not-deleting", "!has(object.metadata.deletionTimestamp)"),
             (
                 "not-terminal",
@@ -174,88 +214,43 @@ class Generator(SpecOps, MetadataOps):
             ),
             ("hash-annotations-canonical", bookkeeping.canonical()),
         ]
+        own = [
+            (
+                "a-member-selects-the-pod",
+                " || ".join(f"({cel.selector(ss.selector, cel.LABELS)})" for ss in self.group),
+            )
+        ]
         if self.single:
             ss = self.group[0]
-            conds.append(("not-yet-injected", f"!({bookkeeping.recorded(ss)})"))
-            conds.append(("no-name-clash-with-the-other-list", f"!({_cross_inline(ss)})"))
+            if ss.namespace_selector is not None:
+                own.append(("in-a-selected-namespace", cel.selector(ss.namespace_selector, cel.NAMESPACE_LABELS)))
+            own.append(("not-yet-injected", f"!({bookkeeping.recorded(ss)})"))
+            own.append(("no-name-clash-with-the-other-list", f"!({_cross_inline(ss)})"))
         else:
-            conds.append(
-                (
-                    "some-member-selects-the-pod",
-                    " || ".join(f"({cel.selector(ss.selector, cel.LABELS)})" for ss in self.group),
-                )
-            )
-            conds.append(("some-member-to-inject", " || ".join(V + f"ok{i}" for i in range(len(self.group)))))
-        conds += [
-            (f"declined-{j}", expr.replace(V + "anns", cel.ANNOTATIONS)) for j, expr in enumerate(self.b.declines)
-        ]
+            own.append(("some-member-to-inject", " || ".join(V + f"ok{i}" for i in range(len(self.group)))))
+        own += [(f"declined-{j}", expr.replace(V + "anns", cel.ANNOTATIONS)) for j, expr in enumerate(self.b.declines)]
         if self.exclude:
-            conds.append(("not-for-the-webhook", f"!({self.exclude})"))
+            own.append(("not-for-the-webhook", f"!({self.exclude})"))
         plain: list[str] = []
         guards: list[str] = []
-        for name, expr in conds:
+        for name, expr in own:
             inlined = cel.inline_variables(expr, self.b.variables)
             (guards if "namespaceObject" in inlined else plain).append(f"({inlined}) // {name}\n")
-        # One expression, not one per gate: each matchCondition is a program evaluation of its own.
-        return [{"name": "sidecarctl-gates", "expression": "&& ".join(plain)}], guards
+        return [f"({expr}) // {name}\n" for name, expr in common], plain, guards
 
-    def _policy(self) -> JsonObj:
-        plain, guards = self._conditions()
-        variables = list(self.b.variables)
-        patch = " +\n".join(f"({op})" for op in self.b.ops)
-        if guards:
-            variables.append(("guard", "&& ".join(guards)))
-            patch = "!variables.guard ? [] :\n" + patch
-        group = self.group
-        return {
-            "apiVersion": POLICY_API,
-            "kind": "MutatingAdmissionPolicy",
-            "metadata": {
-                "name": policy_name(group),
-                "labels": dict(MANAGED_BY),
-                "annotations": {ANN_MEMBERS: ",".join(ss.name for ss in group)},
-            },
-            "spec": {
-                "failurePolicy": "Fail",
-                "reinvocationPolicy": "Never",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
-                    ],
-                    "namespaceSelector": {
-                        "matchExpressions": [
-                            {"key": names.NS_INJECTION_LABEL, "operator": "In", "values": [names.NS_INJECTION_ENABLED]},
-                            {
-                                "key": names.NS_NAME_LABEL,
-                                "operator": "NotIn",
-                                "values": sorted([*names.SYSTEM_NAMESPACES, self.manager_namespace]),
-                            },
-                        ]
-                    },
-                    "objectSelector": {
-                        "matchExpressions": [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
-                    },
-                },
-                "matchConditions": plain,
-                "variables": [{"name": n, "expression": e} for n, e in variables],
-                "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch}}],
-            },
-        }
-
-    def _binding(self) -> JsonObj:
-        spec: JsonObj = {"policyName": policy_name(self.group)}
-        if self.single:
-            ss = self.group[0]
-            resources: JsonObj = {"objectSelector": {"matchExpressions": cel.as_expressions(ss.selector)}}
-            if ss.namespace_selector is not None:
-                resources["namespaceSelector"] = {"matchExpressions": cel.as_expressions(ss.namespace_selector)}
-            spec["matchResources"] = resources
-        return {
-            "apiVersion": POLICY_API,
-            "kind": "MutatingAdmissionPolicyBinding",
-            "metadata": {"name": policy_name(self.group), "labels": dict(MANAGED_BY)},
-            "spec": spec,
-        }
+    def parts(self) -> GroupParts:
+        """The group as one part of a policy (injector.policy.bundle)."""
+        self.generate_ops()
+        common, own, guards = self._gates()
+        return GroupParts(
+            members=tuple(ss.name for ss in self.group),
+            sidecarsets=tuple(self.group),
+            variables=tuple(self.b.variables),
+            common=tuple(common),
+            gates=tuple(own),
+            guards=tuple(guards),
+            patch=" +\n".join(f"({op})" for op in self.b.ops),
+        )
 
 
 def _cross(ss: SidecarSet, cnames: str, inames: str) -> str:
@@ -281,8 +276,6 @@ def _cross_inline(ss: SidecarSet) -> str:
     return " || ".join(terms) or "false"
 
 
-def generate(
-    group: list[SidecarSet], *, timestamp: str, manager_namespace: str, exclude: str | None = None
-) -> Generated:
-    """The policy and binding that inject `group` (NeedsWebhook when a policy cannot)."""
-    return Generator(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=exclude).generate()
+def parts(group: list[SidecarSet], *, timestamp: str, manager_namespace: str, exclude: str | None = None) -> GroupParts:
+    """`group` as a part of a policy (NeedsWebhook when a policy cannot inject it)."""
+    return Generator(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=exclude).parts()

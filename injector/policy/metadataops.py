@@ -28,7 +28,7 @@ class MetadataOps(Part):
         per_key = []
         entries = []
         for key, value, when in self.b.annotations:
-            op = f'JSONPatch{{op: "add", path: {cel.string("/metadata/annotations/" + cel.pointer(key))}, value: {value}}}'
+            op = cel.patch_op("add", cel.string("/metadata/annotations/" + cel.pointer(key)), value)
             per_key.append(f"[{op}]" if when is None else f"({when} ? [{op}] : [])")
             k = cel.string(key)
             entries.append(
@@ -39,7 +39,7 @@ class MetadataOps(Part):
         whole = "{" + ", ".join(entries) + "}"
         return (
             f"has(object.metadata.annotations) ? ({' + '.join(per_key) or '[]'}) : "
-            f'[JSONPatch{{op: "add", path: "/metadata/annotations", value: {whole}}}]'
+            f"[{cel.patch_op('add', cel.string('/metadata/annotations'), whole)}]"
         )
 
     def _patch_pod_metadata(self, anns: str) -> set[str]:
@@ -127,8 +127,8 @@ class MetadataOps(Part):
         label = cel.string("/metadata/labels/" + cel.pointer(names.POD_INJECTED_LABEL))
         whole = "{" + cel.string(names.POD_INJECTED_LABEL) + ': "true"}'
         self.b.ops.append(
-            f'has(object.metadata.labels) ? [JSONPatch{{op: "add", path: {label}, value: "true"}}] : '
-            f'[JSONPatch{{op: "add", path: "/metadata/labels", value: {whole}}}]'
+            f"has(object.metadata.labels) ? [{cel.patch_op('add', label, cel.string('true'))}] : "
+            f"[{cel.patch_op('add', cel.string('/metadata/labels'), whole)}]"
         )
         written = self._patch_pod_metadata(anns)
         self._bookkeeping(anns, entries, entries_wi, apps, written)

@@ -18,12 +18,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import orjson
-
-from injector.policy import bookkeeping, cel
+from injector.policy import bookkeeping, bundle, cel, generate
 from injector.policy.build import NeedsWebhook
-from injector.policy.generate import Generated, check_servable, generate
-from sidecarsets.spec import names, selectors
+from injector.policy.generate import Generated, GroupParts, check_servable
+from injector.policy.selecting import MAX_CONDITION_CHARS as MAX_CONDITION_CHARS
+from injector.policy.selecting import pods_selected
+from sidecarsets.spec import podindex, selectors
 from sidecarsets.spec.enums import PatchPolicy
 from sidecarsets.spec.model import SidecarSet
 
@@ -77,19 +77,6 @@ class Plan:
         return sorted(name for name, route in self.routes.items() if route.path is Path.WEBHOOK)
 
 
-def webhook_selects(sidecarsets: Iterable[SidecarSet]) -> str:
-    """CEL over a webhook request: some of `sidecarsets` could select the pod (never narrower than exact)."""
-    terms = []
-    for ss in sidecarsets:
-        if ss.injection_paused or selectors.is_empty(ss.selector):
-            continue
-        term = cel.selector(ss.selector, cel.LABELS)
-        if ss.namespace_selector is not None and _names_namespaces_only(ss):
-            term += " && " + cel.selector(ss.namespace_selector, '{"kubernetes.io/metadata.name": request.namespace}')
-        terms.append(f"({term})")
-    return " || ".join(terms) or "false"
-
-
 def policy_excludes(sidecarsets: Iterable[SidecarSet]) -> str:
     """CEL inside a policy (namespaceObject available): some of `sidecarsets` selects the pod exactly."""
     terms = []
@@ -103,22 +90,38 @@ def policy_excludes(sidecarsets: Iterable[SidecarSet]) -> str:
     return " || ".join(terms) or "false"
 
 
-def policies_decline(sidecarsets: Iterable[SidecarSet]) -> str:
-    """CEL over a webhook request: a policy-served SidecarSet selects the pod but its policy leaves it."""
-    terms = []
+def policies_decline(sidecarsets: Iterable[SidecarSet], *, approximate: bool = False) -> str:
+    """CEL over a webhook request: a policy-served SidecarSet selects the pod but its policy leaves it.
+
+    Every policy leaves a pod whose hash annotations are not in the form it can rewrite, so that
+    test is written once, behind "some policy-served SidecarSet could select it"; a MergePatchJson
+    into an annotation the pod already has is per SidecarSet (few have one).
+    """
+    sidecarsets = list(sidecarsets)
+    if not sidecarsets:
+        return "false"
+    terms = [f"(({pods_selected(sidecarsets, approximate=approximate)}) && !({bookkeeping.canonical()}))"]
     for ss in sidecarsets:
-        why = [f"!({bookkeeping.canonical()})"]
-        for patch in ss.patch_pod_metadata:
-            if patch.policy is PatchPolicy.MERGE_PATCH_JSON:
-                why += [f"({cel.string(k)} in {cel.ANNOTATIONS})" for k, _ in patch.annotations]
-        terms.append(f"(({cel.selector(ss.selector, cel.LABELS)}) && ({' || '.join(why)}))")
-    return " || ".join(terms) or "false"
+        keys = [k for patch in ss.patch_pod_metadata if patch.policy is PatchPolicy.MERGE_PATCH_JSON
+                for k, _ in patch.annotations]  # fmt: skip
+        if keys:
+            present = " || ".join(f"({cel.string(k)} in {cel.ANNOTATIONS})" for k in keys)
+            terms.append(f"(({cel.selector(ss.selector, cel.LABELS)}) && ({present}))")
+    return " || ".join(terms)
 
 
-def _names_namespaces_only(ss: SidecarSet) -> bool:
-    sel = ss.namespace_selector or {}
-    keys = set(sel.get("matchLabels") or {}) | {e.get("key") for e in sel.get("matchExpressions") or []}
-    return keys <= {names.NS_NAME_LABEL}
+def webhook_condition(webhook_sets: list[SidecarSet], policy_sets: list[SidecarSet], mode: Mode) -> str:
+    """The pod webhook's matchCondition: exact while it fits, anchored past MAX_CONDITION_CHARS."""
+    condition = ""
+    for approximate in (False, True):
+        declines = policies_decline(policy_sets, approximate=approximate)
+        if mode is Mode.POLICY:
+            condition = declines
+        else:
+            condition = f"({pods_selected(webhook_sets, approximate=approximate)}) || ({declines})"
+        if len(condition) <= MAX_CONDITION_CHARS:
+            break
+    return condition
 
 
 def may_share_pods(a: SidecarSet, b: SidecarSet) -> bool:
@@ -127,6 +130,47 @@ def may_share_pods(a: SidecarSet, b: SidecarSet) -> bool:
     if both and not selectors.overlap(a.namespace_selector or {}, b.namespace_selector or {}):
         return False
     return selectors.overlap(a.selector, b.selector)
+
+
+class OverlapIndex:
+    """Which of some SidecarSets may share pods with a given one, without comparing every pair.
+
+    Two SidecarSets whose pod selectors each require one value out of disjoint sets for the same
+    label key (`team: t1` and `team: t2`, the usual case) can never select one pod; only the others
+    are compared (`may_share_pods`). At 1,000 SidecarSets that is a few thousand comparisons a pass
+    instead of half a million.
+    """
+
+    def __init__(self, sidecarsets: Iterable[SidecarSet]) -> None:
+        self.sidecarsets = list(sidecarsets)
+        self._by_key: dict[str, dict[str, list[int]]] = {}
+        self._anchor: list[tuple[str, frozenset[str]] | None] = []
+        for i, ss in enumerate(self.sidecarsets):
+            anchor = _label_block(ss)
+            self._anchor.append(anchor)
+            if anchor is not None:
+                for value in anchor[1]:
+                    self._by_key.setdefault(anchor[0], {}).setdefault(value, []).append(i)
+
+    def sharing(self, ss: SidecarSet) -> list[int]:
+        """Indices of the SidecarSets that may share pods with `ss` (compared exactly)."""
+        anchor = _label_block(ss)
+        near: Iterable[int]
+        if anchor is None:
+            near = range(len(self.sidecarsets))
+        else:
+            key, values = anchor
+            same_key = {i for v in values for i in self._by_key.get(key, {}).get(v, ())}
+            near = sorted(same_key | {i for i, a in enumerate(self._anchor) if a is None or a[0] != key})
+        return [i for i in near if self.sidecarsets[i] is not ss and may_share_pods(ss, self.sidecarsets[i])]
+
+
+def _label_block(ss: SidecarSet) -> tuple[str, frozenset[str]] | None:
+    """(key, values): a pod `ss` selects has that label with one of those values; None if unknown."""
+    found = podindex.label_anchors(ss.selector)
+    if not found or any(kind != "label" for kind, _, _ in found):
+        return None
+    return found[0][1], frozenset(str(v) for _, _, v in found)
 
 
 def overlap_groups(sidecarsets: list[SidecarSet]) -> list[list[SidecarSet]]:
@@ -139,14 +183,43 @@ def overlap_groups(sidecarsets: list[SidecarSet]) -> list[list[SidecarSet]]:
             i = parent[i]
         return i
 
-    for i in range(len(sidecarsets)):
-        for j in range(i + 1, len(sidecarsets)):
-            if may_share_pods(sidecarsets[i], sidecarsets[j]):
-                parent[root(i)] = root(j)
+    index = OverlapIndex(sidecarsets)
+    for i, ss in enumerate(sidecarsets):
+        for j in index.sharing(ss):
+            parent[root(i)] = root(j)
     groups: dict[int, list[SidecarSet]] = {}
     for i, ss in enumerate(sidecarsets):
         groups.setdefault(root(i), []).append(ss)
     return sorted((sorted(g, key=lambda s: s.name) for g in groups.values()), key=lambda g: g[0].name)
+
+
+class PartsCache:
+    """Generated groups kept between passes: a pass regenerates only the groups whose SidecarSets (the
+    same model objects, which the sync replaces when one changes) or webhook neighbours changed."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[object, ...], tuple[tuple[SidecarSet, ...], GroupParts]] = {}
+        self._used: set[tuple[object, ...]] = set()
+
+    def get(self, key: tuple[object, ...], models: tuple[SidecarSet, ...]) -> GroupParts | None:
+        entry = self._entries.get(key)
+        self._used.add(key)
+        if (
+            entry is None
+            or len(entry[0]) != len(models)
+            or any(a is not b for a, b in zip(entry[0], models, strict=True))
+        ):
+            return None
+        return entry[1]
+
+    def put(self, key: tuple[object, ...], models: tuple[SidecarSet, ...], parts: GroupParts) -> None:
+        self._entries[key] = (models, parts)
+        self._used.add(key)
+
+    def prune(self) -> None:
+        """Forget the groups the last pass did not ask for."""
+        self._entries = {k: v for k, v in self._entries.items() if k in self._used}
+        self._used = set()
 
 
 def plan(
@@ -157,9 +230,12 @@ def plan(
     timestamp: str,
     unsupported: str | None = None,
     refused: Mapping[str, str] | None = None,
+    previous: Mapping[str, str] | None = None,
+    cache: PartsCache | None = None,
 ) -> Plan:
     """The routes for `sidecarsets`; `unsupported` says why this API server cannot run policies;
-    `refused` names SidecarSets whose policy the API server would not take (and its message)."""
+    `refused` names SidecarSets whose policy the API server would not take (and its message);
+    `previous` maps SidecarSets to the policy that injects them now (injector.policy.bundle.pack)."""
     sidecarsets = list(sidecarsets)
     active = [ss for ss in sidecarsets if not ss.injection_paused and not selectors.is_empty(ss.selector)]
     idle = Route(Path.NONE, Why.NOT_INJECTING, "injection paused or no selector: nothing is injected")
@@ -176,46 +252,59 @@ def plan(
             check_servable(ss)
         except NeedsWebhook as e:
             on_webhook[ss.name] = str(e)
-    generated: list[Generated] = []
+    cache = cache if cache is not None else PartsCache()
+    groups: list[GroupParts] = []
     for _ in range(len(active) + 1):  # a group falling back can push its overlapping neighbours' exclusions
         servable = [ss for ss in active if ss.name not in on_webhook]
         webhook_sets = [ss for ss in active if ss.name in on_webhook]
-        generated, failed = _generate_groups(servable, webhook_sets, manager_namespace, timestamp)
+        groups, failed = _generate_groups(servable, webhook_sets, manager_namespace, timestamp, cache)
         if not failed:
             break
         on_webhook.update(failed)
+    cache.prune()
     for ss in active:
         if ss.name in on_webhook:
             routes[ss.name] = Route(Path.WEBHOOK, Why.NEEDS_WEBHOOK, on_webhook[ss.name])
+    oldest_first = sorted(groups, key=lambda g: min((ss.creation_timestamp, ss.name) for ss in g.sidecarsets))
+    generated = tuple(
+        bundle.policy(name, packed, manager_namespace=manager_namespace)
+        for name, packed in bundle.pack(oldest_first, previous or {})
+    )
     for g in generated:
         for name in g.members:
             routes[name] = Route(Path.POLICY, Why.POLICY_SERVED, f"MutatingAdmissionPolicy {g.name}", g.name)
     webhook_sets = [ss for ss in active if ss.name in on_webhook]
     policy_sets = [ss for ss in active if ss.name not in on_webhook]
-    if mode is Mode.POLICY:
-        condition = policies_decline(policy_sets)
-    else:
-        condition = f"({webhook_selects(webhook_sets)}) || ({policies_decline(policy_sets)})"
-    return Plan(tuple(generated), routes, condition)
+    return Plan(generated, routes, webhook_condition(webhook_sets, policy_sets, mode))
 
 
 def _generate_groups(
-    servable: list[SidecarSet], webhook_sets: list[SidecarSet], manager_namespace: str, timestamp: str
-) -> tuple[list[Generated], dict[str, str]]:
-    generated: list[Generated] = []
+    servable: list[SidecarSet],
+    webhook_sets: list[SidecarSet],
+    manager_namespace: str,
+    timestamp: str,
+    cache: PartsCache,
+) -> tuple[list[GroupParts], dict[str, str]]:
+    generated: list[GroupParts] = []
     failed: dict[str, str] = {}
+    near_index = OverlapIndex(webhook_sets)
     for group in overlap_groups(servable):
         # Only the webhook's sets that could select the group's pods need excluding (each costs CEL per pod).
-        near = [w for w in webhook_sets if any(may_share_pods(w, m) for m in group)]
-        exclude = policy_excludes(near) if near else None
-        try:
-            g = generate(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=exclude)
-        except NeedsWebhook as e:
-            failed.update({ss.name: f"{e} (with {', '.join(s.name for s in group)})" for ss in group})
-            continue
-        size = len(orjson.dumps(g.policy))
+        near = tuple(webhook_sets[i] for i in sorted({i for m in group for i in near_index.sharing(m)}))
+        models = (*group, *near)
+        key: tuple[object, ...] = (tuple(ss.name for ss in group), tuple(w.name for w in near), timestamp)
+        parts = cache.get(key, models)
+        if parts is None:
+            exclude = policy_excludes(near) if near else None
+            try:
+                parts = generate.parts(group, timestamp=timestamp, manager_namespace=manager_namespace, exclude=exclude)
+            except NeedsWebhook as e:
+                failed.update({ss.name: f"{e} (with {', '.join(s.name for s in group)})" for ss in group})
+                continue
+            cache.put(key, models, parts)
+        size = bundle.size(parts)
         if size > MAX_POLICY_BYTES:
             failed.update({ss.name: f"its policy would be {size} bytes, over {MAX_POLICY_BYTES}" for ss in group})
             continue
-        generated.append(g)
+        generated.append(parts)
     return generated, failed

@@ -102,9 +102,10 @@ class SpecOps(Part):
         def when(ok: str, more: str) -> str:
             return more if ok == "true" else f"{ok} && {more}"
 
+        item = cel.string(path + "/")
         replace = " + ".join(
-            f'({when(ok, f"{cel.string(n)} in {existing}")} ? [JSONPatch{{op: "replace", path: '
-            f"{cel.string(path + '/')} + string({existing}.indexOf({cel.string(n)})), value: {e}}}] : [])"
+            f"({when(ok, f'{cel.string(n)} in {existing}')} ? "
+            f"[{cel.patch_op('replace', item + ' + string(' + existing + '.indexOf(' + cel.string(n) + '))', e)}] : [])"
             for ok, _, n, e in items
         )
         absent = [(ok, p, f"({when(ok, f'!({cel.string(n)} in {existing})')} ? [{e}] : [])") for ok, p, n, e in items]
@@ -114,11 +115,11 @@ class SpecOps(Part):
         )
         after = self.b.var(f"after_{key}", " + ".join(x for _, p, x in absent if p != InjectPolicy.BEFORE_APP) or "[]")
         adds = (
-            f'lists.range(size({before})).map(j, JSONPatch{{op: "add", path: {cel.string(path + "/")} + string(j), '
-            f'value: {before}[j]}}) + {after}.map(x, JSONPatch{{op: "add", path: {cel.string(path + "/-")}, value: x}})'
+            f"lists.range(size({before})).map(j, {cel.patch_op('add', item + ' + string(j)', before + '[j]')})"
+            f" + {after}.map(x, {cel.patch_op('add', cel.string(path + '/-'), 'x')})"
         )
         if optional:  # the whole list is added when the pod has none
-            whole = f'[JSONPatch{{op: "add", path: {cel.string(path)}, value: {before} + {after}}}]'
+            whole = f"[{cel.patch_op('add', cel.string(path), f'{before} + {after}')}]"
             self.b.ops.append(
                 f"(size({existing}) == 0 ? (size({before}) + size({after}) > 0 ? {whole} : []) : ({replace}) + {adds})"
             )
@@ -160,8 +161,8 @@ class SpecOps(Part):
                 f"!{every}.slice(0, j).exists(x, x.name == {every}[j].name)).map(j, {every}[j])",
             )
         self.b.ops.append(
-            f'(size({new}) == 0 ? [] : size({have}) == 0 ? [JSONPatch{{op: "add", path: {cel.string(path)}, value: {new}}}] : '
-            f'{new}.map(x, JSONPatch{{op: "add", path: {cel.string(path + "/-")}, value: x}}))'
+            f"(size({new}) == 0 ? [] : size({have}) == 0 ? [{cel.patch_op('add', cel.string(path), new)}] : "
+            f"{new}.map(x, {cel.patch_op('add', cel.string(path + '/-'), 'x')}))"
         )
 
     def _volumes(self) -> None:

@@ -202,8 +202,7 @@ def _inject(args: argparse.Namespace, now: str | None) -> tuple[str, manifestcon
 
 def explain(sidecarsets: list[SidecarSet], *, manager_namespace: str) -> list[str]:
     """One line per SidecarSet: the path that injects it under --injection=auto (an API server
-    that enforces MutatingAdmissionPolicies), with the policy's name or the feature that needs the
-    webhook."""
+    that enforces MutatingAdmissionPolicies), or the feature that needs the webhook."""
     p = policy_plan.plan(
         sidecarsets, mode=policy_plan.Mode.AUTO, manager_namespace=manager_namespace, timestamp=_EXPLAIN_TIME
     )
@@ -213,7 +212,8 @@ def explain(sidecarsets: list[SidecarSet], *, manager_namespace: str) -> list[st
     for name in sorted(p.routes):
         route = p.routes[name]
         if route.path is policy_plan.Path.POLICY:
-            how = f"injected by MutatingAdmissionPolicy {route.policy} (no webhook call)"
+            # Which of the manager's policies holds it depends on the cluster (injector.policy.bundle).
+            how = "injected by a MutatingAdmissionPolicy (no webhook call)"
             near = sorted(w.name for w in on_webhook if policy_plan.may_share_pods(w, by_name[name]))
             if near:
                 how += f"; pods that {', '.join(near)} also select(s) go to the webhook, whole"

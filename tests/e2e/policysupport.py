@@ -188,3 +188,16 @@ def stored_pod(pod: dict[str, Any]) -> dict[str, Any]:
     p.pop("status", None)
     masked: dict[str, Any] = json.loads(re.sub(r"kube-api-access-[a-z0-9]{5}", "kube-api-access-X", json.dumps(p)))
     return masked
+
+
+def policy_holding(kube: Kube, sidecarset: str) -> str | None:
+    """The name of the manager's MutatingAdmissionPolicy that injects `sidecarset`, if one does."""
+    from injector.policy.generate import ANN_MEMBERS
+    from injector.policy.support import POLICIES
+
+    listed = kube.get(POLICIES, labelSelector="app.kubernetes.io/managed-by=sidecarctl")
+    for policy in listed["items"]:
+        members = ((policy["metadata"].get("annotations") or {}).get(ANN_MEMBERS) or "").replace(";", ",")
+        if sidecarset in members.split(","):
+            return str(policy["metadata"]["name"])
+    return None

@@ -19,6 +19,7 @@ from injector.policy.support import BINDINGS, POLICIES
 from injector.policy.sync import CONDITION_NAME
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, status_of
+from tests.e2e.policysupport import policy_holding
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.managerharness import MWC_PATH, RunningManager
@@ -89,12 +90,13 @@ def test_a_policy_served_sidecarset_is_injected_without_the_webhook(
     name = ss["metadata"]["name"]
     cond = wait_condition(kube, name, "True")
     assert cond["reason"] == "PolicyServed"
-    assert cond["message"] == f"MutatingAdmissionPolicy sidecarctl-{name}"
-    policy = kube.get(f"{POLICIES}/sidecarctl-{name}")
-    binding = kube.get(f"{BINDINGS}/sidecarctl-{name}")
+    holder = eventually(lambda: policy_holding(kube, name), timeout=10, what="the policy holding it")
+    assert cond["message"] == f"MutatingAdmissionPolicy {holder}"
+    policy = kube.get(f"{POLICIES}/{holder}")
+    binding = kube.get(f"{BINDINGS}/{holder}")
     for obj in (policy, binding):
         owners = obj["metadata"]["ownerReferences"]
-        assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [("SidecarSet", name, ss["metadata"]["uid"])]
+        assert ("SidecarSet", name, ss["metadata"]["uid"]) in [(o["kind"], o["name"], o["uid"]) for o in owners]
     assert policy["spec"]["failurePolicy"] == "Fail" and policy["spec"]["reinvocationPolicy"] == "Never"
     pod = injected_by(kube, injected_ns, "polshop", "policy")
     assert _names(pod["spec"]["containers"]) == ["proxy", "app"]
@@ -117,7 +119,7 @@ def test_a_sidecarset_a_policy_cannot_serve_stays_on_the_webhook(
     cond = wait_condition(kube, name, "False")
     assert cond["reason"] == "NeedsWebhook"
     assert "HotUpgrade" in cond["message"], cond
-    assert kube.get_or_none(f"{POLICIES}/sidecarctl-{name}") is None
+    assert policy_holding(kube, name) is None
     settled(manager)
     before = inject_calls()
     stored = kube.create(PODS.format(injected_ns), make_pod("hot", "hotshop"))
@@ -171,8 +173,8 @@ def test_hand_edits_of_policies_and_the_webhook_condition_are_put_back(
     ss = sidecarsets("edited")
     name = ss["metadata"]["name"]
     wait_condition(kube, name, "True")
-    path = f"{POLICIES}/sidecarctl-{name}"
-    eventually(lambda: kube.get_or_none(path), timeout=10, what="the policy")
+    holder = eventually(lambda: policy_holding(kube, name), timeout=10, what="the policy")
+    path = f"{POLICIES}/{holder}"
     noop = [
         {"patchType": "JSONPatch", "jsonPatch": {"expression": '[JSONPatch{op: "test", path: "/kind", value: "Pod"}]'}}
     ]
@@ -211,14 +213,12 @@ def test_a_deleted_sidecarset_loses_its_policy_within_a_second(
     name = ss["metadata"]["name"]
     wait_condition(kube, name, "True")
     injected_by(kube, injected_ns, "gone", "policy")
-    path = f"{POLICIES}/sidecarctl-{name}"
     t0 = time.monotonic()
     kube.delete(f"{SS_PATH}/{name}")
-    eventually(lambda: kube.get_or_none(path) is None, timeout=5, interval=0.01, what="the policy deleted")
+    eventually(lambda: policy_holding(kube, name) is None, timeout=5, interval=0.01, what="out of the policies")
     took = time.monotonic() - t0
-    assert kube.get_or_none(f"{BINDINGS}/sidecarctl-{name}") is None
-    assert took < 1.0, f"the policy outlived its SidecarSet by {took:.2f}s"
-    print(f"\nSidecarSet deleted: its policy gone after {took:.3f}s")
+    assert took < 1.0, f"the policy kept injecting its deleted SidecarSet for {took:.2f}s"
+    print(f"\nSidecarSet deleted: out of the policies after {took:.3f}s")
 
     def plain() -> bool:
         p = kube.create(PODS.format(injected_ns), make_pod("probe", "gone"), dryRun="All")

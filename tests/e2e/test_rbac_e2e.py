@@ -48,6 +48,7 @@ from tests.e2e.helpers import (
     wait_injecting,
     wait_status,
 )
+from tests.e2e.policysupport import policy_holding
 from tests.kube.builders import model
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
@@ -500,7 +501,8 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
 
         # The policy injecting the SidecarSet: a hand edit of its binding is put back (update); paused,
         # the SidecarSet needs no policy, and the manager deletes it and its binding.
-        binding_path = f"{BINDINGS}/sidecarctl-{ss_name}"
+        holder = eventually(lambda: policy_holding(kube, ss_name), timeout=20, what="the policy injecting it")
+        binding_path = f"{BINDINGS}/{holder}"
         kept = eventually(lambda: kube.get_or_none(binding_path), timeout=20, what="the policy binding")
         edit = [{"op": "replace", "path": "/spec/matchResources/objectSelector", "value": {}}]
         kube.patch(binding_path, edit, patch_type="json")
@@ -514,11 +516,9 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         )
         kube.patch(f"{SS_PATH}/{ss_name}", {"spec": {"injectionStrategy": {"paused": True}}})
         eventually(
-            lambda: (
-                kube.get_or_none(f"{POLICIES}/sidecarctl-{ss_name}") is None and kube.get_or_none(binding_path) is None
-            ),
+            lambda: kube.get_or_none(f"{POLICIES}/{holder}") is None and kube.get_or_none(binding_path) is None,
             timeout=20,
-            what="the paused SidecarSet's policy deleted",
+            what="the paused SidecarSet's policy deleted (it held nothing else)",
         )
 
         events = [

@@ -648,8 +648,8 @@ def test_explain_names_each_path_and_leaves_stdout_alone(tmp_path: Path, mesh: P
     assert lines == [
         "explain: SidecarSet hot: injected by the webhook: container agent: upgradeStrategy HotUpgrade "
         "(a container pair with version annotations)",
-        "explain: SidecarSet logs: injected by MutatingAdmissionPolicy sidecarctl-logs (no webhook call)",
-        "explain: SidecarSet mesh: injected by MutatingAdmissionPolicy sidecarctl-mesh (no webhook call); "
+        "explain: SidecarSet logs: injected by a MutatingAdmissionPolicy (no webhook call)",
+        "explain: SidecarSet mesh: injected by a MutatingAdmissionPolicy (no webhook call); "
         "pods that hot also select(s) go to the webhook, whole",
         "explain: SidecarSet off: not injected: injection paused or no selector: nothing is injected",
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from injector.policy import plan
+from injector.policy import plan, selecting
 from injector.policy.plan import Mode, Path, Why
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -43,9 +43,9 @@ def test_a_canary_needs_the_webhook_and_says_why() -> None:
     base = p.routes["mesh"]
     assert base.path is Path.POLICY
     [generated] = p.policies
-    [gates] = generated.policy["spec"]["matchConditions"]
-    assert plan.policy_excludes([canary("mesh-canary", "mesh", WEB_CANARY)]) in gates["expression"]
-    assert p.webhook_condition.startswith(f"({plan.webhook_selects([canary('mesh-canary', 'mesh', WEB_CANARY)])})")
+    go = next(v["expression"] for v in generated.policy["spec"]["variables"] if v["name"] == "g0_go")
+    assert plan.policy_excludes([canary("mesh-canary", "mesh", WEB_CANARY)]) in go
+    assert p.webhook_condition.startswith(f"({selecting.pods_selected([canary('mesh-canary', 'mesh', WEB_CANARY)])})")
 
 
 def test_only_a_real_canary_is_routed() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from injector.policy import cel, generate, plan
+from injector.policy import bundle, cel, generate, plan, selecting
 from injector.policy.plan import Mode, Path, Why
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -37,12 +37,19 @@ def planned(*sets: SidecarSet, mode: Mode = Mode.AUTO, **kw: Any) -> plan.Plan:
     return plan.plan(sets, mode=mode, manager_namespace=NS, timestamp=TS, **kw)
 
 
-def test_a_plain_sidecarset_gets_one_policy_and_binding() -> None:
+P0 = bundle.NAME_PREFIX + "0"
+
+
+def variables(g: generate.Generated) -> dict[str, str]:
+    return {v["name"]: v["expression"] for v in g.policy["spec"]["variables"]}
+
+
+def test_a_plain_sidecarset_gets_a_policy_and_a_binding() -> None:
     p = planned(ss("mesh"))
-    assert [g.name for g in p.policies] == ["sidecarctl-mesh"]
+    assert [g.name for g in p.policies] == [P0]
     route = p.routes["mesh"]
-    assert (route.path, route.why, route.policy) == (Path.POLICY, Why.POLICY_SERVED, "sidecarctl-mesh")
-    assert route.condition() == ("True", "PolicyServed", "MutatingAdmissionPolicy sidecarctl-mesh")
+    assert (route.path, route.why, route.policy) == (Path.POLICY, Why.POLICY_SERVED, P0)
+    assert route.condition() == ("True", "PolicyServed", f"MutatingAdmissionPolicy {P0}")
     policy, binding = p.policies[0].policy, p.policies[0].binding
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail" and spec["reinvocationPolicy"] == "Never"
@@ -54,22 +61,57 @@ def test_a_plain_sidecarset_gets_one_policy_and_binding() -> None:
     opt_out = spec["matchConstraints"]["objectSelector"]["matchExpressions"]
     assert opt_out == [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
     assert [m["patchType"] for m in spec["mutations"]] == ["JSONPatch"]
-    # A group of one is gated by its binding: the selector, as matchExpressions.
-    assert binding["spec"]["policyName"] == "sidecarctl-mesh"
-    assert binding["spec"]["matchResources"]["objectSelector"] == {
-        "matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]
-    }
+    # The policy's condition asks whether one of its groups could select the pod (a set lookup);
+    # the group's own variable decides exactly, its selector first.
+    [gates] = spec["matchConditions"]
+    assert '("app" in l && l["app"] == "web")' in gates["expression"]
+    assert variables(p.policies[0])["g0_go"].startswith(
+        f"(({cel.selector({'matchLabels': {'app': 'web'}}, cel.LABELS)}))"
+    )
+    assert binding["spec"] == {
+        "policyName": P0,
+        "matchResources": {"objectSelector": spec["matchConstraints"]["objectSelector"]},
+    }, "the binding matches every pod its policy may see"
     # Nothing for the webhook but what a policy declines.
     assert p.webhook_condition.startswith("(false) || (")
     assert p.webhook_condition.endswith(f"({plan.policies_decline([ss('mesh')])})")
 
 
-def test_namespace_field_and_selector_go_to_the_binding() -> None:
+def test_the_namespace_field_and_selector_are_a_guard_of_the_mutation() -> None:
     p = planned(ss("mesh", namespace="shop"))
-    resources = p.policies[0].binding["spec"]["matchResources"]
-    assert resources["namespaceSelector"] == {
-        "matchExpressions": [{"key": names.NS_NAME_LABEL, "operator": "In", "values": ["shop"]}]
-    }
+    go = variables(p.policies[0])["g0_go"]
+    assert f'{cel.NAMESPACE_LABELS}["{names.NS_NAME_LABEL}"] == "shop"' in go
+    assert "namespaceObject" not in p.policies[0].policy["spec"]["matchConditions"][0]["expression"]
+
+
+def test_many_groups_share_few_policies_and_each_keeps_its_own_code() -> None:
+    sets = [ss(f"team-{k:03}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(250)]
+    p = planned(*sets)
+    assert 3 <= len(p.policies) <= 4, [g.name for g in p.policies]
+    assert all(len(g.groups) <= bundle.MAX_GROUPS for g in p.policies)
+    assert all(len(orjson.dumps(g.policy)) <= bundle.MAX_BYTES + 64 * 1024 for g in p.policies)
+    assert sorted(m for g in p.policies for m in g.members) == sorted(s.name for s in sets)
+    first = p.policies[0]
+    spec = first.policy["spec"]
+    assert len(spec["mutations"]) == 1 and ".flatten()" in spec["mutations"][0]["jsonPatch"]["expression"]
+    [gates] = spec["matchConditions"]
+    assert len(gates["expression"]) < 5000, "the groups' selectors as one set lookup, not one term each"
+    assert {"g0_go", "g0_ops", "g1_go", "anns", "labels"} <= set(variables(first))
+
+
+def test_packing_keeps_groups_where_they_were() -> None:
+    sets = [ss(f"team-{k:03}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(250)]
+    p = planned(*sets)
+    before = {m: g.name for g in p.policies for m in g.members}
+    # The first policy's oldest member goes; the others stay where they were, and a new set
+    # joins a policy with room: one or two policies change, not all of them.
+    again = planned(*sets[1:], ss("team-new", selector={"matchLabels": {"team": "new"}}), previous=before)
+    after = {m: g.name for g in again.policies for m in g.members}
+    assert all(after[m] == before[m] for m in after if m in before)
+    changed = [
+        g.name for g in again.policies if g.policy != next((o.policy for o in p.policies if o.name == g.name), None)
+    ]
+    assert len(changed) <= 2, changed
 
 
 @pytest.mark.parametrize(
@@ -86,28 +128,60 @@ def test_what_a_policy_cannot_express_stays_on_the_webhook_named(spec: dict[str,
     assert (route.path, route.why) == (Path.WEBHOOK, Why.NEEDS_WEBHOOK)
     assert feature in route.message
     assert route.condition()[0] == "False"
-    assert [g.name for g in p.policies] == ["sidecarctl-other"]
+    assert [g.members for g in p.policies] == [["other"]]
     # The webhook takes the pods that set selects; the policy of `other` leaves them to it.
-    labels = cel.LABELS
-    selects_mesh = f'(("app" in {labels} && {labels}["app"] == "web"))'
-    assert plan.webhook_selects([ss("mesh", **spec)]) == selects_mesh
+    selects_mesh = f'[{cel.LABELS}].exists(l, ("app" in l && l["app"] == "web"))'
+    assert selecting.pods_selected([ss("mesh", **spec)]) == selects_mesh
     assert p.webhook_condition.startswith(f"({selects_mesh}) || (")
     # `other` cannot select mesh's pods: its policy need not exclude them.
-    [gates] = p.policies[0].policy["spec"]["matchConditions"]
-    assert "// not-for-the-webhook" not in gates["expression"]
+    assert "// not-for-the-webhook" not in variables(p.policies[0])["g0_go"]
     near = planned(ss("mesh", **spec), ss("other", selector={"matchLabels": {"tier": "x"}}))
-    [gates] = near.policies[0].policy["spec"]["matchConditions"]
-    assert f"(!({plan.policy_excludes([ss('mesh', **spec)])})) // not-for-the-webhook" in gates["expression"]
+    go = variables(near.policies[0])["g0_go"]
+    assert f"(!({plan.policy_excludes([ss('mesh', **spec)])})) // not-for-the-webhook" in go
 
 
-def test_overlapping_sidecarsets_share_one_policy_in_name_order() -> None:
+def test_one_label_selectors_are_one_lookup_per_key_and_the_rest_stay_exact() -> None:
+    sets = [
+        ss("a", selector={"matchLabels": {"team": "t1"}}),
+        ss("b", selector={"matchExpressions": [{"key": "team", "operator": "In", "values": ["t2", "t3"]}]}),
+        ss("c", selector={"matchLabels": {"app": "web", "tier": "x"}}),
+        ss("d", selector={"matchLabels": {"app": "api"}}, namespace="shop"),
+    ]
+    got = selecting.pods_selected(sets)
+    assert '("team" in l && l["team"] in ["t1", "t2", "t3"])' in got
+    assert '("app" in l && l["app"] == "web") && ("tier" in l && l["tier"] == "x")' in got
+    assert 'request.namespace}["kubernetes.io/metadata.name"] == "shop"' in got, "namespace names decided here"
+    approx = selecting.pods_selected(sets, approximate=True)
+    assert '("app" in l && l["app"] in ["api", "web"])' in approx and "tier" not in approx, "one required label each"
+    loose = ss("e", selector={"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["t1"]}]})
+    assert selecting.pods_selected([*sets, loose], approximate=True) == "true", "no required label: every pod"
+
+
+@pytest.mark.parametrize("count", [1000, 3000])
+def test_the_narrowing_fits_the_api_servers_limit_at_any_number_of_sidecarsets(count: int) -> None:
+    """One-label SidecarSets cost about nine characters each, whichever path serves them (about
+    10,000 fit); past the limit the others fall back to one required label each."""
+    hooks = [ss(f"w{k}", metadata={"annotations": {names.ANN_INJECTION_PATH: "webhook"}},
+                selector={"matchLabels": {"team": f"w{k}"}}) for k in range(count)]  # fmt: skip
+    policies = [ss(f"p{k}", selector={"matchLabels": {"team": f"p{k}"}}) for k in range(count)]
+    complex_ = [
+        ss(
+            f"c{k}",
+            metadata={"annotations": {names.ANN_INJECTION_PATH: "webhook"}},
+            selector={"matchLabels": {"app": f"c{k}", "tier": "web"}},
+        )
+        for k in range(count)
+    ]
+    condition = plan.webhook_condition([*hooks, *complex_], policies, Mode.AUTO)
+    assert len(condition) <= selecting.MAX_CONDITION_CHARS, len(condition)
+    assert condition.count(" in l") <= 8, "a lookup per label key, not per SidecarSet"
+
+
+def test_overlapping_sidecarsets_are_one_group_in_name_order() -> None:
     p = planned(ss("zeta"), ss("alpha"), ss("solo", app="other"))
-    assert sorted(g.name for g in p.policies) == ["sidecarctl-alpha-zeta", "sidecarctl-solo"]
-    group = next(g for g in p.policies if g.name == "sidecarctl-alpha-zeta")
-    assert group.members == ["alpha", "zeta"]
-    # A group's binding matches every pod; the members' selectors are CEL inside the policy.
-    assert "matchResources" not in group.binding["spec"]
-    assert p.routes["alpha"].policy == p.routes["zeta"].policy == "sidecarctl-alpha-zeta"
+    [policy] = p.policies
+    assert sorted(policy.groups) == [["alpha", "zeta"], ["solo"]]
+    assert p.routes["alpha"].policy == p.routes["zeta"].policy == p.routes["solo"].policy == P0
 
 
 def test_groups_are_connected_components() -> None:
@@ -193,7 +267,7 @@ def test_policy_names_stay_valid_and_distinct_when_long() -> None:
 
 def test_the_generated_policy_is_json_with_literal_values() -> None:
     s = ss("mesh", containers=[builders.container("proxy", "proxy:1", env=[{"name": "A", "value": 'é"\\'}])])
-    g = generate.generate([s], timestamp=TS, manager_namespace=NS)
+    g = bundle.policy("p", [generate.parts([s], timestamp=TS, manager_namespace=NS)], manager_namespace=NS)
     expressions = " ".join(v["expression"] for v in g.policy["spec"]["variables"])
     assert cel.literal([{"name": "A", "value": 'é"\\'}, {"name": "IS_INJECTED", "value": "true"}]) in expressions
     assert orjson.loads(orjson.dumps(g.policy)) == g.policy

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from injector.policy.bundle import NAME_PREFIX
 from injector.policy.plan import Mode, Path, Why
 from injector.policy.support import BINDINGS, CANARY, POLICIES
 from injector.policy.sync import ANN_GENERATED_AT, CONDITION_NAME, MWC_PATH, PolicySync
@@ -23,6 +24,7 @@ from tests.kube import builders
 from tests.kube.fakeapi import FakeApiServer
 
 NS = "sidecarctl-system"
+P0 = NAME_PREFIX + "0"  # the first policy: one SidecarSet, or a few, fit in it
 MWC = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
 
 
@@ -107,7 +109,7 @@ def test_a_new_sidecarset_widens_the_webhook_writes_its_policy_then_narrows() ->
     rig = Rig()
     ss = rig.add("mesh")
     rig.run()
-    policy, binding = rig.policy("sidecarctl-mesh"), rig.binding("sidecarctl-mesh")
+    policy, binding = rig.policy(P0), rig.binding(P0)
     assert policy is not None and binding is not None
     owner = {"apiVersion": "sidecarctl.io/v1alpha1", "kind": "SidecarSet", "name": "mesh", "uid": ss["metadata"]["uid"]}
     assert policy["metadata"]["ownerReferences"] == [owner] == binding["metadata"]["ownerReferences"]
@@ -131,6 +133,26 @@ def test_a_new_sidecarset_widens_the_webhook_writes_its_policy_then_narrows() ->
     assert rig.api.objects[MWC]["webhooks"][0]["matchConditions"] == [{"name": "theirs", "expression": "true"}]
 
 
+def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.add("logs", app="logs")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    narrowed = rig.ours()
+    assert narrowed is not None and '"logs"' not in narrowed.split(") || (")[0]
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    rig.api._store(f"{SS_PATH}/mesh", changed)
+    rig.run()
+    widened = rig.ours()
+    assert widened is not None and widened != narrowed
+    # The one policy holding both is rewritten; only mesh's pods go through the webhook meanwhile.
+    extra = widened[len(narrowed) :]
+    assert '"web"' in extra and '"logs"' not in extra, extra
+
+
 def test_a_quiet_pass_writes_nothing() -> None:
     rig = Rig()
     rig.add("mesh")
@@ -150,16 +172,16 @@ def test_an_image_change_rewrites_the_policy_with_a_new_time_and_widens_again() 
     rig.now += 10
     rig.run()
     narrowed = rig.ours()
-    first = rig.policy("sidecarctl-mesh")
+    first = rig.policy(P0)
     assert first is not None
     changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
     changed["spec"]["containers"][0]["image"] = "proxy:2"
     changed["metadata"]["generation"] = 2
     rig.api._store(f"{SS_PATH}/mesh", changed)
     rig.run()
-    second = rig.policy("sidecarctl-mesh")
+    second = rig.policy(P0)
     assert second is not None
-    assert rig.api.writes("update", f"{POLICIES}/sidecarctl-mesh"), "updated in place"
+    assert rig.api.writes("update", f"{POLICIES}/{P0}"), "updated in place"
     assert not rig.api.writes("delete", POLICIES)
     assert second["metadata"]["annotations"][ANN_GENERATED_AT] != first["metadata"]["annotations"][ANN_GENERATED_AT]
     assert "proxy:2" in str(second["spec"]) and "proxy:1" not in str(second["spec"])
@@ -173,18 +195,18 @@ def test_a_hand_edit_is_put_back_with_the_same_time() -> None:
     rig.run()
     rig.now += 10
     rig.run()
-    kept = copy.deepcopy(rig.policy("sidecarctl-mesh"))
+    kept = copy.deepcopy(rig.policy(P0))
     assert kept is not None
     edited = copy.deepcopy(kept)
     edited["spec"]["mutations"] = []
-    rig.api._store(f"{POLICIES}/sidecarctl-mesh", edited)
+    rig.api._store(f"{POLICIES}/{P0}", edited)
     rig.run()
-    restored = rig.policy("sidecarctl-mesh")
+    restored = rig.policy(P0)
     assert restored is not None and restored["spec"] == kept["spec"]
     assert restored["metadata"]["annotations"] == kept["metadata"]["annotations"]
-    rig.api._store(f"{BINDINGS}/sidecarctl-mesh", None)
+    rig.api._store(f"{BINDINGS}/{P0}", None)
     rig.run()
-    assert rig.binding("sidecarctl-mesh") is not None
+    assert rig.binding(P0) is not None
     # The condition, hand-edited, is put back too.
     mwc = copy.deepcopy(rig.api.objects[MWC])
     mwc["webhooks"][1]["matchConditions"] = [{"name": CONDITION_NAME, "expression": "false"}]
@@ -202,14 +224,14 @@ def test_deleted_and_paused_sidecarsets_lose_their_policies_the_canary_stays() -
         f"{POLICIES}/{CANARY}", {"metadata": {"name": CANARY, "labels": {"app.kubernetes.io/managed-by": "sidecarctl"}}}
     )
     rig.run()
-    assert rig.policy("sidecarctl-logs") is not None
+    assert rig.policy(P0) is not None
     rig.api._store(f"{SS_PATH}/logs", None)
     paused = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
     paused["spec"]["injectionStrategy"] = {"paused": True}
     rig.api._store(f"{SS_PATH}/mesh", paused)
     rig.run()
-    assert rig.policy("sidecarctl-logs") is None and rig.binding("sidecarctl-logs") is None
-    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(P0) is None and rig.binding(P0) is None
+    assert rig.policy(P0) is None
     assert rig.policy(CANARY) is not None
     assert rig.sync.routes["mesh"].why is Why.NOT_INJECTING
 
@@ -228,7 +250,7 @@ def test_webhook_mode_removes_what_auto_left_and_the_condition() -> None:
     for path, obj in list(rig.api.objects.items()):
         webhook._deliver(path, None, obj)
     webhook.run()
-    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(P0) is None
     assert webhook.ours() is None
     assert {"name": "user", "expression": "true"} in webhook.conditions()
     assert webhook.sync.routes["mesh"].why is Why.WEBHOOK_MODE
@@ -238,7 +260,7 @@ def test_an_api_server_that_does_not_enforce_policies_gets_none() -> None:
     rig = Rig(unsupported="policies are not enforced here")
     rig.add("mesh")
     rig.run()
-    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(P0) is None
     assert rig.ours() is None
     route = rig.sync.routes["mesh"]
     assert (route.why, route.message) == (Why.UNSUPPORTED, "policies are not enforced here")
@@ -249,12 +271,12 @@ def test_a_policy_the_api_server_refuses_sends_its_sidecarsets_to_the_webhook() 
     rig.add("mesh")
     rig.api.fail("create", POLICIES, api.Invalid(422, "Invalid", "compilation failed: max recursion depth exceeded"))
     rig.run()
-    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(P0) is None
     assert rig.sync.dirty.is_set()
     rig.run()
     route = rig.sync.routes["mesh"]
     assert route.path is Path.WEBHOOK and "max recursion depth" in route.message
-    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(P0) is None
     rig.now += 10
     rig.run()
     assert '"web"' in (rig.ours() or ""), "the webhook serves mesh's pods"
@@ -274,12 +296,12 @@ def test_an_unreadable_sidecarset_keeps_its_last_good_policy() -> None:
     rig = Rig()
     rig.add("mesh")
     rig.run()
-    kept = rig.policy("sidecarctl-mesh")
+    kept = rig.policy(P0)
     broken = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
     broken["spec"]["containers"] = "not a list"
     rig.api._store(f"{SS_PATH}/mesh", broken)
     rig.run()
-    assert rig.policy("sidecarctl-mesh") == kept
+    assert rig.policy(P0) == kept
 
 
 def test_nothing_is_planned_until_support_is_known() -> None:
@@ -290,7 +312,7 @@ def test_nothing_is_planned_until_support_is_known() -> None:
         await rig.sync.sync_once()
 
     asyncio.run(go())
-    assert rig.policy("sidecarctl-mesh") is None
+    assert rig.policy(P0) is None
     assert rig.sync.routes["mesh"].why is Why.PENDING
     assert rig.ours() is None
 
@@ -306,4 +328,4 @@ def test_the_condition_grows_too_long_then_the_webhook_is_not_narrowed(
     rig.add("mesh")
     rig.run()
     assert rig.ours() is None
-    assert rig.policy("sidecarctl-mesh") is not None
+    assert rig.policy(P0) is not None
