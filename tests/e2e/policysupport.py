@@ -201,3 +201,31 @@ def policy_holding(kube: Kube, sidecarset: str) -> str | None:
         if sidecarset in members.split(","):
             return str(policy["metadata"]["name"])
     return None
+
+
+def webhook_pod(c: PrivateCluster, ss_name: str, pod: dict[str, Any], *, namespace: str, plain: str) -> dict[str, Any]:
+    """The webhook's pod for `pod` in labelled `namespace`, as stored: the engine run on the pod as the
+    API server hands it over (a dry run in the unlabelled `plain`), then stored by a dry run again."""
+    import copy
+
+    import jsonpatch
+
+    from injector.engine import engine
+    from tests.kube import builders
+
+    path = f"/api/v1/namespaces/{plain}/pods"
+    seen = c.kube.create(path, copy.deepcopy(pod), dryRun="All")
+    ss = builders.model(c.kube.get(f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}/{ss_name}"))
+    result = engine.inject(
+        seen,
+        namespace=namespace,
+        namespace_labels={names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED, names.NS_NAME_LABEL: namespace},
+        sidecarsets=[ss],
+        now="2024-01-01T00:00:00Z",
+    )
+    assert result.patch, result
+    injected: dict[str, Any] = jsonpatch.apply_patch(seen, result.patch)
+    for key in ("uid", "creationTimestamp"):
+        injected["metadata"].pop(key, None)
+    injected.pop("status", None)
+    return stored_pod(c.kube.create(path, injected, dryRun="All"))

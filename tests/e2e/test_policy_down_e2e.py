@@ -8,7 +8,6 @@ admission workers.
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import signal
@@ -16,14 +15,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import jsonpatch
 import pytest
 
-from injector.engine import engine
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset
-from tests.e2e.policysupport import PrivateCluster, descendants, private_cluster, stored_pod
+from tests.e2e.policysupport import PrivateCluster, descendants, private_cluster, stored_pod, webhook_pod
 from tests.kube import builders
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane
@@ -50,22 +47,7 @@ def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Priv
 
 
 def expected_pod(c: PrivateCluster, ss_name: str, pod: dict[str, object]) -> dict[str, object]:
-    """The webhook's pod: the engine run on the pod as the API server hands it to the webhook."""
-    seen = c.kube.create(PODS.format(PLAIN), copy.deepcopy(pod), dryRun="All")
-    ss = builders.model(c.kube.get(f"{SS_PATH}/{ss_name}"))
-    result = engine.inject(
-        seen,
-        namespace=NS,
-        namespace_labels={**ENABLED, "kubernetes.io/metadata.name": NS},
-        sidecarsets=[ss],
-        now="2024-01-01T00:00:00Z",
-    )
-    assert result.patch, result
-    injected = jsonpatch.apply_patch(seen, result.patch)
-    for key in ("uid", "creationTimestamp"):
-        injected["metadata"].pop(key, None)
-    injected.pop("status", None)
-    return stored_pod(c.kube.create(PODS.format(PLAIN), injected, dryRun="All"))
+    return webhook_pod(c, ss_name, pod, namespace=NS, plain=PLAIN)
 
 
 def test_with_every_manager_process_killed_policy_pods_are_injected_and_webhook_pods_refused(

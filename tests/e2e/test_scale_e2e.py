@@ -1,0 +1,110 @@
+"""200 policy-served and 200 webhook-served SidecarSets on one API server: the policies stay few, the
+webhook stays narrowed, and a pod only a policy serves never calls the webhook.
+
+On a control plane of its own with `sidecarctl run --injection=auto`, as bench/bench_scale.py
+measures it (the benchmark's SidecarSets: two sidecars, a transferEnv, shared volumes; disjoint
+`team` selectors). Policy-served pods are compared field by field with the engine's output for the
+same pod (what the webhook would have given them), so the packing of many groups into one policy
+changes nothing a pod gets.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from bench.bench_scale import team_pod, team_sidecarset
+from injector.policy import bundle, selecting
+from injector.policy.sync import CONDITION_NAME, MWC_PATH
+from sidecarsets.spec import names
+from tests.e2e.helpers import SS_PATH
+from tests.e2e.policysupport import PrivateCluster, policy_holding, private_cluster, stored_pod, webhook_pod
+from tests.kube.client import eventually
+from tests.kube.controlplane import ControlPlane
+from tests.kube.loop import BackgroundLoop
+
+N = 200
+NS = "scale-shop"
+PLAIN = "scale-plain"
+ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
+PODS = "/api/v1/namespaces/{}/pods"
+POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
+
+
+@pytest.fixture(scope="module")
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PrivateCluster]:
+    with private_cluster(aloop, control_plane.bin_dir, injection="auto") as c:
+        c.namespace(NS, ENABLED)
+        c.namespace(PLAIN, {})
+        for k in range(N):
+            for kind in ("p", "w"):
+                c.kube.create(SS_PATH, team_sidecarset(kind, k))
+        yield c
+
+
+def inject_calls(c: PrivateCluster) -> float:
+    assert c.manager is not None
+    with urllib.request.urlopen(c.manager.probe_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("sidecarctl_admissions_total{") and 'webhook="inject"' in line
+    )
+
+
+def injected_by(c: PrivateCluster, team: str) -> str | None:
+    pod = c.kube.create(PODS.format(NS), team_pod(team), dryRun="All")
+    return (pod["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
+
+
+def condition(c: PrivateCluster) -> str | None:
+    hook = c.kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")["webhooks"][0]
+    return next((m["expression"] for m in hook.get("matchConditions") or [] if m["name"] == CONDITION_NAME), None)
+
+
+def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_never_call_it(
+    cluster: PrivateCluster,
+) -> None:
+    c = cluster
+    eventually(
+        lambda: injected_by(c, f"p{N - 1}") == "policy", timeout=120, interval=0.5, what="the last policy set live"
+    )
+    eventually(
+        lambda: injected_by(c, f"w{N - 1}") == "webhook", timeout=60, interval=0.5, what="the last webhook set live"
+    )
+
+    def narrowed() -> bool:
+        before = inject_calls(c)
+        return injected_by(c, f"p{N // 2}") == "policy" and inject_calls(c) == before
+
+    # Make before break: the webhook takes the policies' pods too until they have settled.
+    eventually(narrowed, timeout=120, interval=1.0, what="policy-served pods no longer reaching the webhook")
+    text = condition(c)
+    assert text is not None, "the webhook is narrowed"
+    assert len(text) <= selecting.MAX_CONDITION_CHARS
+    assert text.count(" in l") <= 4, "one lookup per label key, not a term per SidecarSet"
+    policies = [
+        p["metadata"]["name"]
+        for p in c.kube.get(POLICIES, labelSelector="app.kubernetes.io/managed-by=sidecarctl")["items"]
+        if p["metadata"]["name"].startswith(bundle.NAME_PREFIX)
+    ]
+    assert 2 <= len(policies) <= 5, policies  # 200 groups of about 15 KiB, up to 1 MiB each
+
+    before = inject_calls(c)
+    teams = [f"p{k}" for k in range(0, N, 10)]
+    for team in teams:
+        pod = c.kube.create(PODS.format(NS), team_pod(team))
+        assert pod["metadata"]["annotations"][names.ANN_INJECTED_BY] == "policy", team
+        want = webhook_pod(c, f"scale-{team}", team_pod(team), namespace=NS, plain=PLAIN)
+        assert stored_pod(pod) == want, f"{team}: the policy's pod differs from the webhook's"
+    assert inject_calls(c) == before, "a policy-served pod called the webhook"
+    assert {policy_holding(c.kube, f"scale-{t}") for t in teams} <= set(policies)
+    for k in range(0, N, 40):
+        pod = c.kube.create(PODS.format(NS), team_pod(f"w{k}"))
+        assert pod["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook"
+        assert [x["name"] for x in pod["spec"]["containers"]] == ["proxy", "app", "log-agent"]
+    # Each reaches the webhook (twice: the API server reinvokes it, reinvocationPolicy IfNeeded).
+    assert inject_calls(c) >= before + len(range(0, N, 40))
