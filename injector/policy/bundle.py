@@ -32,7 +32,7 @@ from injector.policy import cel, selecting
 from injector.policy.build import V
 from injector.policy.generate import ANN_MEMBERS, MANAGED_BY, POLICY_API, Generated, GroupParts
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.spec import names
+from sidecarsets.spec import names, podindex
 
 NAME_PREFIX = "sidecarctl-injection-"
 MAX_GROUPS = 100  # groups per policy: each costs a pod of a labelled namespace one selector check
@@ -65,6 +65,37 @@ def fold(local: Sequence[tuple[str, str]], body: str, *, prefix: str) -> str:
         else:
             body = f"[{expr}].map({prefix}{name}, {ref.sub(prefix + name, body)})[0]"
     return body
+
+
+def candidates(groups: Sequence[GroupParts]) -> str:
+    """CEL: the indices of the groups that may select the pod, from constant maps keyed by a label
+    (or key) each group's selectors require (sidecarsets.spec.podindex): the mutation evaluates the
+    variable of those groups only, not one per group of the policy."""
+    by_label: dict[str, list[int]] = {}
+    by_key: dict[str, list[int]] = {}
+    loose: list[int] = []
+    for j, g in enumerate(groups):
+        entries = []
+        for ss in g.sidecarsets:
+            found = podindex.label_anchors(ss.selector)
+            if found is None:
+                loose.append(j)
+                break
+            entries += found
+        else:
+            for kind, key, value in entries:
+                into = by_label.setdefault(f"{key}={value}", []) if kind == "label" else by_key.setdefault(key, [])
+                if not into or into[-1] != j:
+                    into.append(j)
+
+    def literal(m: dict[str, list[int]]) -> str:
+        return "{" + ", ".join(f"{cel.string(k)}: {v}" for k, v in sorted(m.items())) + "}"
+
+    labels = f"{V}labels"
+    lookup = f'{labels}.map(k, {literal(by_label)}[?(k + "=" + {labels}[k])].orValue([]))'
+    if by_key:
+        lookup += f" + {labels}.map(k, {literal(by_key)}[?k].orValue([]))"
+    return f"{loose} + ({lookup}).flatten()"
 
 
 def size(parts: GroupParts) -> int:
@@ -119,7 +150,8 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
                 raise ValueError(f"variable {n} is not the same in every group")
         go = "&& ".join((*g.gates, *g.guards))
         own.append((f"g{j}", f"({go}) ?\n({fold(local, g.patch, prefix=f'g{j}_')}) : []"))
-    dispatch = [f"{V}g{j}" for j in range(len(groups))]
+    own.append(("candidates", candidates(groups)))
+    dispatch = [f"({j} in {V}candidates ? {V}g{j} : [])" for j in range(len(groups))]
     common = groups[0].common if groups else ()
     could = selecting.pods_selected([ss for g in groups for ss in g.sidecarsets], approximate=True)
     gates = "&& ".join((*common, f"({could}) // one-of-its-groups-could-select-the-pod\n"))
