@@ -23,7 +23,9 @@ from injector.policy import servable
 from kuberuntime.clock import now_rfc3339
 from sidecarsets import pins, validation
 from sidecarsets.spec import names
-from sidecarsets.store import TemplateStore
+from sidecarsets.spec.model import ModelError, SidecarSet
+from sidecarsets.store import Snapshot, TemplateStore
+from sidecarsets.validation import podsecurity
 
 # Partial revision pins draw per pod; from a generator of our own, not the shared `random` state.
 _DRAWS = random.Random()
@@ -153,4 +155,26 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
     if errors:
         message = "SidecarSet rejected: " + "; ".join(errors)
         return Decision("denied", admission.response(review, denied=message, code=422))
-    return Decision("allowed", admission.response(review))
+    found = _pod_security(review.object, snapshot, settings)
+    if any(f.mode == "enforce" for f in found) and _annotation(review.object, names.ANN_POD_SECURITY) == "enforce":
+        refused = [f for f in found if f.mode == "enforce"]
+        message = f"SidecarSet rejected ({names.ANN_POD_SECURITY}=enforce): " + " ".join(podsecurity.warnings(refused))
+        return Decision("denied", admission.response(review, denied=message, code=422))
+    return Decision("allowed", admission.response(review, warnings=podsecurity.warnings(found)))
+
+
+def _annotation(obj: Any, key: str) -> str | None:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    value = annotations.get(key) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def _pod_security(obj: Any, snapshot: Snapshot, settings: WebhookSettings | None) -> list[podsecurity.Finding]:
+    """What the SidecarSet's sidecars would meet in the namespaces it selects now (the snapshot's)."""
+    try:
+        ss = SidecarSet.from_object(obj, tolerant=True)
+    except ModelError:
+        return []
+    manager = settings.manager_namespace if settings is not None else names.DEFAULT_MANAGER_NAMESPACE
+    return podsecurity.findings(ss, snapshot.namespaces, skip=(*names.SYSTEM_NAMESPACES, manager))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,10 @@ from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller import metrics as ss_metrics
 from sidecarsets.controller.controller import SS_PATH, Controller
 from sidecarsets.controller.missedscan import MissedScan
+from sidecarsets.controller.podsecurity import PodSecurityView
 from sidecarsets.pods.projection import PodProjection, project
 from sidecarsets.spec import names
+from sidecarsets.spec.model import SidecarSet
 from sidecarsets.store import namespace_labels
 
 log = logging.getLogger("sidecarctl.control")
@@ -58,11 +60,17 @@ def _both(*handlers: Handler) -> Handler:
     return handle
 
 
-def _conditions(sync: PolicySync, scan: MissedScan) -> Callable[[str], list[dict[str, str]]]:
-    """The status conditions other parts own: PolicyInjection (the policy sync), PodsMissingSidecars."""
+def _conditions(
+    sync: PolicySync, scan: MissedScan, security: PodSecurityView, sidecarsets: Callable[[], Mapping[str, SidecarSet]]
+) -> Callable[[str], list[dict[str, str]]]:
+    """The status conditions other parts own: PolicyInjection (the policy sync), PodsMissingSidecars,
+    PodSecurity."""
 
     def conditions(name: str) -> list[dict[str, str]]:
         out = []
+        ss = sidecarsets().get(name)
+        if ss is not None:
+            out.append(security.condition(ss))
         route = sync.routes.get(name)
         if route is not None:
             status, reason, message = route.condition()
@@ -197,6 +205,9 @@ class ControlRole:
             recreate_per_minute=missed_opts.recreate_missed_per_minute,
             may_write=may_write,
         )
+        security = PodSecurityView(
+            manager_namespace=self.opts.namespace, on_change=lambda: controller.refresh(list(controller.sidecarsets))
+        )
         controller = Controller(
             self.client,
             namespace=self.opts.namespace,
@@ -205,11 +216,11 @@ class ControlRole:
             recorder=self.recorder,
             workers=self.opts.controller.workers,
             may_write=may_write,
-            conditions=_conditions(sync, scan),
+            conditions=_conditions(sync, scan, security, lambda: controller.sidecarsets),
         )
         sync.on_routes = controller.refresh
         scan.on_change = controller.refresh
-        ns_informer.handler = controller.on_namespace
+        ns_informer.handler = _both(controller.on_namespace, security.on_namespace)
         informers = self._term_informers(controller, sync, ns_informer, rev_informer)
         return Term(controller, sync, informers, scan)
 

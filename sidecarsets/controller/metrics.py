@@ -42,6 +42,12 @@ ROLLOUT_STALLED = Gauge(
     ["sidecarset"],
     multiprocess_mode="livemax",
 )
+POD_SECURITY_VIOLATIONS = Gauge(
+    "sidecarctl_pod_security_violations",
+    "Selected namespaces whose Pod Security level (enforce, warn or audit) a SidecarSet's sidecars violate.",
+    ["sidecarset"],
+    multiprocess_mode="livemax",
+)
 MISSED_RECREATED = Counter(
     "sidecarctl_missed_pods_recreated_total",
     "Pods missing their sidecars evicted for their controller to recreate injected, by result "
@@ -52,7 +58,12 @@ TRACKED_PODS = Gauge(
     "sidecarctl_tracked_pods", "Injected pods held as projections by the controller.", multiprocess_mode="livemax"
 )
 
-PER_SIDECARSET: tuple[Gauge, ...] = (PODS_NOT_UPGRADABLE, PODS_MISSING_SIDECARS, ROLLOUT_STALLED)
+PER_SIDECARSET: tuple[Gauge, ...] = (
+    PODS_NOT_UPGRADABLE,
+    PODS_MISSING_SIDECARS,
+    ROLLOUT_STALLED,
+    POD_SECURITY_VIOLATIONS,
+)
 
 
 def _multiprocess() -> bool:

@@ -44,6 +44,9 @@ ENV_SIDECARSET_VERSION = "SIDECARSET_VERSION"
 ENV_SIDECARSET_VERSION_ALT = "SIDECARSET_VERSION_ALT"
 # On a SidecarSet: `webhook` keeps it on the webhook even where a MutatingAdmissionPolicy could serve it.
 ANN_INJECTION_PATH = "sidecarctl.io/injection-path"
+# "enforce": a SidecarSet whose sidecars a selected namespace's enforced Pod Security level would refuse
+# is itself refused (the default only warns).
+ANN_POD_SECURITY = "sidecarctl.io/pod-security"
 INJECTED_BY_POLICY = "policy"
 INJECTED_BY_WEBHOOK = "webhook"
 # On a SidecarSet: "true" together with a base name makes it a canary, which replaces that base
@@ -54,6 +57,7 @@ ANN_BASE = "sidecarctl.io/sidecarset-base"
 CONDITION_POLICY_INJECTION = "PolicyInjection"
 CONDITION_MISSING_SIDECARS = "PodsMissingSidecars"
 CONDITION_PROGRESSING = "Progressing"
+CONDITION_POD_SECURITY = "PodSecurity"
 REASON_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 
 # SidecarSet-side annotations, as Kruise keeps them on the SidecarSet object.

@@ -31,6 +31,7 @@ def _report(*names: str) -> None:
         metrics.ROLLOUT_STALLED.labels(name).set(1)
         metrics.PODS_NOT_UPGRADABLE.labels(name).set(3)
         metrics.PODS_MISSING_SIDECARS.labels(name).set(2)
+        metrics.POD_SECURITY_VIOLATIONS.labels(name).set(4)
     metrics.TRACKED_PODS.set(7)
 
 
