@@ -11,6 +11,7 @@ moves the condition within 5 s; `sidecarctl.io/pod-security: enforce` turns the 
 
 from __future__ import annotations
 
+import functools
 import secrets
 import subprocess
 import time
@@ -136,7 +137,7 @@ def levels(kube: Kube, manager: RunningManager) -> Iterator[dict[str, str]]:
         )
     for name in made.values():
         eventually(
-            lambda n=name: kube.get_or_none(f"/api/v1/namespaces/{n}/serviceaccounts/default"),
+            functools.partial(kube.get_or_none, f"/api/v1/namespaces/{name}/serviceaccounts/default"),
             timeout=30,
             what="default ServiceAccount",
         )
@@ -163,7 +164,7 @@ def test_warnings_and_the_condition_agree_with_pod_security_admission_in_64_case
         agree, cases = 0, []
         for i, case in enumerate(CASES):
             name = created[i]
-            condition = eventually(lambda n=name: pod_security(kube, n), timeout=20, what=f"{name} PodSecurity")
+            condition = eventually(functools.partial(pod_security, kube, name), timeout=20, what=f"{name} PodSecurity")
             for level, ns in levels.items():
                 predicted = f"{ns} (enforce " in condition["message"]
                 try:
