@@ -63,6 +63,14 @@ def _name(obj: JsonObj | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("name") or "")
 
 
+def _older(obj: JsonObj, than: JsonObj | None) -> bool:
+    """`obj` is an older version than `than` (resourceVersions compared as the numbers etcd gives)."""
+    try:
+        return than is not None and int(obj["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _members(policy: JsonObj) -> list[str]:
     """The SidecarSets a stored policy of ours injects (its groups joined by ";", members by ",")."""
     text = str((((policy.get("metadata") or {}).get("annotations")) or {}).get(ANN_MEMBERS) or "")
@@ -129,7 +137,7 @@ class PolicySync:
         name = _name(new or old)
         if kind == "DELETED" or new is None:
             into.pop(name, None)
-        else:
+        elif not _older(new, into.get(name)):  # our own write's answer may have been kept already
             into[name] = new
         self.dirty.set()
 
@@ -298,9 +306,9 @@ class PolicySync:
         """Store the pair (policy first: a binding to a missing policy matches nothing); False if refused."""
         try:
             if not covers(policy, self.policies.get(g.name)):
-                await self._put(POLICIES, policy, self.policies.get(g.name))
+                await self._put(POLICIES, policy, self.policies.get(g.name), self.policies)
             if not covers(binding, self.bindings.get(g.name)):
-                await self._put(BINDINGS, binding, self.bindings.get(g.name))
+                await self._put(BINDINGS, binding, self.bindings.get(g.name), self.bindings)
         except api.Invalid as e:
             message = f"the API server refused its MutatingAdmissionPolicy: {e.message[:300]}"
             log.warning("policy %s refused, its SidecarSets stay on the webhook: %s", g.name, e.message[:300])
@@ -312,19 +320,26 @@ class PolicySync:
         log.info("policy %s stored", g.name, extra={"object": ",".join(g.members)})
         return True
 
-    async def _put(self, path: str, body: JsonObj, stored: JsonObj | None) -> None:
+    async def _put(self, path: str, body: JsonObj, stored: JsonObj | None, into: dict[str, JsonObj]) -> None:
+        """Create or replace the object, and keep the answer: the next pass compares with what was
+        written, not with a watch that may not have delivered it yet (a large policy takes seconds
+        to store; comparing with the older one would write again, with a new time, for ever)."""
         name = _name(body)
+        written: JsonObj | None = None
         if stored is None:
             try:
-                await self.client.create(path, body)
-                return
+                written = await self.client.create(path, body)
             except api.Conflict:  # there already (our watch is behind): replace it
                 stored = await self.client.get(f"{path}/{name}")
-        replacement = {
-            **body,
-            "metadata": {**body["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]},
-        }
-        await self.client.update(f"{path}/{name}", replacement)
+        if written is None:
+            assert stored is not None
+            replacement = {
+                **body,
+                "metadata": {**body["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]},
+            }
+            written = await self.client.update(f"{path}/{name}", replacement)
+        if not _older(written, into.get(name)):
+            into[name] = written
 
     async def _delete(self, path: str) -> None:
         with contextlib.suppress(api.NotFound):

@@ -211,9 +211,12 @@ class MissedScan:
                     message=f"{len(new)} running pod(s) without this SidecarSet's sidecars: {named}{more}",
                 )
         for name in sorted(changed):
-            log.info(
-                "missed-injection scan: %s: %d running pod(s) without its sidecars", name, len(found.get(name) or ())
-            )
+            if found.get(name) or previous.get(name):  # a first scan of a thousand healthy SidecarSets says nothing
+                log.info(
+                    "missed-injection scan: %s: %d running pod(s) without its sidecars",
+                    name,
+                    len(found.get(name) or ()),
+                )
         if changed and self.on_change is not None:
             self.on_change(changed)
 
