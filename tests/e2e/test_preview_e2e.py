@@ -32,6 +32,7 @@ import yaml
 from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
+    audit_events,
     image_of,
     make_pod,
     pods,
@@ -78,20 +79,6 @@ def sidecarctl(*args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         check=False,
     )
-
-
-def audit_events(cp: ControlPlane, start: int) -> list[dict[str, Any]]:
-    """The audit log's events written after byte `start`, one per request (ResponseComplete)."""
-    with cp.audit_log.open("rb") as f:
-        f.seek(start)
-        lines = f.read().decode(errors="replace").splitlines()
-    out = []
-    for line in lines:
-        if line.strip():
-            event = json.loads(line)
-            if event.get("stage") == "ResponseComplete":
-                out.append(event)
-    return out
 
 
 def _when(event: dict[str, Any]) -> float:

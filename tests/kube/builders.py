@@ -130,11 +130,10 @@ def image_id(image: str) -> str:
     """What a container runtime reports as the imageID of `image`: the repository, normalised as
     Docker does (`proxy:1` is `docker.io/library/proxy`), plus a digest.
 
-    The digest is derived from the whole reference, so two references never share an imageID, and
-    an image pinned by digest reports another digest than its own (a test that wants the pinned
-    one sets it).
+    The digest is derived from the whole reference, so two references never share an imageID; an
+    image pinned by digest reports that digest, as a runtime does.
     """
-    ref = image.split("@", 1)[0]
+    ref, _, pinned = image.partition("@")
     last = ref.rsplit("/", 1)[-1]
     repo = ref[: len(ref) - len(last)] + last.split(":", 1)[0]
     first, sep, _ = repo.partition("/")
@@ -142,6 +141,8 @@ def image_id(image: str) -> str:
         repo = f"docker.io/library/{repo}"
     elif "." not in first and ":" not in first and first != "localhost":
         repo = f"docker.io/{repo}"
+    if pinned.startswith("sha256:"):
+        return f"{repo}@{pinned}"
     return f"{repo}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
 
 
