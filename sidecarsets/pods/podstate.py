@@ -85,6 +85,33 @@ def _repo_and_digest(ref: str) -> tuple[str, str]:
     return repo, digest
 
 
+def _split(ref: str) -> tuple[str, str, str]:
+    """(normalised repository, tag or "", digest or "") of an image reference."""
+    name, _, digest = ref.partition("@")
+    slash, colon = name.rfind("/"), name.rfind(":")
+    tag = name[colon + 1 :] if colon > slash else ""
+    repo, _ = _repo_and_digest(name)
+    return repo, tag, digest
+
+
+def same_image(pod_image: str | None, wanted: str | None) -> bool:
+    """The image in a pod is the one a SidecarSet asks for, as far as an admission step that pins
+    images by digest (sigstore's policy-controller, Kyverno's verifyImages) lets one tell: `proxy:2`
+    pinned as `proxy:2@sha256:...`, or as a digest-only `proxy@sha256:...` of the same repository.
+    Another repository (a mirror) is another image."""
+    if pod_image == wanted or pod_image is None or wanted is None:
+        return pod_image == wanted
+    repo, tag, digest = _split(pod_image)
+    want_repo, want_tag, want_digest = _split(wanted)
+    if repo != want_repo:
+        return False
+    if want_digest:
+        return digest == want_digest
+    if digest:
+        return not tag or tag == want_tag
+    return (tag or "latest") == (want_tag or "latest")
+
+
 def digest_matches(image: str, image_id: str) -> bool:
     """The reported imageID names the same repository and digest as a digest-pinned image."""
     if not image_id:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 
 from kuberuntime.jsontypes import JsonObj
+from sidecarsets.pods.podstate import same_image
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.spec import names
 from sidecarsets.spec.hotsidecars import HotSidecar, hot_sidecars
@@ -38,7 +39,7 @@ def idle(pod: PodProjection, h: HotSidecar) -> str:
 def empties_done(pod: PodProjection, ss: SidecarSet) -> bool:
     """Kruise's IsPodReady part for hot sidecars: each idle container is on the empty image (only
     checked where the SidecarSet names one)."""
-    return all(not h.empty_image or pod.image_of(idle(pod, h)) == h.empty_image for h in hot_sidecars(ss))
+    return all(not h.empty_image or same_image(pod.image_of(idle(pod, h)), h.empty_image) for h in hot_sidecars(ss))
 
 
 def to_upgrade(pod: PodProjection, h: HotSidecar, *, consistent: Callable[[str], bool]) -> str | None:
@@ -46,15 +47,15 @@ def to_upgrade(pod: PodProjection, h: HotSidecar, *, consistent: Callable[[str],
     None when the other one already runs it. `consistent(name)`: the kubelet runs that container's spec."""
     first, second = h.pair
     images = {first: pod.image_of(first), second: pod.image_of(second)}
-    if images[first] == h.empty_image:
+    if same_image(images[first], h.empty_image):
         chosen = first
-    elif images[second] == h.empty_image:
+    elif same_image(images[second], h.empty_image):
         chosen = second
     else:  # the one not ready while its partner is, else the idle one
         ready = [c for c in h.pair if (st := pod.status_of(c)) is not None and st.ready and consistent(c)]
         chosen = (second if ready[0] == first else first) if len(ready) == 1 else idle(pod, h)
     other = second if chosen == first else first
-    return None if images[other] == h.image else chosen
+    return None if same_image(images[other], h.image) else chosen
 
 
 def _ann(key: str) -> str:
@@ -104,7 +105,9 @@ def _index(pod: PodProjection, h: HotSidecar, container: str) -> int | None:
 
 def in_hot_upgrade(pod: PodProjection, ss: SidecarSet) -> bool:
     """Some hot sidecar's idle container is not on the empty image: a flip is still to come."""
-    return any(pod.image_of(idle(pod, h)) not in (h.empty_image, None) for h in hot_sidecars(ss))
+    return any(
+        (img := pod.image_of(idle(pod, h))) is not None and not same_image(img, h.empty_image) for h in hot_sidecars(ss)
+    )
 
 
 def flip_ready(pod: PodProjection, ss: SidecarSet, *, consistent_except: Callable[[set[str]], bool]) -> bool:
@@ -127,7 +130,7 @@ def flip_ops(pod: PodProjection, ss: SidecarSet) -> tuple[list[JsonObj], list[st
     changed: list[str] = []
     for h in hot_sidecars(ss):
         old = idle(pod, h)
-        if pod.image_of(old) in (h.empty_image, None):
+        if (img := pod.image_of(old)) is None or same_image(img, h.empty_image):
             continue
         index = _index(pod, h, old)
         if index is None:

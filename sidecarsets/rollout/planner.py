@@ -212,7 +212,7 @@ def _superseded(ss: SidecarSet, pod: PodProjection) -> bool:
     wanted now, instead of holding maxUnavailable forever. Not yet ready, it costs no budget."""
     wanted = {**ss.cold_images, **ss.native_images}
     specs = dict(pod.containers) | dict(pod.init_containers)
-    return any(name in specs and specs[name] != image for name, image in wanted.items())
+    return any(name in specs and not podstate.same_image(specs[name], image) for name, image in wanted.items())
 
 
 def _ready(ss: SidecarSet, pod: PodProjection) -> bool:

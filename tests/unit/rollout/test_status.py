@@ -203,6 +203,10 @@ class TestSharedVerdicts:
         # the same spec and statuses as an in-flight pod, but no in-place record: nothing to wait for
         no_record = in_flight(v1, v2, name="no-record")
         del no_record["metadata"]["annotations"][ANN_INPLACE_STATE]
+        # pinned, but the kubelet still reports another digest: the pinned image is not running yet
+        not_pulled = injected_pod("digest-not-pulled", digest)
+        envoy = next(s for s in not_pulled["status"]["containerStatuses"] if s["name"] == "envoy")
+        envoy["imageID"] = "docker.io/library/envoy@sha256:" + "c" * 64
         raws = [
             injected_pod("old-ready", v1),
             injected_pod("old-not-ready", v1, ready=False),
@@ -211,7 +215,7 @@ class TestSharedVerdicts:
             injected_pod("new-pending", v2, phase="Pending", ready=False, with_statuses=False),
             in_flight(v1, v2),
             in_flight(v1, v2, name="moving-too"),
-            injected_pod("digest-not-pulled", digest),
+            not_pulled,
             unreported,
             no_record,
         ]
