@@ -39,11 +39,13 @@ class Snapshot:
     # Built from `sidecarsets` when not given (the store passes the one it keeps across namespace changes).
     index: PodIndex | None = field(default=None, compare=False)
     pinning: bool = field(init=False, compare=False)  # some SidecarSet pins new pods to a revision
+    by_name: Mapping[str, SidecarSet] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.index is None or self.index.sidecarsets != self.sidecarsets:
             object.__setattr__(self, "index", PodIndex(self.sidecarsets))
         object.__setattr__(self, "pinning", any(ss.injection_revision is not None for ss in self.sidecarsets))
+        object.__setattr__(self, "by_name", MappingProxyType({ss.name: ss for ss in self.sidecarsets}))
 
     def sidecarsets_for(self, namespace: str, pod_labels: Mapping[str, str]) -> tuple[SidecarSet, ...]:
         """The SidecarSets that may select such a pod (PodIndex): the others cannot."""

@@ -140,7 +140,7 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
     errors = [
         str(e)
         for e in validation.validate_sidecarset(
-            review.object, old=review.old_object, others=list(snapshot.objects.values())
+            review.object, old=review.old_object, others=list(snapshot.objects.values()), models=snapshot.by_name
         )
     ]
     problem = pins.pin_problem(review.object, snapshot.revisions.values())

@@ -9,10 +9,12 @@ SidecarSet. Here a policy carries up to MAX_GROUPS groups (MAX_BYTES of JSON):
 - its matchCondition: the gates all groups share, then "one of my groups could select the pod" as
   constant-set lookups (injector.policy.selecting): a pod none of them selects costs a few map
   lookups, and no mutation;
-- per group j, one variable `gJ`: its exact selector first, then its own gates and namespace
-  guards, and if they hold its JSON Patch operations as maps (the JSONPatch type exists only in a
-  mutation), with the group's own variables bound inside it (`fold`): the CEL as generated for the
-  group alone, so the output is the same;
+- per group j, its CEL as generated for it alone (so the output is the same), with its own
+  variables bound inside it (`fold`): its exact selector first, then its own gates, and if they
+  hold its JSON Patch operations as maps (the JSONPatch type exists only in a mutation); the
+  groups share a few variables `groupsK`, each as many groups as one CEL expression holds, and
+  only the groups whose required labels the pod carries (`candidates`, a constant map) evaluate
+  more than a membership test;
 - one mutation: the operations of the (at most one) group whose gates hold, as JSONPatch objects.
   Groups are overlap groups, so no pod is selected by two of them; the others stop at their selector.
 
@@ -35,8 +37,16 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names, podindex
 
 NAME_PREFIX = "sidecarctl-injection-"
-MAX_GROUPS = 100  # groups per policy: each costs a pod of a labelled namespace one selector check
-MAX_BYTES = 1024 * 1024  # a policy's JSON: under etcd's 1.5 MiB request limit, and compiled in a few seconds
+OPT_OUT: JsonObj = {"matchExpressions": [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]}
+# Groups per policy, and their CEL: kube-apiserver compiles a policy when it is written and again to
+# enforce it, about 7 s for 60 groups here, and a client waits 30 s for a write.
+MAX_GROUPS = 60
+MAX_BYTES = 768 * 1024
+# The API server builds an entry for every variable of a policy on each evaluation, its condition's
+# too (1.3 µs each in its profile at 4 policies of 90), so groups share variables; but it compiles a
+# long expression slowly (40 groups: 27.5 s in 90,000-character variables, 5.7 s in 20,000, 3.5 s
+# in one variable each), so a few groups each.
+CHUNK_CHARS = 20_000
 # Variables every group defines the same way (the pod's annotations, labels, names, bookkeeping
 # entries, app containers, shared mounts): defined once per policy.
 SHARED = frozenset(
@@ -98,9 +108,27 @@ def candidates(groups: Sequence[GroupParts]) -> str:
     return f"{loose} + ({lookup}).flatten()"
 
 
+def _one_key(groups: Sequence[GroupParts]) -> list[JsonObj]:
+    """When every group requires one value of the same label key (the usual `team: x`), that
+    requirement as an object selector: the API server then skips the policy for other pods before
+    any CEL (a selector costs it about a quarter of a condition's evaluation)."""
+    keys: set[str] = set()
+    values: set[str] = set()
+    for g in groups:
+        for ss in g.sidecarsets:
+            found = podindex.label_anchors(ss.selector)
+            if not found or any(kind != "label" for kind, _, _ in found):
+                return []
+            keys |= {key for _, key, _ in found}
+            values |= {str(value) for _, _, value in found}
+    if len(keys) != 1:
+        return []
+    return [{"key": keys.pop(), "operator": "In", "values": sorted(values)}]
+
+
 def size(parts: GroupParts) -> int:
     """The bytes the group adds to a policy (its variables, gates and patch), near enough to pack by."""
-    return len(orjson.dumps([parts.variables, parts.gates, parts.guards, parts.patch]))
+    return len(orjson.dumps([parts.variables, parts.gates, parts.patch]))
 
 
 def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tuple[str, list[GroupParts]]]:
@@ -140,7 +168,7 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
 def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -> Generated:
     """The policy and binding that inject `groups`."""
     shared: dict[str, str] = {}
-    own: list[tuple[str, str]] = []
+    chunks: list[list[str]] = [[]]
     for j, g in enumerate(groups):
         local: list[tuple[str, str]] = []
         for n, expr in g.variables:
@@ -148,14 +176,17 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
                 local.append((n, expr))
             elif shared.setdefault(n, expr) != expr:
                 raise ValueError(f"variable {n} is not the same in every group")
-        go = "&& ".join((*g.gates, *g.guards))
-        own.append((f"g{j}", f"({go}) ?\n({fold(local, g.patch, prefix=f'g{j}_')}) : []"))
-    own.append(("candidates", candidates(groups)))
-    dispatch = [f"({j} in {V}candidates ? {V}g{j} : [])" for j in range(len(groups))]
+        go = "&& ".join(g.gates)
+        code = f"({j} in {V}candidates ? ({fold(local, f'({go}) ?{chr(10)}({g.patch}) : []', prefix=f'g{j}_')}) : [])"
+        if chunks[-1] and sum(map(len, chunks[-1])) + len(code) > CHUNK_CHARS:
+            chunks.append([])
+        chunks[-1].append(code)
+    own = [("candidates", candidates(groups))]
+    own += [(f"groups{k}", "[" + ",\n".join(chunk) + "].flatten()") for k, chunk in enumerate(chunks)]
     common = groups[0].common if groups else ()
     could = selecting.pods_selected([ss for g in groups for ss in g.sidecarsets], approximate=True)
     gates = "&& ".join((*common, f"({could}) // one-of-its-groups-could-select-the-pod\n"))
-    chosen = dispatch[0] if len(dispatch) == 1 else "[" + ",\n".join(dispatch) + "].flatten()"
+    chosen = " + ".join(f"{V}groups{k}" for k in range(len(chunks)))
     patch = f"({chosen}){cel.AS_JSON_PATCH}"
     spec: JsonObj = {
         "failurePolicy": "Fail",
@@ -175,7 +206,10 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
                 ]
             },
             "objectSelector": {
-                "matchExpressions": [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
+                "matchExpressions": [
+                    *OPT_OUT["matchExpressions"],
+                    *_one_key(groups),
+                ]
             },
         },
         # One expression, not one per gate: each matchCondition is a program evaluation of its own.
@@ -195,11 +229,9 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
             "apiVersion": POLICY_API,
             "kind": "MutatingAdmissionPolicyBinding",
             "metadata": {"name": name, "labels": dict(MANAGED_BY)},
-            # The policy's own constraint again: a binding with something to compare shows a hand edit.
-            "spec": {
-                "policyName": name,
-                "matchResources": {"objectSelector": spec["matchConstraints"]["objectSelector"]},
-            },
+            # The pod opt-out again (the policy has it already): a binding with something to compare
+            # shows a hand edit, and a short selector costs the API server little per pod.
+            "spec": {"policyName": name, "matchResources": {"objectSelector": OPT_OUT}},
         },
         {g.key: g.digest for g in groups},
     )

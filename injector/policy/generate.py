@@ -103,7 +103,7 @@ class GroupParts:
     """One overlap group as a part of a policy: CEL that still names its variables unprefixed.
 
     `common`: gates every group of the policy shares; `gates`: this group's own, its selector
-    first; `guards`: its gates that need `namespaceObject`; `patch`: its JSONPatch operations.
+    first; `patch`: its JSONPatch operations.
     """
 
     members: tuple[str, ...]
@@ -111,7 +111,6 @@ class GroupParts:
     variables: tuple[tuple[str, str], ...]
     common: tuple[str, ...]
     gates: tuple[str, ...]
-    guards: tuple[str, ...]
     patch: str
 
     @property
@@ -120,7 +119,7 @@ class GroupParts:
 
     @property
     def digest(self) -> str:
-        text = repr((self.variables, self.gates, self.guards, self.patch))
+        text = repr((self.variables, self.gates, self.patch))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -198,14 +197,11 @@ class Generator(SpecOps, MetadataOps):
         self._volumes()
         self._metadata(anns, entries, entries_wi, apps)
 
-    def _gates(self) -> tuple[list[str], list[str], list[str]]:
-        """(gates every group of a policy shares, this group's own gates, guards the mutation must
-        check), each a CEL expression with its variables inlined and named in a trailing comment.
-
-        The group's own gates start with its selector, so that the other groups of a policy cost
-        one selector each. Gates that need `namespaceObject` (a namespace selector) are guards:
-        matchConditions see it empty, and cannot read `variables` either.
-        """
+    def _gates(self) -> tuple[list[str], list[str]]:
+        """(gates every group of a policy shares, this group's own gates), each CEL named in a
+        trailing comment. The shared ones are the policy's matchCondition, which reads no variables
+        (they are written out); the group's own start its variable, selector first, so that the
+        other groups of a policy cost one selector each, and read the policy's variables."""
         common = [
             ("not-deleting", "!has(object.metadata.deletionTimestamp)"),
             (
@@ -214,41 +210,31 @@ class Generator(SpecOps, MetadataOps):
             ),
             ("hash-annotations-canonical", bookkeeping.canonical()),
         ]
-        own = [
-            (
-                "a-member-selects-the-pod",
-                " || ".join(f"({cel.selector(ss.selector, cel.LABELS)})" for ss in self.group),
-            )
-        ]
+        labels = V + "labels"
+        own = [("a-member-selects-the-pod", " || ".join(f"({cel.selector(ss.selector, labels)})" for ss in self.group))]
         if self.single:
             ss = self.group[0]
             if ss.namespace_selector is not None:
                 own.append(("in-a-selected-namespace", cel.selector(ss.namespace_selector, cel.NAMESPACE_LABELS)))
-            own.append(("not-yet-injected", f"!({bookkeeping.recorded(ss)})"))
-            own.append(("no-name-clash-with-the-other-list", f"!({_cross_inline(ss)})"))
+            own.append(("not-yet-injected", f"!{V}hashEntries.exists(e, {bookkeeping.recorded_test(ss)})"))
+            own.append(("no-name-clash-with-the-other-list", f"!({_cross(ss, V + 'cnames', V + 'inames')})"))
         else:
             own.append(("some-member-to-inject", " || ".join(V + f"ok{i}" for i in range(len(self.group)))))
-        own += [(f"declined-{j}", expr.replace(V + "anns", cel.ANNOTATIONS)) for j, expr in enumerate(self.b.declines)]
+        own += [(f"declined-{j}", expr) for j, expr in enumerate(self.b.declines)]
         if self.exclude:
             own.append(("not-for-the-webhook", f"!({self.exclude})"))
-        plain: list[str] = []
-        guards: list[str] = []
-        for name, expr in own:
-            inlined = cel.inline_variables(expr, self.b.variables)
-            (guards if "namespaceObject" in inlined else plain).append(f"({inlined}) // {name}\n")
-        return [f"({expr}) // {name}\n" for name, expr in common], plain, guards
+        return [f"({expr}) // {name}\n" for name, expr in common], [f"({expr}) // {name}\n" for name, expr in own]
 
     def parts(self) -> GroupParts:
         """The group as one part of a policy (injector.policy.bundle)."""
         self.generate_ops()
-        common, own, guards = self._gates()
+        common, own = self._gates()
         return GroupParts(
             members=tuple(ss.name for ss in self.group),
             sidecarsets=tuple(self.group),
             variables=tuple(self.b.variables),
             common=tuple(common),
             gates=tuple(own),
-            guards=tuple(guards),
             patch=" +\n".join(f"({op})" for op in self.b.ops),
         )
 
@@ -260,19 +246,6 @@ def _cross(ss: SidecarSet, cnames: str, inames: str) -> str:
         terms.append(f"{cel.strings(c.name for c in ss.containers)}.exists(n, n in {inames})")
     if ss.init_containers:
         terms.append(f"{cel.strings(c.name for c in ss.init_containers)}.exists(n, n in {cnames})")
-    return " || ".join(terms) or "false"
-
-
-def _cross_inline(ss: SidecarSet) -> str:
-    terms = []
-    if ss.containers:
-        names_ = cel.strings(c.name for c in ss.containers)
-        terms.append(
-            f"(has(object.spec.initContainers) && {names_}.exists(n, object.spec.initContainers.exists(c, c.name == n)))"
-        )
-    if ss.init_containers:
-        names_ = cel.strings(c.name for c in ss.init_containers)
-        terms.append(f"{names_}.exists(n, object.spec.containers.exists(c, c.name == n))")
     return " || ".join(terms) or "false"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec.defaults import apply_defaults
+from sidecarsets.spec.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError, obj_field, type_name, validate_selector
 from sidecarsets.validation.canary import validate_canary
 from sidecarsets.validation.conflicts import validate_conflicts
@@ -63,7 +64,11 @@ def _too_many_sidecars(obj: Mapping[str, Any]) -> FieldError | None:
 
 
 def validate_sidecarset(
-    obj: JsonObj, *, old: JsonObj | None = None, others: Iterable[JsonObj] = ()
+    obj: JsonObj,
+    *,
+    old: JsonObj | None = None,
+    others: Iterable[JsonObj] = (),
+    models: Mapping[str, SidecarSet] | None = None,
 ) -> list[FieldError]:
     """Every problem with the SidecarSet `obj` (defaults applied first).
 
@@ -90,5 +95,5 @@ def validate_sidecarset(
     _spec(current, spec, errs)
     if isinstance(old, Mapping):
         validate_update(spec, apply_defaults(old), errs)
-    validate_conflicts(current, others, errs)
+    validate_conflicts(current, others, errs, models=models)
     return errs

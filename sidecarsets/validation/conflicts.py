@@ -63,8 +63,12 @@ def _annotations(spec: Mapping[str, Any]) -> Iterable[tuple[str, str, Any]]:
             yield f"spec.patchPodMetadata[{i}].annotations[{key}]", str(key), patch.get("patchPolicy")
 
 
-def validate_conflicts(obj: Mapping[str, Any], others: Iterable[Any], errs: Errors) -> None:
+def validate_conflicts(
+    obj: Mapping[str, Any], others: Iterable[Any], errs: Errors, *, models: Mapping[str, SidecarSet] | None = None
+) -> None:
     """`obj` is defaulted; `others` are every other SidecarSet as stored (read through the model).
+    `models`: the models already read from them, by name (the webhook's store keeps them): reading a
+    thousand SidecarSets again for every admission took longer than the API server waits.
 
     The fields of `obj` are walked as JSON so each error names the field by its index.
     """
@@ -73,7 +77,9 @@ def validate_conflicts(obj: Mapping[str, Any], others: Iterable[Any], errs: Erro
     for raw in others:
         if not isinstance(raw, Mapping):
             continue
-        other = SidecarSet.from_object(raw, tolerant=True)
+        meta = raw.get("metadata")
+        known = (models or {}).get(str(meta.get("name"))) if isinstance(meta, Mapping) else None
+        other = known if known is not None and known.obj is raw else SidecarSet.from_object(raw, tolerant=True)
         if other.name == own.name or own.canary_base == other.name or other.canary_base == own.name:
             continue
         if not _may_share_pods(own, other):

@@ -43,7 +43,7 @@ def test_a_canary_needs_the_webhook_and_says_why() -> None:
     base = p.routes["mesh"]
     assert base.path is Path.POLICY
     [generated] = p.policies
-    go = next(v["expression"] for v in generated.policy["spec"]["variables"] if v["name"] == "g0")
+    go = next(v["expression"] for v in generated.policy["spec"]["variables"] if v["name"] == "groups0")
     assert plan.policy_excludes([canary("mesh-canary", "mesh", WEB_CANARY)]) in go
     assert p.webhook_condition.startswith(f"({selecting.pods_selected([canary('mesh-canary', 'mesh', WEB_CANARY)])})")
 

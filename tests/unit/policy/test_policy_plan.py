@@ -59,18 +59,21 @@ def test_a_plain_sidecarset_gets_a_policy_and_a_binding() -> None:
     excluded = next(e for e in ns_sel if e["key"] == names.NS_NAME_LABEL)["values"]
     assert {"kube-system", "kube-public", "kube-node-lease", NS} <= set(excluded)
     opt_out = spec["matchConstraints"]["objectSelector"]["matchExpressions"]
-    assert opt_out == [{"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]}]
+    assert opt_out == [
+        {"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]},
+        {"key": "app", "operator": "In", "values": ["web"]},  # what every group of it requires
+    ]
     assert [m["patchType"] for m in spec["mutations"]] == ["JSONPatch"]
     # The policy's condition asks whether one of its groups could select the pod (a set lookup);
     # the group's own variable decides exactly, its selector first.
     [gates] = spec["matchConditions"]
     assert '("app" in l && l["app"] == "web")' in gates["expression"]
-    assert variables(p.policies[0])["g0"].startswith(
-        f"((({cel.selector({'matchLabels': {'app': 'web'}}, cel.LABELS)}))"
-    )
+    selects = f"(({cel.selector({'matchLabels': {'app': 'web'}}, 'variables.labels')}))"
+    group = variables(p.policies[0])["groups0"]
+    assert group.startswith("[(0 in variables.candidates ? (") and f"({selects} // a-member-selects-the-pod" in group
     assert binding["spec"] == {
         "policyName": P0,
-        "matchResources": {"objectSelector": spec["matchConstraints"]["objectSelector"]},
+        "matchResources": {"objectSelector": {"matchExpressions": opt_out[:1]}},
     }, "the binding matches every pod its policy may see"
     # Nothing for the webhook but what a policy declines.
     assert p.webhook_condition.startswith("(false) || (")
@@ -79,7 +82,7 @@ def test_a_plain_sidecarset_gets_a_policy_and_a_binding() -> None:
 
 def test_the_namespace_field_and_selector_are_a_guard_of_the_mutation() -> None:
     p = planned(ss("mesh", namespace="shop"))
-    go = variables(p.policies[0])["g0"]
+    go = variables(p.policies[0])["groups0"]
     assert f'{cel.NAMESPACE_LABELS}["{names.NS_NAME_LABEL}"] == "shop"' in go
     assert "namespaceObject" not in p.policies[0].policy["spec"]["matchConditions"][0]["expression"]
 
@@ -87,16 +90,16 @@ def test_the_namespace_field_and_selector_are_a_guard_of_the_mutation() -> None:
 def test_many_groups_share_few_policies_and_each_keeps_its_own_code() -> None:
     sets = [ss(f"team-{k:03}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(250)]
     p = planned(*sets)
-    assert 3 <= len(p.policies) <= 5, [g.name for g in p.policies]
+    assert 4 <= len(p.policies) <= 5, [g.name for g in p.policies]
     assert all(len(g.groups) <= bundle.MAX_GROUPS for g in p.policies)
     assert all(len(orjson.dumps(g.policy)) <= bundle.MAX_BYTES + 64 * 1024 for g in p.policies)
     assert sorted(m for g in p.policies for m in g.members) == sorted(s.name for s in sets)
     first = p.policies[0]
     spec = first.policy["spec"]
-    assert len(spec["mutations"]) == 1 and ".flatten()" in spec["mutations"][0]["jsonPatch"]["expression"]
+    assert len(spec["mutations"]) == 1 and "variables.groups0 + " in spec["mutations"][0]["jsonPatch"]["expression"]
     [gates] = spec["matchConditions"]
     assert len(gates["expression"]) < 5000, "the groups' selectors as one set lookup, not one term each"
-    assert {"g0", "g1", "anns", "labels"} <= set(variables(first))
+    assert {"groups0", "groups1", "candidates", "anns", "labels"} <= set(variables(first))
     assert len(variables(first)) <= 12 + len(first.groups), (
         "one variable per group: the API server builds one entry per variable per pod"
     )
@@ -137,9 +140,9 @@ def test_what_a_policy_cannot_express_stays_on_the_webhook_named(spec: dict[str,
     assert selecting.pods_selected([ss("mesh", **spec)]) == selects_mesh
     assert p.webhook_condition.startswith(f"({selects_mesh}) || (")
     # `other` cannot select mesh's pods: its policy need not exclude them.
-    assert "// not-for-the-webhook" not in variables(p.policies[0])["g0"]
+    assert "// not-for-the-webhook" not in variables(p.policies[0])["groups0"]
     near = planned(ss("mesh", **spec), ss("other", selector={"matchLabels": {"tier": "x"}}))
-    go = variables(near.policies[0])["g0"]
+    go = variables(near.policies[0])["groups0"]
     assert f"(!({plan.policy_excludes([ss('mesh', **spec)])})) // not-for-the-webhook" in go
 
 
