@@ -162,6 +162,11 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
                 break
             index += 1
         put(name, g)
+    # Within a policy, groups keep the order given: a group joining one lands where the next pass
+    # would put it, so the policy is written once, not once appended and again in order.
+    order = {g.key: i for i, g in enumerate(groups)}
+    for held in bins.values():
+        held.sort(key=lambda g: order[g.key])
     return sorted(bins.items(), key=lambda item: int(item[0][len(NAME_PREFIX) :]))
 
 

@@ -31,7 +31,8 @@ import orjson
 
 from injector.policy import plan as planning
 from injector.policy import selecting
-from injector.policy.generate import ANN_MEMBERS, Generated, covers
+from injector.policy.generate import Generated, covers
+from injector.policy.stored import members, name_of, older
 from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
@@ -57,24 +58,6 @@ RECHECK_SECONDS = 600.0
 # A large policy takes longer to compile: 200 containers (1.2 MB) were enforced 5.8 s after they were
 # stored, 100 (0.8 MB) after 4.3 s, on kube-apiserver 1.37 here. Five seconds per MB on top of `settle`.
 SETTLE_PER_BYTE = 5.0 / 1_000_000
-
-
-def _name(obj: JsonObj | None) -> str:
-    return str(((obj or {}).get("metadata") or {}).get("name") or "")
-
-
-def _older(obj: JsonObj, than: JsonObj | None) -> bool:
-    """`obj` is an older version than `than` (resourceVersions compared as the numbers etcd gives)."""
-    try:
-        return than is not None and int(obj["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def _members(policy: JsonObj) -> list[str]:
-    """The SidecarSets a stored policy of ours injects (its groups joined by ";", members by ",")."""
-    text = str((((policy.get("metadata") or {}).get("annotations")) or {}).get(ANN_MEMBERS) or "")
-    return [m for group in text.split(";") for m in group.split(",") if m]
 
 
 class PolicySync:
@@ -123,7 +106,7 @@ class PolicySync:
 
     # -- informer handlers ---------------------------------------------------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        name = _name(new or old)
+        name = name_of(new or old)
         if kind == "DELETED" or new is None:
             self.models.pop(name, None)
         else:
@@ -134,10 +117,10 @@ class PolicySync:
         self.dirty.set()
 
     def _keep(self, into: dict[str, JsonObj], kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        name = _name(new or old)
+        name = name_of(new or old)
         if kind == "DELETED" or new is None:
             into.pop(name, None)
-        elif not _older(new, into.get(name)):  # our own write's answer may have been kept already
+        elif not older(new, into.get(name)):  # our own write's answer may have been kept already
             into[name] = new
         self.dirty.set()
 
@@ -148,7 +131,7 @@ class PolicySync:
         self._keep(self.bindings, kind, old, new)
 
     def on_webhook_config(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        if _name(new or old) == self.webhook_config:
+        if name_of(new or old) == self.webhook_config:
             self.mwc = None if kind == "DELETED" else new
             self.dirty.set()
 
@@ -196,7 +179,7 @@ class PolicySync:
             timestamp=_STAMP,
             unsupported=self.unsupported,
             refused=refused,
-            previous={m: name for name, stored in self.policies.items() for m in _members(stored)},
+            previous={m: name for name, policy in self.policies.items() for m in members(policy)},
             cache=self.cache,
         )
 
@@ -207,6 +190,7 @@ class PolicySync:
             pending = planning.Route(planning.Path.WEBHOOK, planning.Why.PENDING, "detecting policy support")
             self._publish(dict.fromkeys(self.models, pending))
             return
+        planned = dict(self.models)
         p = self.plan()
         policies, bindings = self._desired(p.policies)
         changed = [g for g in p.policies if not self._current(g, policies, bindings)]
@@ -230,6 +214,7 @@ class PolicySync:
         refused = False
         for g in changed:
             refused |= not await self._write(g, policies[g.name], bindings[g.name])
+            condition = await self._widen_for_news(condition, planned)
         for name in stale_bindings:
             await self._delete(f"{BINDINGS}/{name}")
         for name in stale_policies:
@@ -238,6 +223,19 @@ class PolicySync:
             self.dirty.set()  # plan again with those SidecarSets on the webhook
             return
         self._publish(p.routes)
+
+    async def _widen_for_news(self, condition: str, planned: dict[str, SidecarSet]) -> str:
+        """Between two policy writes (each can take the API server seconds): SidecarSets created or
+        changed since this pass planned go to the webhook now, not after the pass, so a new
+        SidecarSet reaches new pods as fast as the webhook's store whatever the number of policies."""
+        news = [ss for name, ss in self.models.items() if planned.get(name) is not ss]
+        if not news:
+            return condition
+        self.settling |= {ss.name for ss in news}
+        planned.update((ss.name, ss) for ss in news)
+        widened = f"({condition}) || ({selecting.pods_selected(news, approximate=True)})"
+        await self._set_condition(widened)
+        return widened
 
     def _publish(self, routes: Mapping[str, planning.Route]) -> None:
         changed = {n for n in set(routes) | set(self.routes) if routes.get(n) != self.routes.get(n)}
@@ -324,7 +322,7 @@ class PolicySync:
         """Create or replace the object, and keep the answer: the next pass compares with what was
         written, not with a watch that may not have delivered it yet (a large policy takes seconds
         to store; comparing with the older one would write again, with a new time, for ever)."""
-        name = _name(body)
+        name = name_of(body)
         written: JsonObj | None = None
         if stored is None:
             try:
@@ -338,7 +336,7 @@ class PolicySync:
                 "metadata": {**body["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]},
             }
             written = await self.client.update(f"{path}/{name}", replacement)
-        if not _older(written, into.get(name)):
+        if not older(written, into.get(name)):
             into[name] = written
 
     async def _delete(self, path: str) -> None:

@@ -153,6 +153,44 @@ def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
     assert '"web"' in extra and '"logs"' not in extra, extra
 
 
+def test_a_sidecarset_created_while_a_policy_is_written_widens_the_webhook_before_the_next_write() -> None:
+    """Storing a large policy takes the API server seconds and a pass may write several: a SidecarSet
+    created meanwhile goes to the webhook after the write in progress, not when the pass ends."""
+    rig = Rig()
+    rig.add("mesh")
+    rig.add("logs", app="logs", containers=[{"name": "shipper", "image": "shipper:1"}])
+    late: list[JsonObj] = []
+
+    def create_late(path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if path.startswith(POLICIES + "/") and not late:
+            late.append(rig.add("late", app="late"))
+
+    rig.api.listeners.append(create_late)
+    rig.run()
+    assert late, "no policy was written"
+    writes = rig.api.writes()
+    first_policy = next(i for i, w in enumerate(writes) if w.startswith(POLICIES))
+    # The condition written right after the first policy write takes the late SidecarSet's pods.
+    after = [i for i, w in enumerate(writes) if w == MWC and i > first_policy]
+    assert after, writes
+    widened = rig.ours()
+    assert widened is not None and '"late"' in widened
+    # The late SidecarSet stays on the webhook until its own policy is written and settles.
+    assert "late" in rig.sync.settling
+    rig.api.listeners.remove(create_late)
+    before = len(rig.api.writes("update", POLICIES))
+    rig.run()
+    rig.now += 10
+    rig.run()
+    rig.now += 10
+    rig.run()
+    # Written once with the late member in its place (oldest first, then by name), not appended then sorted.
+    assert len(rig.api.writes("update", POLICIES)) == before + 1
+    narrowed = rig.ours()
+    assert narrowed is not None and '"late"' not in narrowed.split(") || (")[-1]
+    assert rig.sync.routes["late"].path is Path.POLICY
+
+
 def test_a_written_policy_is_remembered_before_the_watch_delivers_it() -> None:
     """A large policy takes seconds to store and its watch event comes later still: comparing the
     next pass with the policy from before the write wrote it again, with a new time, for ever."""

@@ -1,0 +1,25 @@
+"""Our stored policies as the sync reads them back: their names, the SidecarSets they hold, and
+which of two versions of one is the newer."""
+
+from __future__ import annotations
+
+from injector.policy.generate import ANN_MEMBERS
+from kuberuntime.jsontypes import JsonObj
+
+
+def name_of(obj: JsonObj | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("name") or "")
+
+
+def older(obj: JsonObj, than: JsonObj | None) -> bool:
+    """`obj` is an older version than `than` (resourceVersions compared as the numbers etcd gives)."""
+    try:
+        return than is not None and int(obj["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def members(policy: JsonObj) -> list[str]:
+    """The SidecarSets a stored policy of ours injects (its groups joined by ";", members by ",")."""
+    text = str((((policy.get("metadata") or {}).get("annotations")) or {}).get(ANN_MEMBERS) or "")
+    return [m for group in text.split(";") for m in group.split(",") if m]
