@@ -42,10 +42,12 @@ class Snapshot:
     by_name: Mapping[str, SidecarSet] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.index is None or self.index.sidecarsets != self.sidecarsets:
-            object.__setattr__(self, "index", PodIndex(self.sidecarsets))
-        object.__setattr__(self, "pinning", any(ss.injection_revision is not None for ss in self.sidecarsets))
-        object.__setattr__(self, "by_name", MappingProxyType({ss.name: ss for ss in self.sidecarsets}))
+        index = self.index
+        if index is None or (index.sidecarsets is not self.sidecarsets and index.sidecarsets != self.sidecarsets):
+            index = PodIndex(self.sidecarsets)
+            object.__setattr__(self, "index", index)
+        object.__setattr__(self, "pinning", index.pinning)
+        object.__setattr__(self, "by_name", index.by_name)
 
     def sidecarsets_for(self, namespace: str, pod_labels: Mapping[str, str]) -> tuple[SidecarSet, ...]:
         """The SidecarSets that may select such a pod (PodIndex): the others cannot."""

@@ -15,6 +15,7 @@ namespace for the same reason.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from sidecarsets.spec import names
@@ -74,10 +75,13 @@ def _namespace_names(selector: Mapping[str, Any] | None) -> list[str] | None:
 class PodIndex:
     """`candidates(namespace, labels)`: the SidecarSets that may select such a pod, in the given order."""
 
-    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_loose", "sidecarsets")
+    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_loose", "by_name", "pinning", "sidecarsets")
 
     def __init__(self, sidecarsets: Sequence[SidecarSet]) -> None:
         self.sidecarsets = tuple(sidecarsets)
+        # Kept here, with the index, so a snapshot rebuilt for a namespace change does not walk every SidecarSet.
+        self.by_name: Mapping[str, SidecarSet] = MappingProxyType({ss.name: ss for ss in self.sidecarsets})
+        self.pinning = any(ss.injection_revision is not None for ss in self.sidecarsets)  # some pin new pods
         self._by_namespace: dict[str, list[int]] = {}
         self._by_label: dict[tuple[str, str], list[int]] = {}
         self._by_key: dict[str, list[int]] = {}
