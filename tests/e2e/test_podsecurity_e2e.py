@@ -121,6 +121,13 @@ def app_pod(app: str) -> dict[str, Any]:
     )
 
 
+def injected_in(kube: Kube, namespace: str, app: str, sidecarset_name: str) -> bool:
+    """Whether a pod created now in `namespace` gets `sidecarset_name`'s sidecars (dry run)."""
+    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods", app_pod(app), dryRun="All")
+    injected = (pod["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_LIST, "")
+    return sidecarset_name in injected.split(",")
+
+
 @pytest.fixture
 def levels(kube: Kube, manager: RunningManager) -> Iterator[dict[str, str]]:
     """A namespace labelled for injection at each enforce level: level -> name."""
@@ -165,6 +172,14 @@ def test_warnings_and_the_condition_agree_with_pod_security_admission_in_64_case
         for i, case in enumerate(CASES):
             name = created[i]
             condition = eventually(functools.partial(pod_security, kube, name), timeout=20, what=f"{name} PodSecurity")
+            # The condition is the controller's; injection goes live separately (a policy write or the
+            # webhook's widened condition). Probe only once a pod in the unenforced namespace gets
+            # this sidecar, or an uninjected pod is admitted and reads as a wrong prediction.
+            eventually(
+                functools.partial(injected_in, kube, levels["none"], f"psa{i}-{tag}", name),
+                timeout=60,  # a policy pass under the whole suite's load: seconds, rarely tens
+                what=f"{name} injecting",
+            )
             for level, ns in levels.items():
                 predicted = f"{ns} (enforce " in condition["message"]
                 try:

@@ -10,6 +10,7 @@ changes nothing a pod gets.
 
 from __future__ import annotations
 
+import functools
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,15 @@ def injected_by(c: PrivateCluster, team: str) -> str | None:
     return (pod["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
 
 
+def revision_recorded(c: PrivateCluster, team: str) -> bool:
+    """Whether a pod of `team` now records the revision the controller stored in its SidecarSet's status."""
+    ss = c.kube.get(f"{SS_PATH}/scale-{team}")
+    revision = (ss.get("status") or {}).get("latestRevision")
+    pod = c.kube.create(PODS.format(NS), team_pod(team), dryRun="All")
+    recorded = (pod["metadata"].get("annotations") or {}).get(names.ANN_HASH, "")
+    return bool(revision) and f'"controllerRevision":"{revision}"' in recorded
+
+
 def condition(c: PrivateCluster) -> str | None:
     hook = c.kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")["webhooks"][0]
     return next((m["expression"] for m in hook.get("matchConditions") or [] if m["name"] == CONDITION_NAME), None)
@@ -98,8 +108,18 @@ def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_
     ]
     assert 2 <= len(policies) <= 5, policies  # 200 groups of about 15 KiB, up to 1 MiB each
 
-    before = inject_calls(c)
     teams = [f"p{k}" for k in range(0, N, 10)]
+    for team in teams:
+        # A policy written before the controller recorded the SidecarSet's first revision injects
+        # without `controllerRevision`, as the webhook does before its watch delivers that status;
+        # the rewrite that adds it follows. Compare once it has.
+        eventually(
+            functools.partial(revision_recorded, c, team),
+            timeout=120,  # a policy pass over 200 groups under the suite's load
+            interval=0.5,
+            what=f"{team}'s policy recording its revision",
+        )
+    before = inject_calls(c)
     for team in teams:
         pod = c.kube.create(PODS.format(NS), team_pod(team))
         assert pod["metadata"]["annotations"][names.ANN_INJECTED_BY] == "policy", team
