@@ -30,14 +30,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from kuberuntime import api
 from kuberuntime.backoff import JITTER
 from kuberuntime.clock import first_of, micro_time, utc_now
 from kuberuntime.jsontypes import JsonObj
+from kuberuntime.leaserecord import LeaseRecord
 from kuberuntime.metrics import IS_LEADER
 
 log = logging.getLogger(__name__)
@@ -53,40 +52,6 @@ STOP_LEADING_SECONDS = 2.0
 RELEASE_SECONDS = 4.0
 
 OnStarted = Callable[[asyncio.Event], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """The election fields of a Lease spec; compared whole to detect any change."""
-
-    holder: str = ""
-    duration: int = 0
-    acquire_time: str | None = None
-    renew_time: str | None = None
-    transitions: int = 0
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> LeaseRecord:
-        spec = spec if isinstance(spec, dict) else {}
-        return cls(
-            holder=str(spec.get("holderIdentity") or ""),
-            duration=int(spec.get("leaseDurationSeconds") or 0),
-            acquire_time=spec.get("acquireTime"),
-            renew_time=spec.get("renewTime"),
-            transitions=int(spec.get("leaseTransitions") or 0),
-        )
-
-    def to_spec(self) -> JsonObj:
-        spec: JsonObj = {
-            "holderIdentity": self.holder,
-            "leaseDurationSeconds": self.duration,
-            "leaseTransitions": self.transitions,
-        }
-        if self.acquire_time:
-            spec["acquireTime"] = self.acquire_time
-        if self.renew_time:
-            spec["renewTime"] = self.renew_time
-        return spec
 
 
 class LeaderElector:

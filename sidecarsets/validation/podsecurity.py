@@ -158,25 +158,41 @@ def _baseline(
                 "seccompProfile",
                 f'{_containers(_names(unconfined))} must not set securityContext.seccompProfile.type to "Unconfined"',
             )
-    apparmor = [c for c in containers if ((_sc(c).get("appArmorProfile") or {}).get("type")) == "Unconfined"]
-    apparmor_annotations = [
-        f'{k}="{v}"' for k, v in annotations.items()
-        if k.startswith(_APPARMOR_ANNOTATION) and v != "runtime/default" and not v.startswith("localhost/")
-    ]  # fmt: skip
-    if apparmor or apparmor_annotations:
-        profiles = (
-            [f'{_containers(_names(apparmor))} must not set securityContext.appArmorProfile.type to "Unconfined"']
-            if apparmor
-            else []
-        )
-        profiles += [f"forbidden annotation {a}" for a in apparmor_annotations]
-        add("forbidden AppArmor profile", "; ".join(profiles))
+    apparmor = _apparmor(containers, annotations)
+    if apparmor:
+        add("forbidden AppArmor profile", apparmor)
     host_process = [c for c in containers if ((_sc(c).get("windowsOptions") or {}).get("hostProcess")) is True]
     if host_process:
         add(
             "hostProcess",
             f"{_containers(_names(host_process))} must not set securityContext.windowsOptions.hostProcess=true",
         )
+    hosts = _probe_hosts(containers)
+    if hosts:
+        add("probe or lifecycle host", hosts)
+    return out
+
+
+def _apparmor(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, str]) -> str | None:
+    """The baseline AppArmor check's detail, or None when it passes."""
+    apparmor = [c for c in containers if ((_sc(c).get("appArmorProfile") or {}).get("type")) == "Unconfined"]
+    apparmor_annotations = [
+        f'{k}="{v}"' for k, v in annotations.items()
+        if k.startswith(_APPARMOR_ANNOTATION) and v != "runtime/default" and not v.startswith("localhost/")
+    ]  # fmt: skip
+    if not apparmor and not apparmor_annotations:
+        return None
+    profiles = (
+        [f'{_containers(_names(apparmor))} must not set securityContext.appArmorProfile.type to "Unconfined"']
+        if apparmor
+        else []
+    )
+    profiles += [f"forbidden annotation {a}" for a in apparmor_annotations]
+    return "; ".join(profiles)
+
+
+def _probe_hosts(containers: Sequence[Mapping[str, Any]]) -> str | None:
+    """The baseline probe/lifecycle host check's detail, or None when it passes."""
     hosts: dict[str, list[str]] = {}
     for c in containers:
         for handler in _handlers(c):
@@ -184,12 +200,12 @@ def _baseline(
                 host = (handler.get(kind) or {}).get("host") if isinstance(handler.get(kind), Mapping) else None
                 if host:
                     hosts.setdefault(str(c.get("name")), []).append(str(host))
-    if hosts:
-        every = sorted({h for hs in hosts.values() for h in hs})
-        uses = "uses" if len(hosts) == 1 else "use"
-        what = "probe or lifecycle host" if len(every) == 1 else "probe or lifecycle hosts"
-        add("probe or lifecycle host", f"{_containers(list(hosts))} {uses} {what} {_quote(every)}")
-    return out
+    if not hosts:
+        return None
+    every = sorted({h for hs in hosts.values() for h in hs})
+    uses = "uses" if len(hosts) == 1 else "use"
+    what = "probe or lifecycle host" if len(every) == 1 else "probe or lifecycle hosts"
+    return f"{_containers(list(hosts))} {uses} {what} {_quote(every)}"
 
 
 def _handlers(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:

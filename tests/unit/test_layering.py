@@ -139,6 +139,23 @@ def test_no_product_folder_holds_more_than_15_modules() -> None:
             assert len(modules) <= 15, (folder, len(modules))
 
 
+def test_no_product_module_over_400_lines_and_no_function_over_80() -> None:
+    """A module a reader can hold, a function a screen can show."""
+    too_long = []
+    for package in PRODUCT:
+        for path in (REPO / package).rglob("*.py"):
+            source = path.read_text()
+            lines = source.count("\n")
+            if lines > 400:
+                too_long.append((str(path.relative_to(REPO)), "module", lines))
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > 80:
+                        too_long.append((str(path.relative_to(REPO)), node.name, length))
+    assert not too_long, too_long
+
+
 def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     source = tmp_path / "x.py"
     source.write_text(
