@@ -46,11 +46,24 @@ def binaries_dir() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port free now and never handed out before in this process.
+
+    The kernel gives a port just released to the next bind: a port reserved by number for later (the
+    session manager's, which the CRD's conversion webhook names before the manager starts) could go
+    to a private control plane started meanwhile, and the API server's kept-alive connections to that
+    port then reach the wrong server (seen: "apiserver is shutting down" from a stopped one).
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _die_with_parent() -> None:
