@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,20 @@ from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+
+
+def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """kubectl (built with the control plane) against `cp`, as a user runs it; never raises on failure."""
+    binary = cp.bin_dir / "kubectl"
+    assert binary.exists(), f"no kubectl in {cp.bin_dir} (tools/build-control-plane.sh builds it)"
+    return subprocess.run(
+        [str(binary), f"--kubeconfig={cp.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def make_sidecarset(name: str, app: str, **spec: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets.spec import names
-from tests.e2e.helpers import SS_PATH, make_sidecarset
+from tests.e2e.helpers import SS_PATH, kubectl, make_sidecarset
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
@@ -42,19 +42,6 @@ CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CERT_MANAGER_KINDS = ("Issuer", "Certificate")
 
 Obj = dict[str, Any]
-
-
-def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    binary = cp.bin_dir / "kubectl"
-    assert binary.exists(), f"no kubectl in {cp.bin_dir} (tools/build-control-plane.sh builds it)"
-    return subprocess.run(
-        [str(binary), f"--kubeconfig={cp.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:

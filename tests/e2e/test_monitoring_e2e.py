@@ -24,7 +24,6 @@ family is absent until its first series: those panels show "No data" until the e
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import yaml
 
 from sidecarsets.spec import names
-from tests.e2e.helpers import create_ready_pods, wait_injecting, wait_status
+from tests.e2e.helpers import create_ready_pods, kubectl, wait_injecting, wait_status
 from tests.e2e.test_metrics_e2e import Scrape, scrape
 from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane
@@ -43,19 +42,6 @@ from tests.unit.install.test_monitoring import expected_dashboard_configmap, que
 CONFIG = REPO / "config"
 
 Obj = dict[str, Any]
-
-
-def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    binary = cp.bin_dir / "kubectl"
-    assert binary.exists(), f"no kubectl in {cp.bin_dir} (tools/build-control-plane.sh builds it)"
-    return subprocess.run(
-        [str(binary), f"--kubeconfig={cp.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def kustomize(cp: ControlPlane, directory: Path) -> dict[tuple[str, str, str], Obj]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import yaml
 
 from kuberuntime import api
 from sidecarsets.spec import names
-from tests.e2e.helpers import SS_PATH
+from tests.e2e.helpers import SS_PATH, kubectl
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane
@@ -94,19 +93,6 @@ def sidecarset(case: Case, name: str, app: str, **meta: Any) -> dict[str, Any]:
     )
 
 
-def kubectl(cp: ControlPlane, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    binary = cp.bin_dir / "kubectl"
-    assert binary.exists(), f"no kubectl in {cp.bin_dir}"
-    return subprocess.run(
-        [str(binary), f"--kubeconfig={cp.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def pod_security(kube: Kube, name: str) -> dict[str, Any] | None:
     status = kube.get(f"{SS_PATH}/{name}").get("status") or {}
     return next((c for c in status.get("conditions") or [] if c["type"] == names.CONDITION_POD_SECURITY), None)
@@ -169,6 +155,7 @@ def test_warnings_and_the_condition_agree_with_pod_security_admission_in_64_case
             created.append(name)
             warned[name] = proc.stderr
         agree, cases = 0, []
+        evidence: dict[tuple[str, str], Any] = {}
         for i, case in enumerate(CASES):
             name = created[i]
             condition = eventually(functools.partial(pod_security, kube, name), timeout=20, what=f"{name} PodSecurity")
@@ -183,16 +170,22 @@ def test_warnings_and_the_condition_agree_with_pod_security_admission_in_64_case
             for level, ns in levels.items():
                 predicted = f"{ns} (enforce " in condition["message"]
                 try:
-                    kube.create(f"/api/v1/namespaces/{ns}/pods", app_pod(f"psa{i}-{tag}"), dryRun="All")
+                    pod = kube.create(f"/api/v1/namespaces/{ns}/pods", app_pod(f"psa{i}-{tag}"), dryRun="All")
                     refused = False
                 except api.ApiError as e:
                     assert e.status == 403 and "violates PodSecurity" in e.message, e.message
                     refused = True
                 cases.append((case.name, level, predicted, refused))
                 agree += predicted == refused
+                if predicted and not refused:  # what the API server admitted, for the failure message
+                    evidence[(case.name, level)] = {
+                        "annotations": pod["metadata"].get("annotations"),
+                        "containers": [(c["name"], c.get("securityContext")) for c in pod["spec"]["containers"]],
+                        "pod securityContext": pod["spec"].get("securityContext"),
+                    }
         disagreements = [c for c in cases if c[2] != c[3]]
         print(f"\nPod Security: {agree}/{len(cases)} cases agree with the API server's PodSecurity admission")
-        assert len(cases) == 64 and not disagreements, disagreements
+        assert len(cases) == 64 and not disagreements, (disagreements, evidence)
         # The webhook said so when the SidecarSet was applied, naming the namespace and the check.
         escalation = created[[c.name for c in CASES].index("r-escalation")]
         assert f'PodSecurity "restricted" (enforce) in namespace {levels["restricted"]}' in warned[escalation]
