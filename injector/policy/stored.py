@@ -3,6 +3,10 @@ which of two versions of one is the newer."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import orjson
+
 from injector.policy.generate import ANN_MEMBERS
 from kuberuntime.jsontypes import JsonObj
 
@@ -23,3 +27,17 @@ def members(policy: JsonObj) -> list[str]:
     """The SidecarSets a stored policy of ours injects (its groups joined by ";", members by ",")."""
     text = str((((policy.get("metadata") or {}).get("annotations")) or {}).get(ANN_MEMBERS) or "")
     return [m for group in text.split(";") for m in group.split(",") if m]
+
+
+def changed_members(stored: JsonObj | None, digests: Mapping[str, str], annotation: str) -> list[str]:
+    """The members of the groups whose CEL differs from what the stored policy holds (its group
+    digests in `annotation`; all of a new policy's): only their pods need the webhook until the API
+    server enforces the new one."""
+    annotations = ((stored or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        held = orjson.loads(annotations.get(annotation) or "{}")
+    except orjson.JSONDecodeError:
+        held = {}
+    if not isinstance(held, dict):
+        held = {}
+    return [m for key, digest in digests.items() if held.get(key) != digest for m in key.split(",")]

@@ -32,7 +32,7 @@ import orjson
 from injector.policy import plan as planning
 from injector.policy import selecting
 from injector.policy.generate import Generated, covers
-from injector.policy.stored import members, name_of, older
+from injector.policy.stored import changed_members, members, name_of, older
 from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
@@ -200,7 +200,9 @@ class PolicySync:
             return
         now = self.monotonic()
         if changed:
-            self.settling |= {m for g in changed for m in self._changed_members(g)}
+            self.settling |= {
+                m for g in changed for m in changed_members(self.policies.get(g.name), g.digests, ANN_DIGESTS)
+            }
             size = sum(len(orjson.dumps(policies[g.name])) for g in changed)
             self.narrow_at = max(self.narrow_at or 0.0, now + self.settle + size * SETTLE_PER_BYTE)
         elif self.narrow_at is not None and now >= self.narrow_at:
@@ -213,7 +215,9 @@ class PolicySync:
         await self._set_condition(condition)
         refused = False
         for g in changed:
+            started = self.monotonic()
             refused |= not await self._write(g, policies[g.name], bindings[g.name])
+            self._settle_after_write(policies[g.name], started)
             condition = await self._widen_for_news(condition, planned)
         for name in stale_bindings:
             await self._delete(f"{BINDINGS}/{name}")
@@ -223,6 +227,15 @@ class PolicySync:
             self.dirty.set()  # plan again with those SidecarSets on the webhook
             return
         self._publish(p.routes)
+
+    def _settle_after_write(self, policy: JsonObj, started: float) -> None:
+        """Keep the webhook widened until this policy, just written, can be enforced: counted from the
+        end of its write, not the start of the pass (writes of large policies take the API server
+        seconds each, so a pass of several used to narrow as soon as the last write returned), plus
+        as long again as the write took (the API server compiles the same CEL again to enforce it)."""
+        done = self.monotonic()
+        until = done + self.settle + len(orjson.dumps(policy)) * SETTLE_PER_BYTE + (done - started)
+        self.narrow_at = max(self.narrow_at or 0.0, until)
 
     async def _widen_for_news(self, condition: str, planned: dict[str, SidecarSet]) -> str:
         """Between two policy writes (each can take the API server seconds): SidecarSets created or
@@ -272,18 +285,6 @@ class PolicySync:
             binding["metadata"] = {**g.binding["metadata"], "ownerReferences": owners}
             policies[g.name], bindings[g.name] = policy, binding
         return policies, bindings
-
-    def _changed_members(self, g: Generated) -> list[str]:
-        """The members of the groups whose CEL differs from what the stored policy holds (all of a
-        new policy's): only their pods need the webhook until the API server enforces the new one."""
-        annotations = ((self.policies.get(g.name) or {}).get("metadata") or {}).get("annotations") or {}
-        try:
-            stored = orjson.loads(annotations.get(ANN_DIGESTS) or "{}")
-        except orjson.JSONDecodeError:
-            stored = {}
-        if not isinstance(stored, dict):
-            stored = {}
-        return [m for key, digest in g.digests.items() if stored.get(key) != digest for m in key.split(",")]
 
     def _owners(self, g: Generated) -> list[JsonObj]:
         """Every member owns the objects: deleting the last one lets the garbage collector remove them."""

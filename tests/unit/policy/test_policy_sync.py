@@ -133,6 +133,26 @@ def test_a_new_sidecarset_widens_the_webhook_writes_its_policy_then_narrows() ->
     assert rig.api.objects[MWC]["webhooks"][0]["matchConditions"] == [{"name": "theirs", "expression": "true"}]
 
 
+def test_the_webhook_stays_widened_after_a_slow_policy_write_for_as_long_again_as_the_write_took() -> None:
+    rig = Rig()
+    rig.add("mesh")
+
+    def slow_write(path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if path.startswith(POLICIES + "/") and old is None:
+            rig.now += 10.0  # the API server took 10 s to accept (compile) the policy
+
+    rig.api.listeners.insert(0, slow_write)
+    rig.run()
+    widened = rig.ours()
+    assert rig.policy(P0) is not None and widened is not None and '"web"' in widened
+    rig.now += 2.5  # past `settle` counted from the start of the pass, and from the write's end
+    rig.run()
+    assert rig.ours() == widened, "narrowed before the API server could have compiled the policy again"
+    rig.now += 10.0
+    rig.run()
+    assert rig.ours() != widened
+
+
 def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
     rig = Rig()
     rig.add("mesh")
