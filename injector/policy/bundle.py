@@ -116,11 +116,11 @@ def _one_key(groups: Sequence[GroupParts]) -> list[JsonObj]:
     values: set[str] = set()
     for g in groups:
         for ss in g.sidecarsets:
-            found = podindex.label_anchors(ss.selector)
-            if not found or any(kind != "label" for kind, _, _ in found):
+            block = podindex.label_block(ss.selector)
+            if block is None:
                 return []
-            keys |= {key for _, key, _ in found}
-            values |= {str(value) for _, _, value in found}
+            keys.add(block[0])
+            values |= block[1]
     if len(keys) != 1:
         return []
     return [{"key": keys.pop(), "operator": "In", "values": sorted(values)}]

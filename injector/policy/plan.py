@@ -146,7 +146,7 @@ class OverlapIndex:
         self._by_key: dict[str, dict[str, list[int]]] = {}
         self._anchor: list[tuple[str, frozenset[str]] | None] = []
         for i, ss in enumerate(self.sidecarsets):
-            anchor = _label_block(ss)
+            anchor = podindex.label_block(ss.selector)
             self._anchor.append(anchor)
             if anchor is not None:
                 for value in anchor[1]:
@@ -154,7 +154,7 @@ class OverlapIndex:
 
     def sharing(self, ss: SidecarSet) -> list[int]:
         """Indices of the SidecarSets that may share pods with `ss` (compared exactly)."""
-        anchor = _label_block(ss)
+        anchor = podindex.label_block(ss.selector)
         near: Iterable[int]
         if anchor is None:
             near = range(len(self.sidecarsets))
@@ -163,14 +163,6 @@ class OverlapIndex:
             same_key = {i for v in values for i in self._by_key.get(key, {}).get(v, ())}
             near = sorted(same_key | {i for i, a in enumerate(self._anchor) if a is None or a[0] != key})
         return [i for i in near if self.sidecarsets[i] is not ss and may_share_pods(ss, self.sidecarsets[i])]
-
-
-def _label_block(ss: SidecarSet) -> tuple[str, frozenset[str]] | None:
-    """(key, values): a pod `ss` selects has that label with one of those values; None if unknown."""
-    found = podindex.label_anchors(ss.selector)
-    if not found or any(kind != "label" for kind, _, _ in found):
-        return None
-    return found[0][1], frozenset(str(v) for _, _, v in found)
 
 
 def overlap_groups(sidecarsets: list[SidecarSet]) -> list[list[SidecarSet]]:

@@ -52,6 +52,15 @@ def label_anchors(selector: Mapping[str, Any] | None) -> list[Anchor] | None:
     return None
 
 
+def label_block(selector: Mapping[str, Any] | None) -> tuple[str, frozenset[str]] | None:
+    """(key, values): a pod `selector` matches carries that label with one of those values; None when
+    no single label is required (a key alone, or nothing)."""
+    found = label_anchors(selector)
+    if not found or any(kind != "label" for kind, _, _ in found):
+        return None
+    return found[0][1], frozenset(str(v) for _, _, v in found)
+
+
 def _namespace_names(selector: Mapping[str, Any] | None) -> list[str] | None:
     """The namespaces a selector on the name label alone can match, or None when it is no such selector."""
     if not selector:
