@@ -20,6 +20,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -317,6 +318,9 @@ class Supervisor:
             for sock in self.socks:
                 if sock is not None:
                     sock.close()
+            # Its children are gone: their status files, metrics and any self-signed key with them,
+            # so a host that restarts the manager does not collect one directory per run.
+            shutil.rmtree(self.run_dir, ignore_errors=True)
             log.info("manager stopped")
 
 

@@ -8,11 +8,13 @@ API server's admission calls must keep succeeding while the files change underne
 from __future__ import annotations
 
 import random
+import re
 import signal
 import ssl
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -280,3 +282,5 @@ def test_sigterm_stops_the_manager_promptly(rig: Rig) -> None:
     report(sigterm_to_exit_s=round(took, 2))
     assert m.proc.returncode == 0, m.log_tail()
     assert took <= 6.0, f"the manager took {took:.1f}s to stop after SIGTERM:\n{m.log_tail(8)}"
+    run_dir = re.search(r"run_dir=(\S+)", m.log_path.read_text())
+    assert run_dir is not None and not Path(run_dir.group(1)).exists(), "its run directory is left behind"
