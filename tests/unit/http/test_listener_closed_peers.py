@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import ssl
 import tempfile
@@ -68,6 +69,7 @@ def _run(clients: Callable[[int, ssl.SSLContext], Any]) -> tuple[Any, list[int]]
     certutil.write_dir(cert_dir, leaf=certutil.make_leaf(ca), ca_pem=ca.cert_pem)
     reloader = CertReloader(str(cert_dir), alpn=HTTP1_ONLY)
     reloader.reload_now()
+    shutil.rmtree(cert_dir)  # loaded into memory; nothing re-reads it in this test
     ctx = certutil.client_context(ca.cert_pem, alpn=("h2", "http/1.1"))
 
     async def main() -> tuple[Any, list[int]]:

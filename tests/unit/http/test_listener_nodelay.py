@@ -9,6 +9,7 @@ IPPROTO_TCP, which an accepted socket inherits from the listening one: both are 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -49,6 +50,7 @@ def test_a_served_connection_has_tcp_nodelay(monkeypatch: Any) -> None:
     certutil.write_dir(cert_dir, leaf=leaf, ca_pem=ca.cert_pem)
     reloader = CertReloader(str(cert_dir))
     reloader.reload_now()
+    shutil.rmtree(cert_dir)  # loaded into memory; nothing re-reads it in this test
 
     async def main() -> None:
         sock = listen("127.0.0.1:0")
