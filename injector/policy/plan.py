@@ -30,6 +30,7 @@ from sidecarsets.spec.model import SidecarSet
 # A policy near etcd's 1.5 MiB object limit (or with hundreds of containers) compiles slowly and
 # may exceed the API server's CEL limits: such a group stays on the webhook.
 MAX_POLICY_BYTES = 512 * 1024
+FIRST_REVISION = "waiting for the controller to record its first revision (status.latestRevision)"
 
 
 class Mode(StrEnum):
@@ -51,7 +52,7 @@ class Why(StrEnum):
     NEEDS_WEBHOOK = "NeedsWebhook"  # a feature a policy cannot express
     WEBHOOK_MODE = "WebhookMode"  # --injection=webhook
     UNSUPPORTED = "PolicyUnsupported"  # the API server does not enforce MutatingAdmissionPolicy
-    PENDING = "Pending"  # not planned yet (support still being detected)
+    PENDING = "Pending"  # not planned yet: support still being detected, or no revision recorded yet
     NOT_INJECTING = "NotInjecting"
 
 
@@ -224,10 +225,13 @@ def plan(
     refused: Mapping[str, str] | None = None,
     previous: Mapping[str, str] | None = None,
     cache: PartsCache | None = None,
+    await_revisions: bool = False,
 ) -> Plan:
     """The routes for `sidecarsets`; `unsupported` says why this API server cannot run policies;
     `refused` names SidecarSets whose policy the API server would not take (and its message);
-    `previous` maps SidecarSets to the policy that injects them now (injector.policy.bundle.pack)."""
+    `previous` maps SidecarSets to the policy that injects them now (injector.policy.bundle.pack);
+    `await_revisions` keeps a SidecarSet without a recorded revision on the webhook (the cluster's
+    sync; a file explained offline has no status)."""
     sidecarsets = list(sidecarsets)
     active = [ss for ss in sidecarsets if not ss.injection_paused and not selectors.is_empty(ss.selector)]
     idle = Route(Path.NONE, Why.NOT_INJECTING, "injection paused or no selector: nothing is injected")
@@ -244,6 +248,16 @@ def plan(
             check_servable(ss)
         except NeedsWebhook as e:
             on_webhook[ss.name] = str(e)
+    # A policy records the SidecarSet's revision in each pod, as the webhook does. Written before the
+    # controller has recorded the first one, it must be written again moments later, and a policy of
+    # many groups takes the API server seconds to compile each time: the webhook serves a new
+    # SidecarSet until then. With --injection=policy there is no webhook to wait on.
+    waiting = (
+        {ss.name for ss in active if ss.latest_revision is None and ss.name not in on_webhook}
+        if mode is Mode.AUTO and await_revisions
+        else set()
+    )
+    on_webhook.update({name: FIRST_REVISION for name in waiting})
     cache = cache if cache is not None else PartsCache()
     groups: list[GroupParts] = []
     for _ in range(len(active) + 1):  # a group falling back can push its overlapping neighbours' exclusions
@@ -256,7 +270,8 @@ def plan(
     cache.prune()
     for ss in active:
         if ss.name in on_webhook:
-            routes[ss.name] = Route(Path.WEBHOOK, Why.NEEDS_WEBHOOK, on_webhook[ss.name])
+            why = Why.PENDING if ss.name in waiting else Why.NEEDS_WEBHOOK
+            routes[ss.name] = Route(Path.WEBHOOK, why, on_webhook[ss.name])
     oldest_first = sorted(groups, key=lambda g: min((ss.creation_timestamp, ss.name) for ss in g.sidecarsets))
     generated = tuple(
         bundle.policy(name, packed, manager_namespace=manager_namespace)

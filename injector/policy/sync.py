@@ -181,6 +181,7 @@ class PolicySync:
             refused=refused,
             previous={m: name for name, policy in self.policies.items() for m in members(policy)},
             cache=self.cache,
+            await_revisions=True,
         )
 
     async def sync_once(self) -> None:

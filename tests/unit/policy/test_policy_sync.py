@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -78,6 +79,7 @@ class Rig:
                 handler(kind, old, new)
 
     def add(self, name: str, app: str = "web", **spec: Any) -> JsonObj:
+        spec.setdefault("status", {"latestRevision": f"{name}-1"})  # the controller has recorded it
         return self.api.put(
             f"{SS_PATH}/{name}", builders.sidecarset(name, selector={"matchLabels": {"app": app}}, **spec)
         )
@@ -151,6 +153,28 @@ def test_the_webhook_stays_widened_after_a_slow_policy_write_for_as_long_again_a
     rig.now += 10.0
     rig.run()
     assert rig.ours() != widened
+
+
+@pytest.mark.parametrize("mode", [Mode.AUTO, Mode.POLICY])
+def test_a_new_sidecarset_waits_on_the_webhook_for_its_first_revision_then_its_policy_is_written_once(
+    mode: Mode,
+) -> None:
+    rig = Rig(mode)
+    ss = rig.add("mesh", status={})
+    rig.run()
+    if mode is Mode.POLICY:  # no webhook to wait on: written at once, without a revision to record
+        assert rig.policy(P0) is not None
+        return
+    assert rig.policy(P0) is None
+    route = rig.sync.routes["mesh"]
+    assert (route.path, route.why) == (Path.WEBHOOK, Why.PENDING) and "first revision" in route.message
+    assert rig.ours() is not None and '"web"' in (rig.ours() or "")  # the webhook takes mesh's pods
+    rig.api.put(f"{SS_PATH}/mesh", {**ss, "status": {"latestRevision": "mesh-5d8f"}})
+    rig.run()
+    policy = rig.policy(P0)
+    assert policy is not None and "mesh-5d8f" in json.dumps(policy), "pods record the revision"
+    assert rig.sync.routes["mesh"].path is Path.POLICY
+    assert len(rig.api.writes("create", POLICIES)) == 1 and not rig.api.writes("update", POLICIES)
 
 
 def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
