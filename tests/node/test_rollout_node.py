@@ -33,13 +33,15 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from injector.policy import stored
+from injector.policy.support import POLICIES
 from sidecarsets.spec import names
 from tests.kube import images
 from tests.kube.adminrest import wait_for
@@ -617,8 +619,30 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
             return SIDECAR in [c["name"] for c in got["spec"]["containers"]] and served == by
 
         wait_for(injected, timeout=30, interval=0.2, what=f"pods of {app} injected by the {path} path")
+        if path == names.INJECTED_BY_WEBHOOK:
+            _until_no_policy_serves(cluster, name, injected)
         out[app] = (ss_path, path)
     return out
+
+
+def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[], bool]) -> None:
+    """`load-webhook` entered a policy when it was created (unpinned, after its first revision) and
+    left it when pinned. A dry-run injected by the webhook can come before the API server enforces
+    the version it entered, which then serves its pods until the version it left is enforced (a
+    policy is enforced about a second after its write, longer when large). So: until no stored
+    policy holds it, then the webhook's injection 3 s in a row (the API server's 1 s refresh, three times over)."""
+
+    def in_no_policy() -> bool:
+        listed = cluster.api.get(POLICIES)["items"]
+        return not any(name in stored.members(p) for p in listed)
+
+    wait_for(in_no_policy, timeout=30, interval=0.2, what=f"{name} in no stored policy")
+    steady_since = started = time.monotonic()
+    while time.monotonic() - steady_since < 3.0:
+        if not by_webhook():
+            steady_since = time.monotonic()
+            assert steady_since - started < 30, f"pods of {name} still not steadily injected by the webhook"
+        time.sleep(0.2)
 
 
 def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
