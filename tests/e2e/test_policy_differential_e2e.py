@@ -5,7 +5,12 @@ Two control planes of their own, each with the real `sidecarctl run`: one in `--
 MutatingAdmissionPolicies the manager generates; the webhook only for what a policy declines).
 Each case's namespaces and SidecarSets are created in both, its pods are created for real in both,
 and the stored pods must be equal field by field apart from name, uid, timestamps and
-`injected-by` (tests.e2e.policysupport.stored_pod). The corpus: every golden case with a pod
+`injected-by` (tests.e2e.policysupport.stored_pod). Both clusters run the neighbours of
+tests/kube/neighbours.py on every pod: a digest pinner called before sidecarctl's webhook (CREATE
+and UPDATE, re-invoked) and a second injector after it, as a real cluster would, so the two paths
+are compared as they behave among other admission steps, not alone (a second injector called
+*before* sidecarctl's webhook is not compared: the API server runs policies before every webhook,
+so the paths place its containers differently, as the README says). The corpus: every golden case with a pod
 (tests/golden, workload templates as the pods their controllers would create), the samples of
 config/samples, the benchmark's SidecarSets and pod, and the cases of tests/policy_corpus.
 """
@@ -36,6 +41,7 @@ from tests.kube.client import eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import VWC_PATH
+from tests.kube.neighbours import FOREIGN_INIT, FOREIGN_SIDECAR, digest_pinning_app, neighbour, second_injector_app
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 CORPUS = Path(__file__).resolve().parents[1] / "policy_corpus"
@@ -152,13 +158,75 @@ class Paths:
         return self.webhook, self.policy
 
 
+# Every namespace a case creates (the API server's own are left alone, as real neighbours do).
+UNNEIGHBOURED = ["kube-system", "kube-public"]
+NEIGHBOURED = {
+    "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": UNNEIGHBOURED}]
+}
+PROBE_NS = "neighbours-probe"
+
+
+def _neighbours(stack: contextlib.ExitStack, aloop: BackgroundLoop, cluster: PrivateCluster) -> None:
+    cluster.namespace(PROBE_NS, {})
+    probe = functools.partial(
+        cluster.kube.create,
+        f"/api/v1/namespaces/{PROBE_NS}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe"},
+            "spec": {"containers": [{"name": "a", "image": "a:1"}]},
+        },
+        dryRun="All",
+    )
+    for app, config, operations, called in (
+        (
+            digest_pinning_app(),
+            "aa-neighbour-digest",
+            ("CREATE", "UPDATE"),
+            lambda p: "@" in p["spec"]["containers"][0]["image"],
+        ),
+        (second_injector_app(), "zz-neighbour-injector", ("CREATE",), lambda p: len(p["spec"]["containers"]) == 2),
+    ):
+        stack.enter_context(
+            neighbour(
+                aloop,
+                cluster.kube,
+                app,
+                config_name=config,
+                namespace_selector=NEIGHBOURED,
+                operations=operations,
+                probe=probe,
+                called=called,
+            )
+        )
+
+
 @pytest.fixture(scope="module")
 def paths(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Paths]:
     with (
         private_cluster(aloop, control_plane.bin_dir, injection="webhook") as webhook,
         private_cluster(aloop, control_plane.bin_dir, injection="policy") as policy,
+        contextlib.ExitStack() as stack,
     ):
+        for cluster in (webhook, policy):
+            _neighbours(stack, aloop, cluster)
         yield Paths(webhook, policy)
+
+
+def _neighboured(pod: dict[str, Any]) -> str | None:
+    """What is wrong with a stored pod as the neighbours left it (their mutation missing or doubled)."""
+    spec = pod["spec"]
+    inits = [c["name"] for c in spec.get("initContainers") or []]
+    containers = [c["name"] for c in spec["containers"]]
+    if inits.count(FOREIGN_INIT) != 1 or containers.count(FOREIGN_SIDECAR) != 1 or containers[-1] != FOREIGN_SIDECAR:
+        return f"the second injector's containers are not there once, last: {inits} {containers}"
+    unpinned = [
+        c.get("image")
+        for c in spec["containers"] + (spec.get("initContainers") or [])
+        if "@" not in c.get("image", "@")
+    ]
+    return f"images left unpinned: {unpinned}" if unpinned else None
 
 
 @contextlib.contextmanager
@@ -312,6 +380,11 @@ def _compare_case(
             diff = jsonpatch.make_patch(a, b).patch
             failures.append(f"{label} (injected by {by}): the policy path differs from the webhook: {diff}")
             continue
+        for path, stored in (("webhook", want), ("policy", got)):
+            if ns in UNNEIGHBOURED:
+                continue
+            if (wrong := _neighboured(stored)) is not None:
+                failures.append(f"{label} on the {path} path: {wrong}")
         counts["equal"] += 1
         if _injected(got):
             counts["injected"] += 1

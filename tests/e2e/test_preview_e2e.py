@@ -32,7 +32,6 @@ import yaml
 from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
-    audit_events,
     image_of,
     make_pod,
     pods,
@@ -42,6 +41,7 @@ from tests.e2e.helpers import (
     wait_injecting,
     wait_status,
 )
+from tests.kube.audit import audit_events
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.fakekubelet import FakeKubelet

@@ -7,9 +7,10 @@
 - `second_injector_app`: an Istio-, Linkerd- or OpenTelemetry-like injector: an init container at
   index 0 and a container at the end, once (it checks for its own container first).
 
-`neighbour` serves one over TLS, registers it under a MutatingWebhookConfiguration whose name sets
-its place among the webhooks (the API server calls them in name order: `aa-...` before
-`sidecarctl-injector`, `zz-...` after), and waits until the API server calls it.
+`neighbour` serves one over TLS, registers it (for one namespace, or those a selector picks) under
+a MutatingWebhookConfiguration whose name sets its place among the webhooks (the API server calls
+them in name order: `aa-...` before `sidecarctl-injector`, `zz-...` after), and waits until the
+API server calls it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import base64
 import contextlib
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.applications import Starlette
@@ -26,12 +27,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 from tests.kube.webhook import TLSServer, mutating_config, wait_until_called
 
+
+class WritesObjects(Protocol):
+    """Either tier's API client (tests.kube.client.Kube, tests.kube.adminrest.AdminRest)."""
+
+    def create(self, path: str, body: Any) -> Any: ...
+
+    def delete(self, path: str) -> Any: ...
+
+
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-FOREIGN_INIT = "mesh-init"
+FOREIGN_INIT = "linkerd-init"
 FOREIGN_SIDECAR = "otel-agent"
 
 
@@ -52,12 +61,16 @@ def _answer(review: dict[str, Any], patch: list[dict[str, Any]]) -> Response:
     return Response(orjson.dumps(review), media_type="application/json")
 
 
-def digest_pinning_app(digests: Mapping[str, str] | None = None, calls: list[str] | None = None) -> Starlette:
+def digest_pinning_app(
+    digests: Mapping[str, str] | None = None, calls: list[tuple[str, str]] | None = None
+) -> Starlette:
+    """`calls` gets (operation, pod name) of every request, in order."""
+
     async def mutate(request: Request) -> Response:
         review = orjson.loads(await request.body())
         pod = review["request"]["object"]
         if calls is not None:
-            calls.append(review["request"]["operation"])
+            calls.append((review["request"]["operation"], review["request"].get("name") or ""))
         patch = [
             {"op": "replace", "path": f"/spec/{key}/{i}/image", "value": pinned(c["image"], digests)}
             for key in ("initContainers", "containers")
@@ -75,7 +88,7 @@ def second_injector_app() -> Starlette:
         spec = review["request"]["object"]["spec"]
         if any(c.get("name") == FOREIGN_SIDECAR for c in spec.get("containers") or []):
             return _answer(review, [])
-        init = {"name": FOREIGN_INIT, "image": "mesh-init:7", "args": ["--redirect", "15001"]}
+        init = {"name": FOREIGN_INIT, "image": "linkerd-init:7", "args": ["--redirect", "15001"]}
         agent = {"name": FOREIGN_SIDECAR, "image": "otel-agent:3", "env": [{"name": "OTEL_SERVICE", "value": "x"}]}
         patch = [
             {"op": "add", "path": "/spec/initContainers/0", "value": init}
@@ -91,11 +104,12 @@ def second_injector_app() -> Starlette:
 @contextlib.contextmanager
 def neighbour(
     loop: BackgroundLoop,
-    kube: Kube,
+    kube: WritesObjects,
     app: Starlette,
     *,
     config_name: str,
-    namespace: str,
+    namespace: str | None = None,
+    namespace_selector: dict[str, Any] | None = None,
     operations: tuple[str, ...],
     probe: Callable[[], dict[str, Any]],
     called: Callable[[dict[str, Any]], bool],
@@ -107,7 +121,7 @@ def neighbour(
         url=f"{server.url}/mutate",
         ca_bundle=server.ca_bundle,
         webhook_name=f"{config_name}.test.sidecarctl.io",
-        namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        namespace_selector=namespace_selector or {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
     )
     cfg["webhooks"][0]["rules"][0]["operations"] = list(operations)
     kube.create(MWC, cfg)
