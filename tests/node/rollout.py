@@ -152,6 +152,14 @@ def create_workload(
         status = w.status()
         seen.update(pods=len(pods), ready=sum(map(is_ready, pods)), status=status)
         seen["containers"] = sorted({",".join(c["name"] for c in p["spec"]["containers"]) for p in pods})
+        seen["states"] = sorted(
+            {
+                f"{name}: {st.get('image')} {json.dumps(st.get('state'))[:200]}"
+                for p in pods
+                for name, st in statuses(p).items()
+                if not st.get("ready")
+            }
+        )
         return (
             len(pods) == replicas
             and all(is_ready(p) for p in pods)
