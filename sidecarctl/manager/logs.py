@@ -34,12 +34,25 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+class TextFormatter(logging.Formatter):
+    """One line for a terminal: the same object references as the JSON lines, as `key=value` after
+    the message (a reader of `--log-format=text` must not lose which object a line is about)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        refs = [f"{key}={record.__dict__[key]}" for key in REF_KEYS if record.__dict__.get(key) is not None]
+        if not refs:
+            return line
+        head, sep, rest = line.partition("\n")  # a traceback stays below the first line
+        return f"{head} {' '.join(refs)}{sep}{rest}"
+
+
 def setup(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
