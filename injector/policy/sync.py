@@ -200,12 +200,12 @@ class PolicySync:
         if not await self._writable():
             return
         now = self.monotonic()
+        sizes = {g.name: len(orjson.dumps(policies[g.name])) for g in changed}  # serialized once a pass
         if changed:
             self.settling |= {
                 m for g in changed for m in changed_members(self.policies.get(g.name), g.digests, ANN_DIGESTS)
             }
-            size = sum(len(orjson.dumps(policies[g.name])) for g in changed)
-            self.narrow_at = max(self.narrow_at or 0.0, now + self.settle + size * SETTLE_PER_BYTE)
+            self.narrow_at = max(self.narrow_at or 0.0, now + self.settle + sum(sizes.values()) * SETTLE_PER_BYTE)
         elif self.narrow_at is not None and now >= self.narrow_at:
             self.narrow_at = None
             self.settling.clear()
@@ -218,7 +218,7 @@ class PolicySync:
         for g in changed:
             started = self.monotonic()
             refused |= not await self._write(g, policies[g.name], bindings[g.name])
-            self._settle_after_write(policies[g.name], started)
+            self._settle_after_write(sizes[g.name], started)
             condition = await self._widen_for_news(condition, planned)
         for name in stale_bindings:
             await self._delete(f"{BINDINGS}/{name}")
@@ -229,13 +229,13 @@ class PolicySync:
             return
         self._publish(p.routes)
 
-    def _settle_after_write(self, policy: JsonObj, started: float) -> None:
+    def _settle_after_write(self, size: int, started: float) -> None:
         """Keep the webhook widened until this policy, just written, can be enforced: counted from the
         end of its write, not the start of the pass (writes of large policies take the API server
         seconds each, so a pass of several used to narrow as soon as the last write returned), plus
         as long again as the write took (the API server compiles the same CEL again to enforce it)."""
         done = self.monotonic()
-        until = done + self.settle + len(orjson.dumps(policy)) * SETTLE_PER_BYTE + (done - started)
+        until = done + self.settle + size * SETTLE_PER_BYTE + (done - started)
         self.narrow_at = max(self.narrow_at or 0.0, until)
 
     async def _widen_for_news(self, condition: str, planned: dict[str, SidecarSet]) -> str:
