@@ -379,6 +379,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             raise NodeError(f"ctr {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
 
+    def images(self) -> dict[str, list[str]]:
+        """containerd's images by name: the `ctr images ls` row (name, type, digest, size, unit, ...)."""
+        rows = [line.split() for line in self.ctr("images", "ls").splitlines()[1:]]
+        return {row[0]: row for row in rows if row}
+
     def import_image(self, archive: Path) -> float:
         """Load a `docker save` archive into the node's containerd; returns the seconds it took."""
         started = time.monotonic()

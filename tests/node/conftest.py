@@ -114,8 +114,8 @@ def manager_image(cluster: Cluster) -> Built:
     record("manager image build" + (" (cached)" if built.cached else ""), built.seconds)
     TIMINGS["manager image archive size"] = f"{built.size / 2**20:.0f} MiB"
     record("manager image import", cluster.node.import_image(built.archive))
-    listed = [line.split() for line in cluster.node.ctr("images", "ls").splitlines()[1:]]
-    size = next((" ".join(f[3:5]) for f in listed if f and f[0] == built.ref), "?")
+    row = cluster.node.images().get(built.ref)
+    size = " ".join(row[3:5]) if row else "?"
     TIMINGS["manager image size in containerd"] = size
     return built
 

@@ -35,8 +35,7 @@ def _digests(cluster: Cluster, *refs: str) -> Iterator[dict[str, str]]:
     """The manifest digest containerd holds for each image (what a registry would have served), each
     also named `repo@digest` meanwhile, as a pull from a registry names it beside the tag (an import
     does not); the names are removed afterwards, so the tier's other tests see the images as before."""
-    rows = [line.split() for line in cluster.node.ctr("images", "ls").splitlines()[1:] if line.strip()]
-    held = {row[0]: row[2] for row in rows if len(row) > 2}
+    held = {name: row[2] for name, row in cluster.node.images().items() if len(row) > 2}
     missing = [r for r in refs if not held.get(r, "").startswith("sha256:")]
     assert not missing, f"containerd holds no digest for {missing}: {sorted(held)}"
     by_digest = {r: f"{r.rpartition(':')[0]}@{held[r]}" for r in refs}
