@@ -222,6 +222,8 @@ class ControlRole:
         scan.on_change = controller.refresh
         ns_informer.handler = _both(controller.on_namespace, security.on_namespace)
         informers = self._term_informers(controller, sync, ns_informer, rev_informer)
+        for informer in informers:
+            informer.watch_timeout = self.opts.watches.watch_timeout
         return Term(controller, sync, informers, scan)
 
     def _policy_sync(self, may_write: Callable[[], Awaitable[bool]] | None) -> PolicySync:

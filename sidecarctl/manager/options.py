@@ -119,6 +119,25 @@ class LeaderOptions:
 
 
 @dataclass(frozen=True)
+class WatchOptions:
+    """Every watch of the manager's caches (kuberuntime.informer): how long one stream is held open.
+
+    A stream silent STALL_MARGIN (10) seconds past its own timeout is taken as stalled and restarted,
+    so the default notices a stream that stops delivering without closing within 40 + 8 + 10 = 58 s.
+    """
+
+    watch_timeout: int = opt(
+        40,
+        "seconds each watch asks the API server to hold it open (plus up to a fifth, jittered); "
+        "a stream silent 10 s past that is restarted",
+    )
+
+    def __post_init__(self) -> None:
+        if self.watch_timeout < 1:
+            raise ValueError(f"--watch-timeout {self.watch_timeout}: at least 1 second")
+
+
+@dataclass(frozen=True)
 class ControllerOptions:
     workers: int = opt(3, "SidecarSet reconcile workers")
 
@@ -170,6 +189,7 @@ GROUPS: dict[str, type[Any]] = {
     "ca_bundle": CABundleOptions,
     "leader": LeaderOptions,
     "controller": ControllerOptions,
+    "watches": WatchOptions,
     "injection": InjectionOptions,
     "missed": MissedOptions,
 }
@@ -193,6 +213,7 @@ class ManagerOptions:
     ca_bundle: CABundleOptions = field(default_factory=CABundleOptions)
     leader: LeaderOptions = field(default_factory=LeaderOptions)
     controller: ControllerOptions = field(default_factory=ControllerOptions)
+    watches: WatchOptions = field(default_factory=WatchOptions)
     injection: InjectionOptions = field(default_factory=InjectionOptions)
     missed: MissedOptions = field(default_factory=MissedOptions)
 

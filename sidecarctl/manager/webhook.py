@@ -70,6 +70,8 @@ class WebhookRole:
                 label_selector=names.REVISION_LABEL_SIDECARSET,
             ),
         ]
+        for informer in self.informers:
+            informer.watch_timeout = opts.watches.watch_timeout
         self.reloader = CertReloader(
             cert_dir,
             poll_interval=opts.tls.cert_poll_interval,

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from kuberuntime.kubeapi import STALL_MARGIN
 from sidecarctl.cli import runcmd
 from sidecarctl.manager.options import GROUPS, LeaderOptions, ManagerOptions, option_fields
 
@@ -80,3 +81,12 @@ def test_lease_timings_default_to_client_go_ratios(lease: int, renew: float, ret
     assert leader.effective_retry_period == pytest.approx(retry)
     assert LeaderOptions(renew_deadline=3.0).effective_renew_deadline == 3.0
     assert leader.effective_identity and LeaderOptions(identity="me").effective_identity == "me"
+
+
+def test_a_stalled_watch_is_noticed_within_a_minute_by_default_and_the_timeout_is_a_flag() -> None:
+    default = ManagerOptions().watches.watch_timeout
+    # The longest a silent stream is trusted: its timeout, the jitter (up to a fifth), the margin.
+    assert default + default // 5 + STALL_MARGIN <= 60
+    assert parse(["--watch-timeout", "10"]).watch_timeout == 10
+    with pytest.raises(ValueError, match="--watch-timeout 0: at least 1 second"):
+        ManagerOptions.build(watch_timeout=0)
