@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from injector.engine import envs, hotupgrade, resources, volumes
+from injector.engine import envs, hotupgrade, volumes
 from kuberuntime.jsontypes import JsonObj
+from sidecarsets.spec import resourcespolicy as resources
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.sidecar import SidecarContainer
 

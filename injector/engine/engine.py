@@ -13,7 +13,7 @@ where Kruise leaves a gap:
 
 As in Kruise, a canary SidecarSet that selects the pod replaces its base for that pod (the base is
 dropped before anything else is decided), and a sidecar with a resourcesPolicy gets resources
-computed from the pod's containers (injector.engine.resources); a policy that cannot be applied refuses
+computed from the pod's containers (sidecarsets.spec.resourcespolicy); a policy that cannot be applied refuses
 the pod. A HotUpgrade sidecar is built as a cold one and then split into the pair `<n>-1` /
 `<n>-2` with its version and working annotations (injector.engine.hotupgrade); the hash annotations
 still list it by its own name.

@@ -28,7 +28,7 @@ from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.controller.podwrites import PodWrites, rv_number
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import deadline, planner, status
+from sidecarsets.rollout import deadline, planner, resize, status
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
@@ -78,6 +78,8 @@ class Controller(PodWrites):
         self.reconciles = 0
         # SidecarSet -> seconds until its next pod reaches the progress deadline (sidecarsets.rollout.deadline)
         self._deadline_check: dict[str, float] = {}
+        # SidecarSet -> (its spec and revisions, as seen, -> the without-image hashes it resizes from)
+        self._resizable: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -222,9 +224,15 @@ class Controller(PodWrites):
         if stale:
             return 0.5  # our own pod writes are not in the cache yet: plan again once they are
         plan = planner.plan_upgrade(
-            ss, matched, revision=latest, now=self.clock(), verdicts=verdicts, held_back=self.failures.held_back()
+            ss,
+            matched,
+            revision=latest,
+            now=self.clock(),
+            verdicts=verdicts,
+            held_back=self.failures.held_back(),
+            resizable=self._resizable_from(ss),
         )
-        await self._mark_upgradable(ss, matched, set(plan.not_upgradable))
+        await self._mark_upgradable(ss, matched, set(plan.not_upgradable), dict(plan.reasons))
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
         else:
@@ -247,6 +255,23 @@ class Controller(PodWrites):
         if not await self._writable():
             return None
         return await self._upgrade(ss, plan, latest=latest)
+
+    def _resizable_from(self, ss: SidecarSet) -> frozenset[str]:
+        """Without-image hashes of this SidecarSet's revisions that differ from its spec only in images
+        and resources (sidecarsets.rollout.resize): worked out again only when either changes."""
+        mine = [
+            r
+            for r in (self.revisions() if self.revisions is not None else ())
+            if ((r.get("metadata") or {}).get("labels") or {}).get(names.REVISION_LABEL_SIDECARSET) == ss.name
+        ]
+        seen = (ss.hash_without_resources, *sorted(str((r.get("metadata") or {}).get("resourceVersion")) for r in mine))
+        cached = self._resizable.get(ss.name)
+        if cached is not None and cached[0] == seen:
+            return cached[1]
+        specs = [spec for r in mine if isinstance(spec := (r.get("data") or {}).get("spec"), Mapping)]
+        found = resize.resizable_hashes(ss, specs)
+        self._resizable[ss.name] = (seen, found)
+        return found
 
     async def _upgrade(self, ss: SidecarSet, plan: planner.Plan, *, latest: str) -> float | None:
         """Patch the plan's pods and report how it went; returns when to look again, or None."""

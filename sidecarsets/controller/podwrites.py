@@ -8,19 +8,53 @@ pass depends on (expectations of our own writes, the per-pod failure backoff).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
 
 from kuberuntime import api, events
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller import metrics
 from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import planner
+from sidecarsets.rollout import planner, podpatch
 from sidecarsets.spec import names, podmeta
 from sidecarsets.spec.model import SidecarSet
 
 # These lines are the controller's own, and keep its logger name (log filters select it by name).
 log = logging.getLogger("sidecarsets.controller")
+
+
+def _sidecar_list(patch: list[JsonObj], sidecarset: str) -> list[str]:
+    """The sidecar names the upgrade's own hash entry records (the without-image entry lists the same)."""
+    for op in patch:
+        if op.get("path") == podpatch.pointer("metadata", "annotations", names.ANN_HASH):
+            entry = orjson.loads(op["value"]).get(sidecarset) or {}
+            return [str(n) for n in entry.get("sidecarList") or []]
+    return []
+
+
+def _tested_against(patch: list[JsonObj], pod: JsonObj) -> list[JsonObj]:
+    """The patch with its leading resourceVersion test set to `pod`'s."""
+    version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+    return [{**patch[0], "value": version}, *patch[1:]]
+
+
+def _same_but_status(a: JsonObj, b: JsonObj) -> bool:
+    """Two reads of a pod that differ at most in status (and the resourceVersion that records it)."""
+
+    def kept(pod: JsonObj) -> tuple[Any, ...]:
+        meta = pod.get("metadata") or {}
+        return (
+            meta.get("uid"),
+            meta.get("labels"),
+            meta.get("annotations"),
+            meta.get("deletionTimestamp"),
+            pod.get("spec"),
+        )
+
+    return kept(a) == kept(b)
 
 
 def rv_number(value: str) -> int:
@@ -41,11 +75,15 @@ class PodWrites:
     # pod key -> resourceVersion our last patch produced; planning waits until the cache has it.
     expected: dict[str, int]
 
-    async def _with_metadata(self, upgrade: planner.PodUpgrade, path: str) -> list[JsonObj] | None:
-        """The upgrade's patch plus its patchPodMetadata operations, from the pod as it is now;
-        None when the pod moved on since it was planned (the watch brings it; planned again)."""
-        if not upgrade.metadata:
-            return upgrade.patch
+    async def _with_metadata(
+        self, upgrade: planner.PodUpgrade, path: str
+    ) -> tuple[list[JsonObj], JsonObj | None] | None:
+        """The upgrade's patch plus its patchPodMetadata operations (and for a resize, the pod's new
+        without-image hash), from the pod as it is now; None when the pod moved on since it was
+        planned (the watch brings it; planned again). A resize is sent here, before the patch,
+        which then tests the resourceVersion the resize produced; the resized pod comes back with it."""
+        if not upgrade.metadata and not upgrade.without_image_hash:
+            return upgrade.patch, None
         pod = await self.client.get(path)
         meta = pod.get("metadata") or {}
         if str(meta.get("resourceVersion")) != upgrade.resource_version:
@@ -54,17 +92,49 @@ class PodWrites:
         ops, warnings = podmeta.upgrade_ops(annotations, upgrade.metadata, sidecarset=upgrade.sidecarset)
         for w in warnings:
             log.warning("pod %s/%s: %s", upgrade.namespace, upgrade.name, w)
-        return upgrade.patch + ops
+        patch = upgrade.patch + ops
+        if upgrade.without_image_hash:
+            entry = podpatch.without_image_op(
+                annotations.get(names.ANN_HASH_WITHOUT_IMAGE),
+                ss_name=upgrade.sidecarset,
+                new_hash=upgrade.without_image_hash,
+                sidecars=_sidecar_list(upgrade.patch, upgrade.sidecarset),
+                now=self.clock(),
+            )
+            patch.append(entry)
+        if not upgrade.resize:
+            return patch, None
+        resized: JsonObj = await self.client.patch(f"{path}/resize", list(upgrade.resize), patch_type="json")
+        metrics.INPLACE_UPGRADES.labels("resized").inc()
+        return _tested_against(patch, resized), resized
+
+    async def _send(self, path: str, patch: list[JsonObj], resized: JsonObj | None) -> JsonObj:
+        """The patch; after a resize, once more if the kubelet's status write beat it.
+
+        A kubelet reports a resize in the pod's status at once (PodResizeInProgress), which moves the
+        resourceVersion the patch tests. If nothing but the status changed since the resize, the
+        plan still holds: the patch goes again, testing the pod's new resourceVersion."""
+        try:
+            result: JsonObj = await self.client.patch(path, patch, patch_type="json")
+            return result
+        except (api.Conflict, api.Invalid):
+            if resized is None:
+                raise
+            live = await self.client.get(path)
+            if not _same_but_status(live, resized):
+                raise
+            result = await self.client.patch(path, _tested_against(patch, live), patch_type="json")
+            return result
 
     async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
         key = f"{upgrade.namespace}/{upgrade.name}"
         path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
         try:
-            patch = await self._with_metadata(upgrade, path)
-            if patch is None:
+            prepared = await self._with_metadata(upgrade, path)
+            if prepared is None:
                 metrics.INPLACE_UPGRADES.labels("conflict").inc()
                 return False
-            result = await self.client.patch(path, patch, patch_type="json")
+            result = await self._send(path, *prepared)
         except api.NotFound:
             metrics.INPLACE_UPGRADES.labels("gone").inc()
             self.failures.forget(key)
@@ -90,11 +160,18 @@ class PodWrites:
         metrics.INPLACE_UPGRADES.labels("patched").inc()
         return True
 
-    async def _mark_upgradable(self, ss: SidecarSet, matched: list[PodProjection], stuck: set[tuple[str, str]]) -> None:
-        """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers."""
+    async def _mark_upgradable(
+        self,
+        ss: SidecarSet,
+        matched: list[PodProjection],
+        stuck: set[tuple[str, str]],
+        reasons: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
+        """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers
+        (naming the reason where the plan gives one: a resize the API server or node would refuse)."""
         name = ss.name
         now = self.clock()
-        newly_stuck: list[str] = []
+        newly_stuck: list[tuple[str, str]] = []
         # Pods of one workload share their condition tuple, so each distinct (condition, verdict)
         # is worked out once.
         verdicts: dict[tuple[tuple[str, ...], bool], tuple[JsonObj, bool]] = {}
@@ -116,15 +193,25 @@ class PodWrites:
                 log.info("could not set %s on %s/%s: %s", names.POD_CONDITION_UPGRADABLE, *pod.key, e)
                 continue
             if blocked:
-                newly_stuck.append(f"{pod.namespace}/{pod.name}")
-        if newly_stuck:
-            shown = ", ".join(newly_stuck[:10]) + (" ..." if len(newly_stuck) > 10 else "")
+                newly_stuck.append(pod.key)
+        explained = [k for k in newly_stuck if reasons and k in reasons]
+        plain = [k for k in newly_stuck if k not in explained]
+        if plain:
+            shown = ", ".join("/".join(k) for k in plain[:10]) + (" ..." if len(plain) > 10 else "")
             await self.recorder.event(
                 ss.obj,
                 type="Warning",
                 reason="NotUpgradablePods",
                 message=(
-                    f"{len(newly_stuck)} pod(s) differ from the SidecarSet in more than the image and cannot be "
-                    f"upgraded in place; recreate them to pick up the change: {shown}"
+                    f"{len(plain)} pod(s) differ from the SidecarSet in more than the image and resources and cannot "
+                    f"be upgraded in place; recreate them to pick up the change: {shown}"
                 ),
+            )
+        if explained and reasons:
+            shown = "; ".join(f"{'/'.join(k)}: {reasons[k]}" for k in explained[:10])
+            await self.recorder.event(
+                ss.obj,
+                type="Warning",
+                reason="NotResizablePods",
+                message=f"{len(explained)} pod(s) cannot take the change in place: {shown}",
             )

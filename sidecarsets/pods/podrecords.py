@@ -47,6 +47,23 @@ class ContainerState(NamedTuple):
     waiting: str = ""  # state.waiting.reason (ErrImagePull, CrashLoopBackOff...): why it is not running
 
 
+class Resources(NamedTuple):
+    """One container's resources, as its spec asks or as the kubelet reports them applied.
+
+    Quantities are kept as the API server wrote them ((resource, quantity) pairs in name order);
+    comparisons parse them (sidecarsets.rollout.resize), so `1Gi` and `1024Mi` are one value.
+    `native` marks an init container that is a native sidecar (restartPolicy Always): the only
+    init containers whose resources count for a running pod and can be resized.
+    """
+
+    name: str
+    requests: tuple[tuple[str, str], ...] = ()
+    limits: tuple[tuple[str, str], ...] = ()
+    resize_policy: tuple[tuple[str, str], ...] = ()  # (resource, restartPolicy) as the spec sets them
+    init: bool = False
+    native: bool = False
+
+
 class Labels(Mapping[str, str]):
     """A pod's labels: read-only, stored as one flat sorted (key, value, key, value...) tuple.
 

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from sidecarsets.pods import resizestate
 from sidecarsets.pods.projection import PodProjection
 
 _DIGEST = re.compile(r"@([A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})$")
@@ -147,8 +148,11 @@ def upgrade_in_flight(pod: PodProjection, *, sidecarset: str, containers: Collec
     """This SidecarSet patched an image in the pod and the kubelet has not reported it running yet.
 
     Only containers recorded in the pod's in-place state count, so a pod that was never upgraded
-    (say a Pending one without container statuses) is not in flight.
+    (say a Pending one without container statuses) is not in flight. A resize of its containers the
+    kubelet has not applied is in flight too (one its node cannot fit is not: it will not land).
     """
+    if not resizestate.applied(pod, containers) and resizestate.infeasible(pod) is None:
+        return True
     state = pod.inplace_for(sidecarset)
     if state is None:
         return False
@@ -226,7 +230,7 @@ def evaluate(
     held by a pod in `pods` for as long as the memo lives, so an id cannot be reused meanwhile.
     `also_ready` adds a condition to availability (HotUpgrade: the idle containers are emptied).
     """
-    memo: dict[tuple[int, int, int, int, int], tuple[bool, bool]] = {}
+    memo: dict[tuple[int, ...], tuple[bool, bool]] = {}
     updated: list[bool] = []
     available: list[bool] = []
     in_flight: list[bool] = []
@@ -242,11 +246,22 @@ def evaluate(
             if state.sidecarset == sidecarset:
                 last = state.last_image_ids
                 break
-        key = (id(pod.containers), id(pod.container_statuses), id(pod.init_containers), id(pod.init_statuses), id(last))
+        key = (
+            id(pod.containers),
+            id(pod.container_statuses),
+            id(pod.init_containers),
+            id(pod.init_statuses),
+            id(last),
+            id(pod.resources),
+            id(pod.applied_resources),
+            id(pod.resize_conditions),
+        )
         found = memo.get(key)
         if found is None:
             found = memo[key] = (
-                is_consistent(pod, sidecarset=sidecarset, containers=containers),
+                # A resized sidecar has landed once the kubelet reports its new CPU and memory.
+                is_consistent(pod, sidecarset=sidecarset, containers=containers)
+                and resizestate.applied(pod, containers),
                 upgrade_in_flight(pod, sidecarset=sidecarset, containers=containers),
             )
         consistent, moving = found

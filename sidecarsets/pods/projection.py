@@ -22,6 +22,7 @@ from sidecarsets.pods.podrecords import ContainerState as ContainerState
 from sidecarsets.pods.podrecords import HashEntry as HashEntry
 from sidecarsets.pods.podrecords import InplaceEntry as InplaceEntry
 from sidecarsets.pods.podrecords import Labels as Labels
+from sidecarsets.pods.podrecords import Resources as Resources
 from sidecarsets.spec.names import (
     ANN_HASH,
     ANN_HASH_WITHOUT_IMAGE,
@@ -61,6 +62,12 @@ class PodProjection:
     upgradable_condition: tuple[str, ...]  # (status, reason, message) or ()
     hot_working: tuple[tuple[str, str], ...] = ()  # HotUpgrade: (sidecar, the -1/-2 container serving)
     hot_versions: tuple[tuple[str, str, str], ...] = ()  # HotUpgrade: (container, version, version-alt)
+    # In-place resize: every container's resources as the spec asks (containers, then init
+    # containers), as the kubelet reports them applied, and the pod's resize conditions
+    # (type, reason, message) of PodResizePending / PodResizeInProgress.
+    resources: tuple[Resources, ...] = ()
+    applied_resources: tuple[Resources, ...] = ()
+    resize_conditions: tuple[tuple[str, str, str], ...] = ()
 
     def hash_for(self, sidecarset: str) -> HashEntry | None:
         return _entry(self.hashes, sidecarset)
@@ -104,6 +111,11 @@ class PodProjection:
             if cs.name == container:
                 return cs
         return None
+
+    def resources_of(self, container: str, *, applied: bool = False) -> Resources | None:
+        """The spec resources of a container or init container; with `applied`, what the kubelet
+        reports applied to it (None: it reports none)."""
+        return next((r for r in (self.applied_resources if applied else self.resources) if r.name == container), None)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -268,6 +280,44 @@ def _statuses(raw: Any) -> tuple[ContainerState, ...]:
     return _share(tuple(out))  # replicas in the same state share one tuple
 
 
+def _pairs(raw: Any) -> tuple[tuple[str, str], ...]:
+    pairs = sorted((_intern(k), _istr(v) or str(v)) for k, v in _map(raw).items() if isinstance(k, str))
+    return tuple(pairs)
+
+
+def _resources(raw: Any, *, init: bool = False, from_status: bool = False) -> tuple[Resources, ...]:
+    """Each container's resources (a status entry's `resources`, or a spec container's own)."""
+    out: list[Resources] = []
+    for c in _list(raw):
+        if not isinstance(c, Mapping):
+            continue
+        res = _map(c.get("resources"))
+        if from_status and not res:
+            continue  # nothing reported: no evidence either way
+        policy = tuple(
+            sorted(
+                (_istr(_map(p).get("resourceName")), _istr(_map(p).get("restartPolicy")))
+                for p in _list(c.get("resizePolicy"))
+            )
+        )
+        out.append(
+            _share(
+                Resources(
+                    _istr(c.get("name")),
+                    _share(_pairs(res.get("requests"))),
+                    _share(_pairs(res.get("limits"))),
+                    _share(policy),
+                    init,
+                    init and c.get("restartPolicy") == "Always",
+                )
+            )
+        )
+    return tuple(out)
+
+
+_RESIZE_CONDITIONS = frozenset({"PodResizePending", "PodResizeInProgress"})
+
+
 def project(pod: Any) -> PodProjection:
     """Copy the fields the controller uses out of a raw pod; never raises on bad input."""
     pod = _map(pod)
@@ -276,10 +326,13 @@ def project(pod: Any) -> PodProjection:
     labels = _labels(_map(meta.get("labels")))
     ready, ready_since = False, ""
     upgradable: tuple[str, ...] = ()
+    resize: list[tuple[str, str, str]] = []
     for cond in _list(status.get("conditions")):
         cond = _map(cond)
         kind = cond.get("type")
-        if kind == "Ready":
+        if kind in _RESIZE_CONDITIONS and cond.get("status") == "True":
+            resize.append((_intern(str(kind)), _istr(cond.get("reason")), _str(cond.get("message"))))
+        elif kind == "Ready":
             ready = cond.get("status") == "True"
             ready_since = _istr(cond.get("lastTransitionTime"))
         elif kind == POD_CONDITION_UPGRADABLE:
@@ -315,6 +368,12 @@ def project(pod: Any) -> PodProjection:
         upgradable_condition=upgradable,
         hot_working=_hot_working(annotations.get(ANN_WORKING_HOT)),
         hot_versions=_hot_versions(annotations),
+        resources=_share(_resources(spec.get("containers")) + _resources(spec.get("initContainers"), init=True)),
+        applied_resources=_share(
+            _resources(status.get("containerStatuses"), from_status=True)
+            + _resources(status.get("initContainerStatuses"), init=True, from_status=True)
+        ),
+        resize_conditions=tuple(sorted(resize)),
     )
 
 

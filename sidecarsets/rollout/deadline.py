@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sidecarsets.pods import podstate
+from sidecarsets.pods import podstate, resizestate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -82,11 +82,14 @@ def is_stopped(ss: SidecarSet) -> bool:
 
 
 def why_not_ready(pod: PodProjection, containers: Sequence[str]) -> str:
-    """The kubelet's word for it: a sidecar's waiting reason, else which sidecar is not ready."""
+    """The kubelet's word for it: a sidecar's waiting reason, a resize it has not applied, else
+    which sidecar is not ready."""
     for c in containers:
         st = pod.status_of(c)
         if st is not None and st.waiting:
             return f"{c}: {st.waiting}"
+    for kind, reason, message in pod.resize_conditions:
+        return f"{kind} {reason}: {message}".replace(" :", ":")
     for c in containers:
         st = pod.status_of(c)
         if st is None:
@@ -127,8 +130,8 @@ def _clock(
     out: list[Overdue] = []
     nearest: float | None = None
     for pod, is_new, moving, ok in zip(matched, verdicts.updated, verdicts.in_flight, verdicts.available, strict=True):
-        if ok or not (is_new or moving):
-            continue
+        if ok or not (is_new or moving) or resizestate.infeasible(pod) is not None:
+            continue  # a resize the node cannot fit is reported apart: the rollout goes on without it
         entry = pod.inplace_for(ss.name)
         if entry is None or entry.revision != revision:
             continue  # created with these sidecars, or upgraded under an older spec
@@ -158,9 +161,13 @@ def progress(
     now: datetime,
 ) -> Progress:
     deadline = ss.update_strategy.progress_deadline_seconds
-    if deadline is None:
-        return Progress(None, False)
+    infeasible = _infeasible(matched, verdicts)
     current = _current(ss)
+    if deadline is None:
+        # The time the pods were first named stays, so an unchanged status is not written again.
+        named = current is not None and current.get("reason") == names.REASON_RESIZE_INFEASIBLE
+        since = (parse_time(str(current.get("lastTransitionTime") or "")) if named and current else None) or now
+        return Progress(_infeasible_condition(infeasible, ss, since, ""), False)
     if current is not None and is_stopped(ss):
         return Progress(dict(current), True)
     # The clock: from the time the condition turned True for this generation, else from now (first
@@ -185,12 +192,40 @@ def progress(
             "observedGeneration": ss.generation,
         }
         return Progress(condition, True, tuple(late))
-    condition = {
+    within = f"upgraded pods are given {deadline}s to be ready again"
+    condition = _infeasible_condition(infeasible, ss, since, f"; {within}") or {
         "type": names.CONDITION_PROGRESSING,
         "status": "True",
         "reason": "WithinDeadline",
-        "message": f"upgraded pods are given {deadline}s to be ready again",
+        "message": within,
         "lastTransitionTime": _stamp(since),
         "observedGeneration": ss.generation,
     }
     return Progress(condition, False, recheck=recheck)
+
+
+def _infeasible(matched: Sequence[PodProjection], verdicts: podstate.Verdicts) -> list[str]:
+    """`namespace/name (the kubelet's message)` of upgraded pods whose resize their node cannot fit."""
+    return sorted(
+        f"{pod.namespace}/{pod.name} ({why})"
+        for pod, is_new in zip(matched, verdicts.updated, strict=True)
+        if is_new and (why := resizestate.infeasible(pod)) is not None
+    )
+
+
+def _infeasible_condition(infeasible: list[str], ss: SidecarSet, at: datetime, tail: str) -> dict[str, Any] | None:
+    """Progressing, naming the pods a resize stopped at (the others go on); None when there are none."""
+    if not infeasible:
+        return None
+    more = f" and {len(infeasible) - SHOWN} more" if len(infeasible) > SHOWN else ""
+    return {
+        "type": names.CONDITION_PROGRESSING,
+        "status": "True",
+        "reason": names.REASON_RESIZE_INFEASIBLE,
+        "message": (
+            f"{len(infeasible)} pod(s) keep their old resources, their node cannot fit the new ones: "
+            f"{', '.join(infeasible[:SHOWN])}{more}; the rollout goes on with the other pods{tail}"
+        ),
+        "lastTransitionTime": _stamp(at),
+        "observedGeneration": ss.generation,
+    }

@@ -17,12 +17,13 @@ from typing import Any
 import orjson
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.pods import podstate
+from sidecarsets.pods import podstate, resizestate
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import hotupgrade
+from sidecarsets.rollout import hotupgrade, resize
 from sidecarsets.rollout.ordering import upgrade_order
 from sidecarsets.rollout.podpatch import inplace_annotation, pointer
 from sidecarsets.rollout.podpatch import pod_patch as pod_patch
+from sidecarsets.rollout.resize import resize_patch
 from sidecarsets.rollout.status import evaluate as evaluate_pods
 from sidecarsets.spec import hotsidecars, selectors
 from sidecarsets.spec.enums import UpdateType
@@ -47,6 +48,10 @@ class PodUpgrade:
     # controller reads the pod and adds them (sidecarsets.spec.podmeta.upgrade_ops).
     metadata: tuple[MetadataPatch, ...] = ()
     sidecarset: str = ""
+    # In-place resize (sidecarsets.rollout.resize): the `pods/resize` JSON Patch, sent first, and
+    # the without-image hash the pod then records (written from the pod as it is, like `metadata`).
+    resize: tuple[JsonObj, ...] = ()
+    without_image_hash: str = ""
 
 
 class Stage(Enum):
@@ -72,6 +77,9 @@ class Plan:
     done: bool  # every matched pod carries the SidecarSet's current hash
     stage: Stage
     reason: str  # for people: the stage with its numbers, e.g. "waiting: 2/2 unavailable"
+    # Why a not-upgradable pod cannot take the change, where more can be said than "more than the
+    # image differs" (a resize the API server or the node would refuse).
+    reasons: tuple[tuple[tuple[str, str], str], ...] = ()
 
 
 def _partition(value: Any, total: int) -> int:
@@ -108,12 +116,15 @@ def plan_upgrade(
     now: str,
     verdicts: podstate.Verdicts | None = None,
     held_back: Collection[tuple[str, str]] = (),
+    resizable: Collection[str] = frozenset(),
 ) -> Plan:
     """The next step of the rollout over `matched` (pods with distinct namespace/name).
 
     `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
     status was just computed from the same pods. Pods in `held_back` (namespace, name) are not
     planned this time (their patch keeps failing and they wait out a backoff); the others go on.
+    `resizable` holds the without-image hashes of the specs that differ from this one only in
+    images and resources (`resize.resizable_hashes`): pods injected from them are resized in place.
     """
     name, strategy, total = ss.name, ss.update_strategy, len(matched)
     m = _max_unavailable(strategy.max_unavailable, total)
@@ -121,25 +132,35 @@ def plan_upgrade(
         verdicts = evaluate_pods(ss, matched)
     elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
+    # A resize the node can never fit stops at that pod; the pod runs on as it was, so it holds no
+    # part of maxUnavailable and the rest of the rollout goes on.
+    reasons = {
+        pod.key: f"resize infeasible on node {pod.node_name or '?'}: {why}"
+        for pod, is_new in zip(matched, verdicts.updated, strict=True)
+        if is_new and (why := resizestate.infeasible(pod)) is not None
+    }
     unavailable = sum(
         1
-        for is_new, moving, ok in zip(verdicts.updated, verdicts.in_flight, verdicts.available, strict=True)
-        if (is_new or moving) and not ok
+        for pod, is_new, moving, ok in zip(
+            matched, verdicts.updated, verdicts.in_flight, verdicts.available, strict=True
+        )
+        if (is_new or moving) and not ok and pod.key not in reasons
     )
     done = sum(verdicts.updated) >= total
 
     def stop(stage: Stage, reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
-        return Plan((), not_upgradable, unavailable, m, done, stage, reason)
+        return Plan((), not_upgradable, unavailable, m, done, stage, reason, _reasons(reasons))
 
     stopped = _stopped(ss)
     if stopped is not None:
         return stop(*stopped)
-    candidates, stuck, waiting = _candidates(ss, matched, verdicts)
+    candidates, stuck, waiting, resizes = _candidates(ss, matched, verdicts, resizable, reasons)
+    stuck = tuple(sorted({*stuck, *reasons}))
     if held_back:
         candidates = [p for p in candidates if p.key not in held_back]
     flips = _flips(ss, matched, now=now, held_back=held_back)
     if flips:  # as Kruise: every pod ready for its flip, before (and instead of) new upgrades
-        return Plan(flips, stuck, unavailable, m, done, Stage.FLIPPING, f"flipping {len(flips)}")
+        return Plan(flips, stuck, unavailable, m, done, Stage.FLIPPING, f"flipping {len(flips)}", _reasons(reasons))
     if done:
         return stop(Stage.DONE, "done", stuck)
 
@@ -147,7 +168,7 @@ def plan_upgrade(
     kept = _partition(strategy.partition, total)
     order = order[: max(0, len(order) - kept)]
     chosen = _within_budget(order, unavailable, m, ready=lambda p: _ready(ss, p))
-    upgrades = tuple(_upgrade(ss, pod, revision=revision, now=now) for pod in chosen)
+    upgrades = tuple(_upgrade(ss, pod, revision=revision, now=now, resizing=resizes.get(pod.key)) for pod in chosen)
     if upgrades:
         stage, reason = Stage.UPGRADING, f"upgrading {len(upgrades)}"
     elif candidates and not order:
@@ -158,7 +179,11 @@ def plan_upgrade(
         stage, reason = Stage.WAITING, f"waiting: {waiting} pods still upgrading"
     else:
         stage, reason = Stage.NOTHING_UPGRADABLE, "no upgradable pods"
-    return Plan(upgrades, stuck, unavailable, m, done, stage, reason)
+    return Plan(upgrades, stuck, unavailable, m, done, stage, reason, _reasons(reasons))
+
+
+def _reasons(reasons: Mapping[tuple[str, str], str]) -> tuple[tuple[tuple[str, str], str], ...]:
+    return tuple(sorted(reasons.items()))
 
 
 def _stopped(ss: SidecarSet) -> tuple[Stage, str] | None:
@@ -179,12 +204,18 @@ def _stopped(ss: SidecarSet) -> tuple[Stage, str] | None:
 
 
 def _candidates(
-    ss: SidecarSet, matched: Sequence[PodProjection], verdicts: podstate.Verdicts
-) -> tuple[list[PodProjection], tuple[tuple[str, str], ...], int]:
-    """(pods that may be upgraded now, pods that cannot be upgraded in place, pods still upgrading).
+    ss: SidecarSet,
+    matched: Sequence[PodProjection],
+    verdicts: podstate.Verdicts,
+    resizable: Collection[str],
+    reasons: dict[tuple[str, str], str],
+) -> tuple[list[PodProjection], tuple[tuple[str, str], ...], int, dict[tuple[str, str], resize.ResizeDecision]]:
+    """(pods that may be upgraded now, pods that cannot be upgraded in place, pods still upgrading,
+    the resize of each candidate that needs one).
 
     Only pods not yet updated are considered, in namespace/name order, so ties and the
-    not-upgradable list never depend on the order the pods came in.
+    not-upgradable list never depend on the order the pods came in. A resize the API server
+    would refuse makes its pod not upgradable, with the reason added to `reasons`.
     """
     outdated = [(p, f) for p, u, f in zip(matched, verdicts.updated, verdicts.in_flight, strict=True) if not u]
     outdated.sort(key=_by_identity)
@@ -192,18 +223,27 @@ def _candidates(
     selected = None if update_selector is None else selectors.matcher(update_selector)
     candidates: list[PodProjection] = []
     not_upgradable: list[tuple[str, str]] = []
+    resizes: dict[tuple[str, str], resize.ResizeDecision] = {}
     waiting = 0
     for pod, moving in outdated:
         if selected is not None and not selected(pod.labels):
             continue
         entry = pod.hash_without_image_for(ss.name)
-        if entry is None or entry.hash != ss.hash_without_image:
+        if entry is None or (entry.hash != ss.hash_without_image and entry.hash not in resizable):
             not_upgradable.append(pod.key)
-        elif moving and not _superseded(ss, pod):
+            continue
+        if entry.hash != ss.hash_without_image:
+            decision = resize.decide(ss, pod)
+            if decision.refusal:
+                not_upgradable.append(pod.key)
+                reasons[pod.key] = decision.refusal
+                continue
+            resizes[pod.key] = decision
+        if moving and not _superseded(ss, pod):
             waiting += 1
         else:
             candidates.append(pod)
-    return candidates, tuple(not_upgradable), waiting
+    return candidates, tuple(not_upgradable), waiting, resizes
 
 
 def _superseded(ss: SidecarSet, pod: PodProjection) -> bool:
@@ -220,7 +260,9 @@ def _ready(ss: SidecarSet, pod: PodProjection) -> bool:
     return podstate.is_running_ready(pod) and hotupgrade.empties_done(pod, ss)
 
 
-def _upgrade(ss: SidecarSet, pod: PodProjection, *, revision: str, now: str) -> PodUpgrade:
+def _upgrade(
+    ss: SidecarSet, pod: PodProjection, *, revision: str, now: str, resizing: resize.ResizeDecision | None = None
+) -> PodUpgrade:
     physical = hotsidecars.physical_names(ss)
 
     def consistent(container: str) -> bool:
@@ -238,7 +280,19 @@ def _upgrade(ss: SidecarSet, pod: PodProjection, *, revision: str, now: str) -> 
         hot_ops=hot_ops,
         hot_changed=hot_changed,
     )
-    return PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, patch, ss.patch_pod_metadata, ss.name)
+    if resizing is None:
+        return PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, patch, ss.patch_pod_metadata, ss.name)
+    return PodUpgrade(
+        pod.namespace,
+        pod.name,
+        pod.uid,
+        pod.resource_version,
+        patch,
+        ss.patch_pod_metadata,
+        ss.name,
+        resize=tuple(resize_patch(pod, resizing.steps)) if resizing.steps else (),
+        without_image_hash=ss.hash_without_image,
+    )
 
 
 def _flips(

@@ -3,8 +3,9 @@
 Same inputs and alphabet as Kruise (pkg/control/sidecarcontrol/hash.go): only `containers`
 (and `initContainers` when one of them is a native sidecar) are hashed, so editing volumes,
 pull secrets or metadata patches never marks pods outdated. The "without image" hash blanks
-every image: when it differs between a pod and its SidecarSet, the change is more than an image
-and cannot be rolled in place.
+every image: when it differs between a pod and its SidecarSet, the change is more than an image.
+A third hash also blanks `resources`: when only it agrees, the change is images and resources,
+which a running pod can take too (sidecarsets.rollout.resize).
 
 The input is canonical: SidecarSet defaults applied to the containers and keys sorted, so the
 same SidecarSet hashes the same whether it comes from a user's YAML file (`sidecarctl inject`)
@@ -34,14 +35,18 @@ def _has_native_sidecar(init_containers: list[Any]) -> bool:
     return any(isinstance(c, Mapping) and c.get("restartPolicy") == "Always" for c in init_containers)
 
 
-def _hash_input(spec: Mapping[str, Any], *, blank_images: bool) -> dict[str, Any]:
+def _hash_input(spec: Mapping[str, Any], *, blank_images: bool, blank_resources: bool = False) -> dict[str, Any]:
     only = {k: spec[k] for k in ("containers", "initContainers") if isinstance(spec.get(k), list)}
     spec = apply_defaults({"spec": only})["spec"]
+    blanked = {
+        **({"image": ""} if blank_images else {}),
+        **({"resources": {}, "resourcesPolicy": {}} if blank_resources else {}),
+    }
 
     def prep(items: list[Any]) -> list[Any]:
-        if not blank_images:
+        if not blanked:
             return items
-        return [{**c, "image": ""} if isinstance(c, Mapping) else c for c in items]
+        return [{**c, **blanked} if isinstance(c, Mapping) else c for c in items]
 
     data: dict[str, Any] = {"containers": prep(list(spec.get("containers") or []))}
     inits = list(spec.get("initContainers") or [])
@@ -67,3 +72,12 @@ def spec_hash(spec: Mapping[str, Any]) -> str:
 def spec_hash_without_image(spec: Mapping[str, Any]) -> str:
     """Hash of the sidecar containers with every image blanked."""
     return _safe_encode(hashlib.sha256(_canonical(_hash_input(spec, blank_images=True))).hexdigest())
+
+
+def spec_hash_without_image_and_resources(spec: Mapping[str, Any]) -> str:
+    """Hash of the sidecar containers with every image, `resources` and `resourcesPolicy` blanked: two specs
+    with the same value differ at most in what a running pod can take in place (images by a
+    patch, CPU and memory by `pods/resize`; sidecarsets.rollout.resize checks the rest)."""
+    return _safe_encode(
+        hashlib.sha256(_canonical(_hash_input(spec, blank_images=True, blank_resources=True))).hexdigest()
+    )

@@ -60,6 +60,7 @@ class SidecarSet:
     namespace_selector: JsonObj | None
     hash: str
     hash_without_image: str
+    hash_without_resources: str  # images and resources blanked (sidecarsets.rollout.resize)
     injection_paused: bool
     injection_revision: RevisionPin | None
     update_strategy: UpdateStrategy
@@ -155,6 +156,7 @@ class SidecarSet:
             namespace_selector=ns_selector,
             hash=hashing.spec_hash(spec),
             hash_without_image=hashing.spec_hash_without_image(spec),
+            hash_without_resources=hashing.spec_hash_without_image_and_resources(spec),
             injection_paused=reader.boolean(injection.get("paused"), "spec.injectionStrategy.paused"),
             injection_revision=read_revision_pin(reader, injection),
             update_strategy=read_update_strategy(reader, spec.get("updateStrategy")),

@@ -59,6 +59,7 @@ CONDITION_MISSING_SIDECARS = "PodsMissingSidecars"
 CONDITION_PROGRESSING = "Progressing"
 CONDITION_POD_SECURITY = "PodSecurity"
 REASON_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+REASON_RESIZE_INFEASIBLE = "ResizeInfeasible"  # Progressing: pods whose node cannot fit a resize
 
 # SidecarSet-side annotations, as Kruise keeps them on the SidecarSet object.
 SS_ANN_HASH = "sidecarctl.io/sidecarset-hash"

@@ -49,6 +49,7 @@ from tests.e2e.helpers import (
     wait_status,
 )
 from tests.e2e.policysupport import policy_holding
+from tests.kube import builders
 from tests.kube.builders import model
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
@@ -390,6 +391,8 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         f"audit-{secrets.token_hex(3)}",
         app,
         initContainers=[],
+        # a request, so that raising it keeps the pods' QoS class (Burstable): resized in place
+        containers=[builders.container("proxy", "proxy:1", resources={"requests": {"cpu": "10m"}})],
         revisionHistoryLimit=2,
         updateStrategy={"type": "RollingUpdate", "maxUnavailable": 1},
         # re-applied by each upgrade, which reads the pod first (get pods)
@@ -478,6 +481,20 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
         eventually(lambda: all_on("proxy:1"), timeout=30, what="pods rolled back to proxy:1")
         assert wait_status(kube, ss_name, updatedPods=2, readyPods=2)["latestRevision"] == first
 
+        # Resources only: rolled into the running pods through pods/resize, the same pods.
+        uids = {p["metadata"]["uid"] for p in pods(kube, ns, app)}
+        raise_cpu = [{"op": "replace", "path": "/spec/containers/0/resources/requests/cpu", "value": "20m"}]
+        kube.patch(f"{SS_PATH}/{ss_name}", raise_cpu, patch_type="json")
+
+        def resized() -> bool:
+            got = pods(kube, ns, app)
+            cpu = [next(c for c in p["spec"]["containers"] if c["name"] == "proxy")["resources"] for p in got]
+            return len(got) == 2 and all(r.get("requests", {}).get("cpu") == "20m" for r in cpu)
+
+        eventually(resized, timeout=30, what="pods resized in place")
+        assert {p["metadata"]["uid"] for p in pods(kube, ns, app)} == uids
+        running = wait_status(kube, ss_name, updatedPods=2, readyPods=2, updatedReadyPods=2)["latestRevision"]
+
         kube.patch(  # not an image-only change: pods are marked, the history is truncated to 2
             f"{SS_PATH}/{ss_name}",
             [
@@ -497,7 +514,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
             return sorted(r["metadata"]["name"] for r in listed["items"])
 
         eventually(lambda: len(history()) == 2, timeout=20, what="history truncated to revisionHistoryLimit 2")
-        assert first in history(), "the revision the pods still run is kept"
+        assert running in history(), "the revision the pods still run is kept"
 
         # The policy injecting the SidecarSet: a hand edit of its binding is put back (update); paused,
         # the SidecarSet needs no policy, and the manager deletes it and its binding.

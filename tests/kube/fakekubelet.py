@@ -8,6 +8,12 @@ restarting that container: a short not-ready window, then the new image and imag
 restartCount + 1. Images in `bad_images` never become ready (the restarted container stays
 waiting in ImagePullBackOff). Pods being deleted are removed at once, as a kubelet would after
 the containers stop, so namespace deletion completes.
+
+Resources are reported as a 1.35 kubelet does: each container status carries the CPU and memory
+it runs with, and a resize (`pods/resize` changing the spec) is applied `resize_delay` seconds
+later without a restart (`PodResizeInProgress` meanwhile). For pods in `infeasible`
+(namespace/name) it is not: the old values stay reported and the pod gets `PodResizePending` with
+reason `Infeasible`, as on a node that cannot fit the new values.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class FakeKubelet:
         self.restart_delay = restart_delay
         self.namespaces: set[str] = set()
         self.bad_images: set[str] = set()
+        self.infeasible: set[str] = set()  # namespace/name of pods whose resizes the node cannot fit
+        self.resize_delay = 0.0
+        # (ns, pod uid, container) → monotonic time at which its resize is applied
+        self._resizing: dict[tuple[str, str, str], float] = {}
         # (ns, pod uid, container) → monotonic time until which the container shows as restarting
         self._restarting: dict[tuple[str, str, str], float] = {}
         # (ns, pod uid, container) → the status this kubelet last reported for it
@@ -161,7 +171,7 @@ class FakeKubelet:
         return next_check
 
     def _container_status(
-        self, ns: str, pod_uid: str, c: JsonObj, prev: JsonObj | None, now_mono: float
+        self, ns: str, pod_uid: str, c: JsonObj, prev: JsonObj | None, now_mono: float, *, resizable: bool = True
     ) -> tuple[JsonObj, float | None]:
         name, image = c["name"], c.get("image", "")
         rkey = (ns, pod_uid, name)
@@ -196,8 +206,23 @@ class FakeKubelet:
                 started=True,
                 state={"running": {"startedAt": started}},
             )
+        # What it runs with: the spec's resources once a resize is applied; on a node that cannot fit
+        # it, the last ones.
+        asked, before = c.get("resources") or {}, (prev or {}).get("resources") or {}
+        applied, wait = asked, None
+        if prev is not None and asked != before:
+            if not resizable:
+                applied = before
+            else:
+                until = self._resizing.setdefault(rkey, now_mono + self.resize_delay)
+                if now_mono < until:
+                    applied, wait = before, until - now_mono
+                else:
+                    del self._resizing[rkey]
+        if applied:
+            st["resources"] = applied
         self._running[rkey] = st
-        return st, None
+        return st, wait
 
     def _desired_status(self, pod: JsonObj) -> tuple[JsonObj | None, float | None]:
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
@@ -206,8 +231,10 @@ class FakeKubelet:
         prev_by_name = {s.get("name"): s for s in status.get("containerStatuses") or []}
         statuses: list[JsonObj] = []
         next_check: float | None = None
+        resizable = f"{ns}/{meta['name']}" not in self.infeasible
         for c in spec.get("containers") or []:
-            st, wait = self._container_status(ns, meta["uid"], c, prev_by_name.get(c["name"]), now_mono)
+            prev = prev_by_name.get(c["name"])
+            st, wait = self._container_status(ns, meta["uid"], c, prev, now_mono, resizable=resizable)
             statuses.append(st)
             if wait is not None:
                 next_check = min(wait, next_check or wait)
@@ -215,7 +242,8 @@ class FakeKubelet:
         for c in spec.get("initContainers") or []:
             if c.get("restartPolicy") == "Always":  # native sidecar: keeps running
                 prev_init = {s.get("name"): s for s in status.get("initContainerStatuses") or []}
-                st, wait = self._container_status(ns, meta["uid"], c, prev_init.get(c["name"]), now_mono)
+                prev = prev_init.get(c["name"])
+                st, wait = self._container_status(ns, meta["uid"], c, prev, now_mono, resizable=resizable)
                 init_statuses.append(st)
                 if wait is not None:
                     next_check = min(wait, next_check or wait)
@@ -246,11 +274,21 @@ class FakeKubelet:
         }
         if init_statuses:
             desired["initContainerStatuses"] = init_statuses
-        current = {k: status.get(k) for k in desired}
-        keys = ("type", "status", "lastTransitionTime")
-        current["conditions"] = [
-            {k: (old_conds.get(c["type"]) or {}).get(k) for k in keys} for c in desired["conditions"]
+        asked = {
+            c["name"]: c.get("resources") or {} for c in [*spec.get("containers", []), *spec.get("initContainers", [])]
+        }
+        behind = [
+            s["name"] for s in [*statuses, *init_statuses] if (s.get("resources") or {}) != asked.get(s["name"], {})
         ]
+        if behind and not resizable:
+            message = f"Node didn't have enough capacity for {', '.join(behind)} (fake kubelet)"
+            pending = {"type": "PodResizePending", "status": "True", "reason": "Infeasible", "message": message}
+            since = (old_conds.get("PodResizePending") or {}).get("lastTransitionTime") or _now()
+            desired["conditions"].append({**pending, "lastTransitionTime": since})
+        elif behind or "PodResizeInProgress" in old_conds:
+            desired["conditions"].append(cond("PodResizeInProgress", bool(behind)))
+        current = {k: status.get(k) for k in desired}
+        current["conditions"] = [{k: (old_conds.get(c["type"]) or {}).get(k) for k in c} for c in desired["conditions"]]
         if current == desired:
             return None, next_check
         return desired, next_check

@@ -1,5 +1,5 @@
 """resourcesPolicy at injection: the cases of Kruise's sidecarset_resources_test.go (targets,
-aggregation, expressions) through injector.engine.resources, then through the engine on whole pods."""
+aggregation, expressions) through sidecarsets.spec.resourcespolicy, then through the engine on whole pods."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import jsonpatch
 import pytest
 
 from injector.engine import engine
-from injector.engine.resources import ResourcesPolicyError, computed_resources
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.reading import Reader
-from sidecarsets.spec.resourcespolicy import ResourcesPolicy, read_resources_policy
+from sidecarsets.spec.resourcespolicy import (
+    ResourcesPolicy,
+    ResourcesPolicyError,
+    computed_resources,
+    read_resources_policy,
+)
 from tests.kube import builders
 
 NOW = "2024-01-01T00:00:00Z"

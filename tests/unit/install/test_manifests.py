@@ -198,6 +198,7 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         ("", "pods", "patch", ()),
         ("", "pods", "get", ()),  # patchPodMetadata re-applied on upgrade reads the pod first
         ("", "pods/status", "patch", ()),
+        ("", "pods/resize", "patch", ()),  # sidecar CPU and memory changed in place
         ("", "events", "create", ()),
         ("", "events", "patch", ()),
         ("authentication.k8s.io", "tokenreviews", "create", ()),  # --metrics-secure

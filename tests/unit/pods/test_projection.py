@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecarsets.pods.podrecords import ContainerState, HashEntry, InplaceEntry, Labels
+from sidecarsets.pods.podrecords import ContainerState, HashEntry, InplaceEntry, Labels, Resources
 from sidecarsets.pods.projection import PodProjection, project
 from sidecarsets.spec import selectors
 from sidecarsets.spec.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INJECTED_LIST, ANN_INPLACE_STATE
@@ -81,7 +81,7 @@ def test_holds_no_reference_into_the_input() -> None:
     raw = injected_pod("web-1", shop_sidecarset(), labels={"zone": "a"})
     p = project(raw)
     kinds = {type(o) for o in _reachable(p)}
-    assert kinds <= {PodProjection, Labels, tuple, HashEntry, InplaceEntry, ContainerState, str, int, bool}
+    assert kinds <= {PodProjection, Labels, tuple, HashEntry, InplaceEntry, ContainerState, Resources, str, int, bool}
 
 
 def test_mutating_the_input_afterwards_changes_nothing() -> None:
@@ -125,7 +125,28 @@ def test_unknown_fields_are_dropped() -> None:
         "upgradable_condition",
         "hot_working",
         "hot_versions",
+        "resources",
+        "applied_resources",
+        "resize_conditions",
     }
+
+
+def test_resources_as_asked_and_as_applied_and_the_resize_conditions() -> None:
+    raw = injected_pod("web-1", shop_sidecarset())
+    raw["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}, "limits": {"memory": "1Gi"}}
+    raw["spec"]["containers"][0]["resizePolicy"] = [{"resourceName": "memory", "restartPolicy": "RestartContainer"}]
+    raw["status"]["containerStatuses"][0]["resources"] = {"requests": {"cpu": "50m"}}
+    raw["status"]["conditions"] += [
+        {"type": "PodResizePending", "status": "True", "reason": "Deferred", "message": "later"},
+        {"type": "PodResizeInProgress", "status": "False"},
+    ]
+    p = project(raw)
+    assert p.resources_of("envoy") == Resources(
+        "envoy", (("cpu", "100m"),), (("memory", "1Gi"),), (("memory", "RestartContainer"),)
+    )
+    assert p.resources_of("envoy", applied=True) == Resources("envoy", (("cpu", "50m"),))
+    assert p.resources_of("app", applied=True) is None, "nothing reported: no evidence"
+    assert p.resize_conditions == (("PodResizePending", "Deferred", "later"),)
 
 
 def test_is_frozen_and_hashable() -> None:
