@@ -170,6 +170,10 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
         "new": stored is None,
         "generation": {"stored": None if stored is None else stored.generation, "applied": target.generation},
         "inPlace": stored is not None and stored.hash_without_image == target.hash_without_image,
+        # only images and CPU/memory change: running pods are resized in place too (pods/resize)
+        "resizedInPlace": stored is not None
+        and stored.hash_without_image != target.hash_without_image
+        and stored.hash_without_resources == target.hash_without_resources,
         "changes": {
             "containers": [
                 c.as_json() for c in preview.container_changes(None if stored is None else stored.spec, target.spec)
@@ -188,8 +192,9 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     if stored is None:
         return doc
     revision = preview.would_be_revision(target, inputs.revisions)
-    rollout = preview.simulate_rollout(target, inputs.pods, ns_labels, revision=revision, now=now)
     specs = preview.known_specs(stored, inputs.revisions)
+    resizable = preview.resizable_hashes(target, [spec for _, spec in specs])
+    rollout = preview.simulate_rollout(target, inputs.pods, ns_labels, revision=revision, now=now, resizable=resizable)
     doc["rollout"] = _rollout_json(rollout, revision)
     doc["notUpgradable"] = [
         preview.why_not_upgradable(target, raw_by_key[k], specs).as_json() for k in rollout.not_upgradable
@@ -209,6 +214,7 @@ def _rollout_json(r: preview.Rollout, revision: str) -> JsonObj:
         "partition": r.partition,
         "batches": [{"batch": b.number, "pods": list(b.pods)} for b in r.batches],
         "upgraded": len(r.upgraded),
+        "resized": list(r.resized),
         "hotUpgradeFlips": r.flips,
         "kept": list(r.kept),
         "waitingOn": [{"pod": k, "reason": why} for k, why in r.waiting_on],

@@ -76,11 +76,15 @@ def _changes(doc: Mapping[str, Any]) -> list[str]:
     if not changes and not doc["changes"]["otherFields"]:
         add("  none")
     if not doc["new"]:
-        add(
-            "  only images change: matched pods are upgraded in place"
-            if doc["inPlace"]
-            else "  more than images change: pods injected before cannot be upgraded in place (recreate them)"
-        )
+        if doc["inPlace"]:
+            add("  only images change: matched pods are upgraded in place")
+        elif doc.get("resizedInPlace"):
+            add("  only images and resources change: matched pods are upgraded and resized in place (pods/resize)")
+        else:
+            add(
+                "  more than images and resources change: pods injected before cannot be upgraded in place "
+                "(recreate them)"
+            )
     return lines
 
 
@@ -95,8 +99,10 @@ def _rollout(r: Mapping[str, Any] | None, short: clusterread.PodNames) -> list[s
         )
         for item in r["notReadyBefore"]:
             add(f"  not ready now: {short(item['pod'])} ({item['reason']})")
+        resized = set(r.get("resized") or ())
         for b in r["batches"]:
-            add(f"  batch {b['batch']} ({len(b['pods'])}): {short.join(b['pods'])}")
+            step = " resize" if resized and resized >= set(b["pods"]) else ""
+            add(f"  batch {b['batch']} ({len(b['pods'])}){step}: {short.join(b['pods'])}")
         if not r["batches"]:
             add("  no batch: nothing is upgraded")
         end = r["end"]

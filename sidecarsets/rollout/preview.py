@@ -24,6 +24,7 @@ from sidecarsets.pods.podkeys import pod_key as pod_key
 from sidecarsets.pods.podkeys import projection_key
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import status
+from sidecarsets.rollout.resize import resizable_hashes as resizable_hashes
 from sidecarsets.rollout.rolloutsim import Batch as Batch
 from sidecarsets.rollout.rolloutsim import Rollout as Rollout
 from sidecarsets.rollout.rolloutsim import not_ready_reason as not_ready_reason
@@ -131,6 +132,7 @@ __all__ = [
     "partition_of",
     "pod_differences",
     "pod_key",
+    "resizable_hashes",
     "simulate_rollout",
     "simulated_image_id",
     "spec_differences",

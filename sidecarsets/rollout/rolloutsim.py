@@ -16,14 +16,16 @@ smaller batches, so the batches shown are the waves of a rollout whose pods rest
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import orjson
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate
 from sidecarsets.pods.podkeys import pod_key, projection_key
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.rollout import deadline, planner, status
+from sidecarsets.rollout import deadline, planner, podpatch, status
 from sidecarsets.rollout.simnode import apply_upgrade, kubelet_report
 from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
@@ -55,10 +57,31 @@ class Rollout:
     not_ready_before: tuple[tuple[str, str], ...] = ()  # (pod, why): matched pods not available at the start
     flips: int = 0  # HotUpgrade flip passes between batches
     upgraded: tuple[str, ...] = field(default=())
+    resized: tuple[str, ...] = ()  # upgraded pods whose sidecars' CPU or memory is resized in place
 
     @property
     def done(self) -> bool:
         return self.stage == planner.Stage.DONE.value
+
+
+def _writes(pod: JsonObj, u: planner.PodUpgrade, now: str) -> list[JsonObj]:
+    """The controller's writes to one pod as one patch: the resize, then the upgrade patch with the
+    without-image hash a resize records (read from the pod, as the controller reads it)."""
+    if not u.without_image_hash:
+        return u.patch
+    hashes = orjson.loads(next(op["value"] for op in u.patch if op["path"] == _HASH_PATH))
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    entry = podpatch.without_image_op(
+        annotations.get(names.ANN_HASH_WITHOUT_IMAGE),
+        ss_name=u.sidecarset,
+        new_hash=u.without_image_hash,
+        sidecars=list((hashes.get(u.sidecarset) or {}).get("sidecarList") or []),
+        now=now,
+    )
+    return [*u.resize[1:], *u.patch, entry]  # one write here: a single resourceVersion test
+
+
+_HASH_PATH = podpatch.pointer("metadata", "annotations", names.ANN_HASH)
 
 
 def partition_of(ss: SidecarSet, total: int) -> int:
@@ -89,9 +112,11 @@ class _Simulation:
     revision: str
     now: str
     raw: dict[str, JsonObj]
+    resizable: Collection[str] = frozenset()
     projected: dict[str, PodProjection] = field(init=False)
     batches: list[Batch] = field(default_factory=list)
     upgraded: list[str] = field(default_factory=list)
+    resized: list[str] = field(default_factory=list)
     flips: int = 0
 
     def __post_init__(self) -> None:
@@ -102,7 +127,9 @@ class _Simulation:
         return matched, status.evaluate(self.ss, matched)
 
     def plan(self, matched: list[PodProjection], verdicts: podstate.Verdicts) -> planner.Plan:
-        return planner.plan_upgrade(self.ss, matched, revision=self.revision, now=self.now, verdicts=verdicts)
+        return planner.plan_upgrade(
+            self.ss, matched, revision=self.revision, now=self.now, verdicts=verdicts, resizable=self.resizable
+        )
 
     def replace(self, key: str, value: JsonObj) -> None:
         self.raw[key] = value
@@ -124,7 +151,11 @@ class _Simulation:
         unless the pass is a HotUpgrade flip."""
         for u in plan.upgrades:
             key = f"{u.namespace}/{u.name}"
-            self.replace(key, kubelet_report(apply_upgrade(self.raw[key], u.patch), now=self.now))
+            self.replace(
+                key, kubelet_report(apply_upgrade(self.raw[key], _writes(self.raw[key], u, self.now)), now=self.now)
+            )
+            if u.resize:
+                self.resized.append(key)
         if plan.stage is planner.Stage.FLIPPING:
             self.flips += 1
         else:
@@ -158,13 +189,14 @@ def simulate_rollout(
     revision: str,
     now: str,
     max_passes: int | None = None,
+    resizable: Collection[str] = frozenset(),
 ) -> Rollout:
     """The rollout of `ss` over `pods` (raw pod objects; only those it matches take part), pass by
     pass as the controller runs it, each pass's pods coming back upgraded and ready before the next."""
     raw: dict[str, JsonObj] = {}
     for obj in pods:
         raw.setdefault(pod_key(obj), obj)
-    sim = _Simulation(ss, namespace_labels, revision, now, raw)
+    sim = _Simulation(ss, namespace_labels, revision, now, raw, resizable)
     passes_left = max_passes if max_passes is not None else 2 * len(raw) + 10
     matched, verdicts = sim.look()
     first = sim.plan(matched, verdicts)
@@ -199,6 +231,7 @@ def simulate_rollout(
         not_ready_before=not_ready,
         flips=sim.flips,
         upgraded=tuple(sim.upgraded),
+        resized=tuple(sim.resized),
     )
 
 

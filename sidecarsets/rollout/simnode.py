@@ -32,7 +32,8 @@ def simulated_image_id(image: str) -> str:
 
 def kubelet_report(pod: JsonObj, *, now: str) -> JsonObj:
     """A copy of `pod` as the kubelet reports it once every container whose spec image changed runs
-    the new image and is ready; nothing else changes.
+    the new image and is ready, and every container that reports its resources runs with its spec's
+    (a resize applied); nothing else changes.
 
     A pod that is not Running (or is being deleted) is left as it is: no node is starting it in a
     preview. The pod is ready afterwards when all its containers are, unless it was not ready for
@@ -63,6 +64,15 @@ def kubelet_report(pod: JsonObj, *, now: str) -> JsonObj:
     was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     held_back = not was_ready and all_ready()
     changed = False
+    asked = {
+        c.get("name"): c.get("resources") or {}
+        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+        if isinstance(c, dict)
+    }
+    for cs in [*statuses, *init_statuses]:
+        if "resources" in cs and cs.get("resources") != asked.get(cs.get("name"), cs.get("resources")):
+            cs["resources"] = asked[cs.get("name")]
+            changed = True
     for wanted, group in ((images, statuses), (natives, init_statuses)):
         for cs in group:
             image = wanted.get(cs.get("name"))

@@ -36,7 +36,17 @@ INTERVAL = 0.05
 # -- objects ------------------------------------------------------------------------------------
 
 
-def sidecarset(name: str, namespace: str, image: str, *, max_unavailable: int | str, app: str) -> dict[str, Any]:
+def sidecarset(
+    name: str, namespace: str, image: str, *, max_unavailable: int | str, app: str, resources: Any = None
+) -> dict[str, Any]:
+    sidecar: dict[str, Any] = {
+        "name": SIDECAR,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "readinessProbe": http_probe(images.SIDECAR_PORT),
+    }
+    if resources is not None:
+        sidecar["resources"] = resources
     return {
         "apiVersion": "sidecarctl.io/v1alpha1",
         "kind": "SidecarSet",
@@ -44,14 +54,7 @@ def sidecarset(name: str, namespace: str, image: str, *, max_unavailable: int | 
         "spec": {
             "selector": {"matchLabels": {"app": app}},
             "namespace": namespace,
-            "containers": [
-                {
-                    "name": SIDECAR,
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "readinessProbe": http_probe(images.SIDECAR_PORT),
-                }
-            ],
+            "containers": [sidecar],
             "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": max_unavailable},
         },
     }
@@ -125,12 +128,15 @@ def create_workload(
     grace: int = 5,
     app: str = "fleet",
     timeout: float = 120,
+    resources: Any = None,
 ) -> Workload:
     """Label `namespace` for injection, create the SidecarSet and the Deployment, and wait until
     every pod is Ready with its sidecar and the SidecarSet counts them all updated and ready."""
     name = f"{app}-{namespace[-6:]}"
     api.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
-    api.create(SS_PATH, sidecarset(name, namespace, image, max_unavailable=max_unavailable, app=app))
+    api.create(
+        SS_PATH, sidecarset(name, namespace, image, max_unavailable=max_unavailable, app=app, resources=resources)
+    )
     w = Workload(api, namespace, name, app, replicas, max_unavailable)
 
     def store_has_it() -> bool:  # the manager's webhook store sees the SidecarSet a moment after the write

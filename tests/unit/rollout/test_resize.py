@@ -312,3 +312,20 @@ def test_the_hash_annotation_a_resize_writes_keeps_the_other_sidecarsets_entries
         "sidecarList": ["envoy"],
     }
     assert jsonpatch.JsonPointer(op["path"]).parts == ["metadata", "annotations", ANN_HASH_WITHOUT_IMAGE]
+
+
+def test_preview_simulates_a_resize_batch_by_batch_as_the_controller_runs_it() -> None:
+    from sidecarsets.rollout.rolloutsim import simulate_rollout
+
+    v2 = sidecarset(BIGGER, generation=2)
+    raws = [pod(f"p{i}") for i in range(3)]
+    m = model(v2)
+    labels: dict[str, dict[str, str]] = {"shop": {}}
+    rollout = simulate_rollout(
+        m, raws, labels, revision="mesh-2", now=NOW, resizable=resize.resizable_hashes(m, [V1["spec"]])
+    )
+    assert [b.pods for b in rollout.batches] == [("shop/p0",), ("shop/p1",), ("shop/p2",)]
+    assert rollout.resized == ("shop/p0", "shop/p1", "shop/p2") and rollout.done
+    # Without the revision the pods were injected from, nothing is resized: all not upgradable.
+    blind = simulate_rollout(m, raws, labels, revision="mesh-2", now=NOW)
+    assert (blind.batches, blind.not_upgradable) == ((), ("shop/p0", "shop/p1", "shop/p2"))
