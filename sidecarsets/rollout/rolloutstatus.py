@@ -16,7 +16,7 @@ from typing import Any
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import missed
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import deadline, planner, rolloutsim, specdiff, status
+from sidecarsets.rollout import deadline, planner, resize, rolloutsim, specdiff, status
 from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
 
@@ -93,7 +93,9 @@ def glance(
     live = status.compute_status(ss, matched, latest_revision=None, collision_count=None, verdicts=verdicts)
     st = ss.status if isinstance(ss.status, Mapping) else {}
     revision = str(st.get("latestRevision") or "")
-    plan = planner.plan_upgrade(ss, matched, revision=revision, now=now, verdicts=verdicts)
+    specs = specdiff.known_specs(ss, stored_revisions)
+    resizable = resize.resizable_hashes(ss, [spec for _, spec in specs])
+    plan = planner.plan_upgrade(ss, matched, revision=revision, now=now, verdicts=verdicts, resizable=resizable)
     stopped = deadline.is_stopped(ss)
     upgrading: list[tuple[str, str]] = []
     not_ready: list[tuple[str, str]] = []
@@ -102,9 +104,11 @@ def glance(
             continue
         entry = (f"{p.namespace}/{p.name}", rolloutsim.not_ready_reason(ss, p))
         (upgrading if is_new or moving else not_ready).append(entry)
-    specs = specdiff.known_specs(ss, stored_revisions)
+    reasons = dict(plan.reasons)  # a resize the API server or the node would refuse: said as such
     blocked = tuple(
-        specdiff.why_not_upgradable(ss, raw_pods[f"{ns}/{n}"], specs)
+        specdiff.Blocked(f"{ns}/{n}", (reasons[(ns, n)],), "resize")
+        if (ns, n) in reasons
+        else specdiff.why_not_upgradable(ss, raw_pods[f"{ns}/{n}"], specs)
         for ns, n in plan.not_upgradable
         if f"{ns}/{n}" in raw_pods
     )

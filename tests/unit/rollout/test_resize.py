@@ -329,3 +329,27 @@ def test_preview_simulates_a_resize_batch_by_batch_as_the_controller_runs_it() -
     # Without the revision the pods were injected from, nothing is resized: all not upgradable.
     blind = simulate_rollout(m, raws, labels, revision="mesh-2", now=NOW)
     assert (blind.batches, blind.not_upgradable) == ((), ("shop/p0", "shop/p1", "shop/p2"))
+
+
+def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
+    from sidecarsets.rollout.rolloutstatus import glance
+    from sidecarsets.spec.names import REVISION_LABEL_SIDECARSET
+
+    revision = {
+        "metadata": {"name": "mesh-1", "labels": {REVISION_LABEL_SIDECARSET: "mesh"}},
+        "data": {"spec": V1["spec"]},
+        "revision": 1,
+    }
+    lower = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "96Mi"}}
+    raws = [pod("p0")]
+    at = glance(
+        model(sidecarset(lower, generation=2)),
+        [project(r) for r in raws],
+        {"shop/p0": raws[0]},
+        {"shop": {}},
+        stored_revisions=[revision],
+        missing=(),
+        now=NOW,
+    )
+    (blocked,) = at.not_upgradable
+    assert blocked.compared_with == "resize" and "memory limit would go down" in blocked.fields[0]
