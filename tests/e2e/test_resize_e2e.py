@@ -27,16 +27,20 @@ SMALL = {"requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"cpu": "200m"
 
 
 def _proxy(pod: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in pod["spec"]["containers"] if c["name"] == "proxy")
+    """The proxy container ({} while a dry-run pod is not injected yet)."""
+    return next((c for c in pod["spec"]["containers"] if c["name"] == "proxy"), {})
 
 
 def _applied(pod: dict[str, Any]) -> dict[str, Any]:
-    status = next(s for s in pod["status"].get("containerStatuses") or [] if s["name"] == "proxy")
+    """The proxy's resources as the kubelet reports them ({} before it reports any)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    status: dict[str, Any] = next((s for s in statuses if s["name"] == "proxy"), {})
     return dict(status.get("resources") or {})
 
 
-def _cpu_limit(pod: dict[str, Any]) -> str:
-    return str(_proxy(pod)["resources"]["limits"]["cpu"])
+def _cpu_limit(pod: dict[str, Any]) -> str | None:
+    cpu = _proxy(pod).get("resources", {}).get("limits", {}).get("cpu")
+    return None if cpu is None else str(cpu)
 
 
 def _setup(
@@ -49,7 +53,7 @@ def _setup(
         updateStrategy={"type": "RollingUpdate", "maxUnavailable": MAX_UNAVAILABLE},
     )
     name = str(ss["metadata"]["name"])
-    wait_injecting(kube, ns, app, lambda p: _proxy(p).get("resources", {}).get("limits", {}).get("cpu") == "200m")
+    wait_injecting(kube, ns, app, lambda p: _cpu_limit(p) == "200m")
     before = create_ready_pods(kube, ns, app, count)
     wait_status(kube, name, matchedPods=count, updatedPods=count, readyPods=count, updatedReadyPods=count)
     return name, before

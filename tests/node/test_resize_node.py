@@ -29,7 +29,7 @@ def _sidecar(pod: dict[str, Any]) -> dict[str, Any]:
 
 def _cpu_quota(cluster: Cluster, container_id: str) -> int:
     """The running container's CFS quota, read from its cgroup through its process."""
-    tasks = cluster.node.ctr("-n", "k8s.io", "tasks", "ls")
+    tasks = cluster.node.ctr("tasks", "ls")  # the node's ctr names the k8s.io namespace itself
     pid = next(line.split()[1] for line in tasks.splitlines()[1:] if line.split()[0] == container_id)
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
