@@ -423,12 +423,15 @@ def ready_status(pod: JsonObj) -> JsonObj:
     """The status a kubelet reports for a pod whose containers all run and are ready."""
 
     def running(c: JsonObj) -> JsonObj:
+        # The resources it runs with, as a 1.33+ kubelet reports them (the API server resizes only
+        # pods whose running containers report theirs).
         return builders.container_status(
             c["name"],
             c["image"],
             containerID=f"containerd://{abs(hash((pod['metadata']['name'], c['name']))):016x}",
             started=True,
             state={"running": {"startedAt": NOW}},
+            **({"resources": c["resources"]} if c.get("resources") else {}),
         )
 
     def done(c: JsonObj) -> JsonObj:
@@ -545,6 +548,10 @@ class Cluster:
         }
         with contextlib.suppress(api.Conflict):
             await self.client.create("/api/v1/nodes", node)
+        # Room for every benchmark pod: the API server checks a resize against the node's allocatable.
+        room = {"cpu": "1000", "memory": "1000Gi", "pods": "100000"}
+        status = {"status": {"allocatable": room, "capacity": room}}
+        await self.client.patch(f"/api/v1/nodes/{name}/status", status, patch_type="strategic")
 
 
 @contextlib.contextmanager

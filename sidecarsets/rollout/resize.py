@@ -167,6 +167,9 @@ def decide(ss: SidecarSet, pod: PodProjection) -> ResizeDecision:
         step = ResizeStep(sc.name, field, index, tuple(sorted(requests.items())), tuple(sorted(limits.items())))
         steps.append(step)
         after[sc.name] = current._replace(requests=step.requests, limits=step.limits)
+    if steps and pod.container_statuses and not pod.applied_resources:
+        # The API server refuses to resize a running pod whose containers report no resources.
+        return ResizeDecision(refusal="its node reports no container resources: a kubelet before 1.33 cannot resize")
     if steps:
         old_qos, new_qos = qos_class(pod.resources), qos_class(after.values())
         if old_qos != new_qos:

@@ -353,3 +353,9 @@ def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
     )
     (blocked,) = at.not_upgradable
     assert blocked.compared_with == "resize" and "memory limit would go down" in blocked.fields[0]
+
+
+def test_a_pod_whose_kubelet_reports_no_resources_is_not_resized() -> None:
+    # The API server refuses a resize of a running pod whose containers report none (an old kubelet).
+    p = plan(sidecarset(BIGGER, generation=2), [pod("p0", applied=False)])
+    assert p.upgrades == () and "kubelet before 1.33" in dict(p.reasons)[("shop", "p0")]
