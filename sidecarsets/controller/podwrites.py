@@ -11,28 +11,17 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
-
 from kuberuntime import api, events
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller import metrics
 from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import planner, podpatch
+from sidecarsets.rollout import planner, resize
 from sidecarsets.spec import names, podmeta
 from sidecarsets.spec.model import SidecarSet
 
 # These lines are the controller's own, and keep its logger name (log filters select it by name).
 log = logging.getLogger("sidecarsets.controller")
-
-
-def _sidecar_list(patch: list[JsonObj], sidecarset: str) -> list[str]:
-    """The sidecar names the upgrade's own hash entry records (the without-image entry lists the same)."""
-    for op in patch:
-        if op.get("path") == podpatch.pointer("metadata", "annotations", names.ANN_HASH):
-            entry = orjson.loads(op["value"]).get(sidecarset) or {}
-            return [str(n) for n in entry.get("sidecarList") or []]
-    return []
 
 
 def _tested_against(patch: list[JsonObj], pod: JsonObj) -> list[JsonObj]:
@@ -94,14 +83,7 @@ class PodWrites:
             log.warning("pod %s/%s: %s", upgrade.namespace, upgrade.name, w)
         patch = upgrade.patch + ops
         if upgrade.without_image_hash:
-            entry = podpatch.without_image_op(
-                annotations.get(names.ANN_HASH_WITHOUT_IMAGE),
-                ss_name=upgrade.sidecarset,
-                new_hash=upgrade.without_image_hash,
-                sidecars=_sidecar_list(upgrade.patch, upgrade.sidecarset),
-                now=self.clock(),
-            )
-            patch.append(entry)
+            patch.append(resize.resize_record(upgrade, annotations.get(names.ANN_HASH_WITHOUT_IMAGE), now=self.clock()))
         if not upgrade.resize:
             return patch, None
         resized: JsonObj = await self.client.patch(f"{path}/resize", list(upgrade.resize), patch_type="json")

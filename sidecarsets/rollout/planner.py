@@ -52,6 +52,7 @@ class PodUpgrade:
     # the without-image hash the pod then records (written from the pod as it is, like `metadata`).
     resize: tuple[JsonObj, ...] = ()
     without_image_hash: str = ""
+    sidecars: tuple[str, ...] = ()  # the SidecarSet's sidecar list, which that hash entry records
 
 
 class Stage(Enum):
@@ -292,6 +293,7 @@ def _upgrade(
         ss.name,
         resize=tuple(resize_patch(pod, resizing.steps)) if resizing.steps else (),
         without_image_hash=ss.hash_without_image,
+        sidecars=tuple(ss.sidecar_list),
     )
 
 

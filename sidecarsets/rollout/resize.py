@@ -21,17 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods.podrecords import Resources
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.pods.resizestate import RESIZABLE, same_quantity, same_values
+from sidecarsets.rollout.podpatch import without_image_op
 from sidecarsets.spec import hashing
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.resourcespolicy import ResourcesPolicyError, computed_resources
 from sidecarsets.spec.sidecar import SidecarContainer
 from sidecarsets.values import quantity
+
+if TYPE_CHECKING:
+    from sidecarsets.rollout.planner import PodUpgrade
 
 NOT_REQUIRED = "NotRequired"
 
@@ -211,3 +215,15 @@ def resize_patch(pod: PodProjection, steps: Sequence[ResizeStep]) -> list[JsonOb
             for section, values in step.resources().items()
         ]
     return ops
+
+
+def resize_record(upgrade: PodUpgrade, annotation: str | None, *, now: str) -> JsonObj:
+    """The operation recording a resized pod's new without-image hash, from the pod's annotation as
+    it is now (sidecarsets.rollout.podpatch.without_image_op)."""
+    return without_image_op(
+        annotation,
+        ss_name=upgrade.sidecarset,
+        new_hash=upgrade.without_image_hash,
+        sidecars=list(upgrade.sidecars),
+        now=now,
+    )

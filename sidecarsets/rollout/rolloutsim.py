@@ -19,13 +19,11 @@ import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import orjson
-
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate
 from sidecarsets.pods.podkeys import pod_key, projection_key
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.rollout import deadline, planner, podpatch, status
+from sidecarsets.rollout import deadline, planner, resize, status
 from sidecarsets.rollout.simnode import apply_upgrade, kubelet_report
 from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
@@ -69,19 +67,9 @@ def _writes(pod: JsonObj, u: planner.PodUpgrade, now: str) -> list[JsonObj]:
     without-image hash a resize records (read from the pod, as the controller reads it)."""
     if not u.without_image_hash:
         return u.patch
-    hashes = orjson.loads(next(op["value"] for op in u.patch if op["path"] == _HASH_PATH))
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    entry = podpatch.without_image_op(
-        annotations.get(names.ANN_HASH_WITHOUT_IMAGE),
-        ss_name=u.sidecarset,
-        new_hash=u.without_image_hash,
-        sidecars=list((hashes.get(u.sidecarset) or {}).get("sidecarList") or []),
-        now=now,
-    )
+    entry = resize.resize_record(u, annotations.get(names.ANN_HASH_WITHOUT_IMAGE), now=now)
     return [*u.resize[1:], *u.patch, entry]  # one write here: a single resourceVersion test
-
-
-_HASH_PATH = podpatch.pointer("metadata", "annotations", names.ANN_HASH)
 
 
 def partition_of(ss: SidecarSet, total: int) -> int:

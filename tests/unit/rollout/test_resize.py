@@ -20,7 +20,7 @@ from sidecarsets.rollout import deadline, podpatch, resize
 from sidecarsets.rollout.planner import Plan, PodUpgrade, plan_upgrade
 from sidecarsets.rollout.status import evaluate
 from sidecarsets.spec import hashing
-from sidecarsets.spec.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE
+from sidecarsets.spec.names import ANN_HASH_WITHOUT_IMAGE
 from tests.kube.builders import apply_patch, container, injected_pod, model, shop_sidecarset
 
 NOW = "2024-06-01T12:00:00Z"
@@ -79,17 +79,7 @@ def api_server(raw: JsonObj, u: PodUpgrade) -> JsonObj:
         out = apply_patch(out, list(u.resize))
         patch[0] = {**patch[0], "value": out["metadata"]["resourceVersion"]}
     if u.without_image_hash:
-        hash_path = podpatch.pointer("metadata", "annotations", ANN_HASH)
-        sidecars = orjson.loads(next(op["value"] for op in patch if op["path"] == hash_path))
-        patch.append(
-            podpatch.without_image_op(
-                out["metadata"]["annotations"].get(ANN_HASH_WITHOUT_IMAGE),
-                ss_name=u.sidecarset,
-                new_hash=u.without_image_hash,
-                sidecars=sidecars[u.sidecarset]["sidecarList"],
-                now=NOW,
-            )
-        )
+        patch.append(resize.resize_record(u, out["metadata"]["annotations"].get(ANN_HASH_WITHOUT_IMAGE), now=NOW))
     return apply_patch(out, patch)
 
 
