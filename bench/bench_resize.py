@@ -33,12 +33,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.bench_upgrade import Run, list_pods
+from bench.bench_upgrade import Run, list_pods, wait_settled
 from kuberuntime import kubeapi
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.kubeconfig import load_config
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.rollout import planner, podpatch, resize, status
+from sidecarsets.rollout import planner, resize, status
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
@@ -64,14 +64,7 @@ async def _resize_one(client: kubeapi.KubeClient, u: planner.PodUpgrade) -> Json
     path = f"/api/v1/namespaces/{u.namespace}/pods/{u.name}"
     resized: JsonObj = await client.patch(f"{path}/resize", list(u.resize), patch_type="json")
     meta = resized["metadata"]
-    sidecars = sorted(c["name"] for c in common.mesh_sidecarset()["spec"]["containers"])
-    entry = podpatch.without_image_op(
-        meta["annotations"].get(names.ANN_HASH_WITHOUT_IMAGE),
-        ss_name=u.sidecarset,
-        new_hash=u.without_image_hash,
-        sidecars=sidecars,
-        now=common.NOW,
-    )
+    entry = resize.resize_record(u, meta["annotations"].get(names.ANN_HASH_WITHOUT_IMAGE), now=common.NOW)
     patch = [{**u.patch[0], "value": meta["resourceVersion"]}, *u.patch[1:], entry]
     result: JsonObj = await client.patch(path, patch, patch_type="json")
     return result
@@ -103,18 +96,7 @@ def run_controller(
 ) -> Run:
     ss_path = f"{common.SS_PATH}/{SS_NAME}"
 
-    def settled() -> bool:
-        if not manager.leading or not manager.pod_informer.synced.is_set():
-            return False
-        st = c.run(c.client.get(ss_path)).get("status") or {}
-        return bool(st.get("matchedPods") == st.get("updatedPods") == st.get("readyPods") == n)
-
-    deadline = time.monotonic() + 120
-    while not settled():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the controller did not report {n} matched, updated, ready pods within 120 s")
-        time.sleep(0.2)
-    time.sleep(1.0)
+    wait_settled(c, manager, ss_path, n)
     target = SidecarSet.from_object(sidecarset(SS_NAME, APP, round_), tolerant=True).hash
     seen: set[str] = set()
     marks: dict[str, float] = {}

@@ -121,11 +121,9 @@ async def plain_loop(kubeconfig: str, ss: JsonObj, *, pods: int, image: str, ser
         await client.close()
 
 
-def run_controller(
-    c: common.Cluster, manager: Any, n: int, *, target: str, timeout: float, pids: dict[str, int], profile: bool
-) -> Run:
-    """Wait for the controller to settle, change the image, time the rollout as its own pod watch sees it."""
-    ss_path = f"{common.SS_PATH}/{SS_NAME}"
+def wait_settled(c: common.Cluster, manager: Any, ss_path: str, n: int) -> None:
+    """Until the manager leads, its pod watch is synced and the status counts `n` pods matched,
+    updated and ready; then a second for its work queue to drain."""
 
     def settled() -> bool:
         if not manager.leading or not manager.pod_informer.synced.is_set():
@@ -138,7 +136,16 @@ def run_controller(
         if time.monotonic() > deadline:
             raise RuntimeError(f"the controller did not report {n} matched, updated, ready pods within 120 s")
         time.sleep(0.2)
-    time.sleep(1.0)  # let the work queue drain
+    time.sleep(1.0)
+
+
+def run_controller(
+    c: common.Cluster, manager: Any, n: int, *, target: str, timeout: float, pids: dict[str, int], profile: bool
+) -> Run:
+    """Wait for the controller to settle, change the image, time the rollout as its own pod watch sees it."""
+    ss_path = f"{common.SS_PATH}/{SS_NAME}"
+
+    wait_settled(c, manager, ss_path, n)
 
     # Count upgraded pods as the manager's pod informer delivers them: O(1) per event, no polling.
     seen: set[str] = set()
