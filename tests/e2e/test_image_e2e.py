@@ -12,6 +12,7 @@ Lease, Secret and webhook configurations (selecting no object), so the session m
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import pytest
 
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
+from tests.kube.images import cache_root
 from tests.kube.managerharness import MANAGER_NS, MWC_PATH, VWC_PATH, ensure_namespace, probe, webhook_configs
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -118,6 +120,14 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SIDECARCTL_")}
 
 
+def _wheelhouse() -> list[str]:
+    """pip's options to install from the wheelhouse tools/setup.sh fills once per pin set (the same
+    pinned versions PyPI serves, without asking PyPI about each again), or none if it is not there."""
+    deps = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + (REPO / "constraints.txt").read_bytes())
+    house = cache_root() / "wheels" / deps.hexdigest()[:16]
+    return ["--no-index", "--find-links", str(house)] if (house / ".complete").exists() else []
+
+
 @pytest.fixture(scope="session")
 def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The runtime stage's venv: the wheel built from the build context, installed with the constraints."""
@@ -131,11 +141,12 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         elif src.exists():
             shutil.copy2(src, context / rel)
     wheels = root / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheels, ".", cwd=context)
+    offline = _wheelhouse()
+    _run(sys.executable, "-m", "pip", "wheel", *offline, "--no-deps", "--wheel-dir", wheels, ".", cwd=context)
     (wheel,) = wheels.glob("sidecarctl-*.whl")
     venv = root / "venv"
     _run(sys.executable, "-m", "venv", venv)
-    _run(venv / "bin" / "pip", "install", "-q", "-c", context / "constraints.txt", wheel)
+    _run(venv / "bin" / "pip", "install", *offline, "-q", "-c", context / "constraints.txt", wheel)
     _run(venv / "bin" / "pip", "uninstall", "-q", "-y", "setuptools", "pip")
     return venv
 
