@@ -36,7 +36,7 @@ from injector.policy.support import POLICIES
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests import golden_cases
-from tests.e2e.policysupport import PrivateCluster, private_cluster, stored_pod
+from tests.e2e.policysupport import PrivateCluster, private_clusters, stored_pod
 from tests.kube.client import eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
@@ -205,8 +205,7 @@ def _neighbours(stack: contextlib.ExitStack, aloop: BackgroundLoop, cluster: Pri
 @pytest.fixture(scope="module")
 def paths(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Paths]:
     with (
-        private_cluster(aloop, control_plane.bin_dir, injection="webhook") as webhook,
-        private_cluster(aloop, control_plane.bin_dir, injection="policy") as policy,
+        private_clusters(aloop, control_plane.bin_dir, "webhook", "policy") as (webhook, policy),
         contextlib.ExitStack() as stack,
     ):
         for cluster in (webhook, policy):

@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +48,7 @@ def binaries_dir() -> Path:
 
 
 _HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
 
 
 def free_port() -> int:
@@ -61,9 +63,10 @@ def free_port() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port: int = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+        with _HANDING_OUT:  # control planes may be started side by side, from threads
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def _die_with_parent() -> None:
