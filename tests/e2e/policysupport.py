@@ -10,7 +10,6 @@ process tree against it.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import contextlib
 import os
 import signal
@@ -183,8 +182,7 @@ def private_clusters(aloop: BackgroundLoop, bin_dir: Path, *injections: str) -> 
     # ends (PR_SET_PDEATHSIG follows the parent thread, not the process), so the threads wait here.
     with ThreadPoolExecutor(max_workers=len(injections)) as pool, contextlib.ExitStack() as stack:
         futures = [pool.submit(enter, injection) for injection in injections]
-        concurrent.futures.wait(futures)
-        started = [f.result() for f in futures if f.exception() is None]
+        started = [f.result() for f in futures if f.exception() is None]  # f.exception() waits for f
         for cm, _ in started:  # every one that started is stopped, whichever failed
             stack.push(cm.__exit__)
         for f in futures:
