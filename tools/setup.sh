@@ -17,7 +17,7 @@ if [[ ! -e "$stamp" ]]; then
   # The pinned dependencies as wheels, fetched once per pin set into a wheelhouse beside the control
   # plane binaries: a fresh clone then installs offline (a PyPI outage cannot fail a warm run), and
   # tests/e2e/test_image_e2e.py installs the image's venv from it (9.3 s -> 2.8 s here).
-  house=${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl/wheels/$deps
+  house=${SIDECARCTL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl}/wheels/$deps
   if [[ ! -e "$house/.complete" ]]; then
     .venv/bin/pip install -q --upgrade pip
     mkdir -p "$(dirname "$house")"
