@@ -79,7 +79,6 @@ FLEET = 12
 FLEET_MAX_UNAVAILABLE = 3
 LEASE_DURATION = 15.0  # the manager's default --lease-duration
 LOAD_RATE = 12.0  # pods per second
-MIN_LOAD_SECONDS = 30.0  # a roll (~20 s) and a leader's loss (~8 s) take at least this long
 
 
 def other(image: str) -> str:
@@ -425,8 +424,8 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
     # -- pod creation throughout -----------------------------------------------------------------
     duration = load.stopped - load.started
     failed = [a for a in attempts if a.error]
-    # The load ran through the roll and the leader's loss, at 12/s asked and at least 10/s made.
-    assert duration >= MIN_LOAD_SECONDS and len(attempts) >= 10 * duration, (duration, len(attempts))
+    # At 12/s asked and at least 10/s made.
+    assert len(attempts) >= 10 * duration, (duration, len(attempts))
     assert not failed, f"{len(failed)} of {len(attempts)} pod creations failed: " + "; ".join(
         f"t={a.started:.1f}s {a.error[:300]}" for a in failed[:5]
     )
@@ -449,6 +448,11 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
     takeover = next(((t, h) for t, h in holders if t > deleted_at and h and not h.startswith(leader)), None)
     assert takeover is not None, f"no other holder after {leader} was deleted: {holders}"
     handover = takeover[0] - deleted_at
+    # The load ran through the roll and the leader's loss: pods were created before the roll began and
+    # after another replica took the Lease (what the load must span, measured, not a guess at how long
+    # the two take: 30 s was assumed and a quick run took 29.6 s).
+    first, last = (load.started + f(a.started for a in attempts) for f in (min, max))
+    assert first < rolled_at and last > takeover[0], (first - rolled_at, last - takeover[0])
     assert handover <= HANDOVER_BOUND, (
         f"Lease taken over {handover:.1f}s after the leader's pod was deleted; its log:\n{leader_log.tail()}"
     )
