@@ -101,6 +101,7 @@ class PolicySync:
         self.narrow_at: float | None = None  # when the widened webhook may be narrowed again
         self.settling: set[str] = set()  # SidecarSets whose policy was just written: the webhook takes their pods too
         self.dirty = asyncio.Event()
+        self.news = asyncio.Event()  # a SidecarSet changed: read while a policy is being written
         self.passes = 0
         self.bad_conditions = 0
 
@@ -115,6 +116,7 @@ class PolicySync:
             except ModelError as e:  # as the webhook's store: keep serving the last good version
                 log.error("SidecarSet %s is unusable, its policy keeps the previous version: %s", name, e)
         self.dirty.set()
+        self.news.set()
 
     def _keep(self, into: dict[str, JsonObj], kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
         name = name_of(new or old)
@@ -217,9 +219,9 @@ class PolicySync:
         refused = False
         for g in changed:
             started = self.monotonic()
-            refused |= not await self._write(g, policies[g.name], bindings[g.name])
+            stored, condition = await self._write_widening(g, policies[g.name], bindings[g.name], condition, planned)
+            refused |= not stored
             self._settle_after_write(sizes[g.name], started)
-            condition = await self._widen_for_news(condition, planned)
         for name in stale_bindings:
             await self._delete(f"{BINDINGS}/{name}")
         for name in stale_policies:
@@ -238,11 +240,38 @@ class PolicySync:
         until = done + self.settle + size * SETTLE_PER_BYTE + (done - started)
         self.narrow_at = max(self.narrow_at or 0.0, until)
 
+    async def _write_widening(
+        self, g: Generated, policy: JsonObj, binding: JsonObj, condition: str, planned: dict[str, SidecarSet]
+    ) -> tuple[bool, str]:
+        """`_write`, and while it is in flight, widen the webhook for every SidecarSet that arrives.
+
+        Storing a policy of 60 groups takes kube-apiserver 6-19 s of compiling here, and a burst of
+        new SidecarSets makes a pass write several: widening only between two writes left the last
+        of 1,000 new SidecarSets without either path for over a minute. The condition is a different
+        object, so its patch does not wait for the policy's write."""
+        write = asyncio.ensure_future(self._write(g, policy, binding))
+        try:
+            while True:
+                self.news.clear()  # before looking: an arrival after the look wakes the wait below
+                condition = await self._widen_for_news(condition, planned)
+                if write.done():
+                    return write.result(), condition
+                arrival = asyncio.ensure_future(self.news.wait())
+                try:
+                    await asyncio.wait({write, arrival}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    arrival.cancel()
+                    await asyncio.gather(arrival, return_exceptions=True)
+        finally:
+            if not write.done():  # the widening failed or the pass was cancelled: the write goes with it
+                write.cancel()
+                await asyncio.gather(write, return_exceptions=True)
+
     async def _widen_for_news(self, condition: str, planned: dict[str, SidecarSet]) -> str:
-        """Between two policy writes (each can take the API server seconds): SidecarSets created or
-        changed since this pass planned go to the webhook now, not after the pass, so a new
+        """During and after policy writes (each can take the API server seconds): SidecarSets created
+        or changed since this pass planned go to the webhook now, not after the pass, so a new
         SidecarSet reaches new pods as fast as the webhook's store whatever the number of policies."""
-        news = [ss for name, ss in self.models.items() if planned.get(name) is not ss]
+        news = [ss for name, ss in self.models.items() if _news(planned.get(name), ss)]
         if not news:
             return condition
         self.settling |= {ss.name for ss in news}
@@ -393,3 +422,19 @@ class PolicySync:
         ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
         ops.append({"op": "add", "path": f"/webhooks/{index}/matchConditions", "value": new})
         self.mwc = await self.client.patch(f"{MWC_PATH}/{self.webhook_config}", ops, patch_type="json")
+
+
+def _news(planned: SidecarSet | None, now: SidecarSet) -> bool:
+    """A SidecarSet the pass did not plan for: new (or made again), or its spec, labels or annotations changed. A
+    status write (the controller records revisions and counts all the time) changes nothing the
+    webhook would do: widening for it would send policy-served pods to the webhook for nothing."""
+    if planned is None:
+        return True
+    if planned is now:
+        return False
+    return (planned.uid, planned.generation, planned.labels, planned.annotations) != (
+        now.uid,
+        now.generation,
+        now.labels,
+        now.annotations,
+    )

@@ -235,6 +235,89 @@ def test_a_sidecarset_created_while_a_policy_is_written_widens_the_webhook_befor
     assert rig.sync.routes["late"].path is Path.POLICY
 
 
+def _in_flight(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, list[str]]:
+    """Policy writes wait for the returned gate, as kube-apiserver takes seconds to compile a large
+    policy; the list records each one that started."""
+    gate, started = asyncio.Event(), []
+    for verb in ("create", "update"):
+        write = getattr(rig.api, verb)
+
+        async def slow(path: str, body: JsonObj, *, params: Any = None, write: Any = write) -> JsonObj:
+            if path.startswith(POLICIES):
+                started.append(body["metadata"]["name"])
+                await gate.wait()
+            return await write(path, body, params=params)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(rig.api, verb, slow)
+    return gate, started
+
+
+async def _until(check: Any) -> None:
+    for _ in range(200):  # the fake API answers at once: a few loop turns are enough
+        if check():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never happened")
+
+
+def test_a_sidecarset_created_while_a_policy_write_is_in_flight_widens_the_webhook_before_the_write_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Storing a policy of 60 groups takes kube-apiserver 6-19 s: a SidecarSet created meanwhile
+    must reach the webhook then, not when the write returns."""
+    rig = Rig()
+    rig.add("mesh")
+    gate, started = _in_flight(rig, monkeypatch)
+
+    async def go() -> None:
+        await rig.sync._check_support()
+        sync = asyncio.ensure_future(rig.sync.sync_once())
+        await _until(lambda: started)
+        before = rig.ours()
+        assert before is not None and '"late"' not in before
+        rig.add("late", app="late")
+        await _until(lambda: '"late"' in (rig.ours() or ""))
+        assert rig.policy(P0) is None and not sync.done(), "the condition waited for the policy's write"
+        gate.set()
+        await sync
+
+    asyncio.run(go())
+    assert rig.policy(P0) is not None
+    assert "late" in rig.sync.settling  # on the webhook until its own policy is written and settles
+
+
+def test_a_status_write_during_a_policy_write_does_not_widen_the_webhook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller writes SidecarSet status all the time (revisions, pod counts): none of it
+    changes what the webhook would do, so none of it may send policy-served pods to the webhook."""
+    rig = Rig()
+    rig.add("mesh")
+    rig.add("logs", app="logs")
+    rig.run()
+    rig.now += 10
+    rig.run()  # settled and narrowed
+    rig.add("fresh", app="fresh")  # makes the next pass write a policy
+    gate, started = _in_flight(rig, monkeypatch)
+    condition_writes = len(rig.api.writes("patch", MWC))
+
+    async def go() -> None:
+        sync = asyncio.ensure_future(rig.sync.sync_once())
+        await _until(lambda: started)
+        condition_writes_at_start = len(rig.api.writes("patch", MWC))
+        logs = copy.deepcopy(rig.api.objects[f"{SS_PATH}/logs"])
+        logs["status"] = {**logs["status"], "matchedPods": 3}
+        rig.api.put(f"{SS_PATH}/logs", logs)  # the same uid, generation, labels and annotations
+        assert rig.sync.models["logs"].status["matchedPods"] == 3
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(rig.api.writes("patch", MWC)) == condition_writes_at_start
+        gate.set()
+        await sync
+
+    asyncio.run(go())
+    assert condition_writes < len(rig.api.writes("patch", MWC))  # the pass did widen for "fresh"
+    assert "logs" not in rig.sync.settling and "fresh" in rig.sync.settling
+
+
 def test_a_written_policy_is_remembered_before_the_watch_delivers_it() -> None:
     """A large policy takes seconds to store and its watch event comes later still: comparing the
     next pass with the policy from before the write wrote it again, with a new time, for ever."""
