@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,8 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import aiohttp
 import orjson
 
+from injector.policy import desired, selecting
 from injector.policy import plan as planning
-from injector.policy import selecting
 from injector.policy.generate import Generated, covers
 from injector.policy.stored import changed_members, members, name_of, older
 from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportProbe
@@ -44,16 +43,10 @@ log = logging.getLogger(__name__)
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 CONDITION_NAME = "sidecarctl-needs-webhook"
-ANN_GENERATED_AT = "sidecarctl.io/generated-at"
-ANN_SOURCE = "sidecarctl.io/source-hash"
-ANN_DIGESTS = "sidecarctl.io/group-digests"  # each group's digest: a rewrite widens the webhook for changed groups only
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=sidecarctl"
 # The API server refuses a matchCondition longer than 100,000 characters; past this the webhook is
 # left un-narrowed (it serves every pod: slower, never wrong).
 MAX_CONDITION_CHARS = selecting.MAX_CONDITION_CHARS
-# Stands in for the generation time while the policies are compared with the stored ones.
-_STAMP = "0000-00-00T00:00:00Z"
-_SS_API = "sidecarctl.io/v1alpha1"
 RECHECK_SECONDS = 600.0
 # A large policy takes longer to compile: 200 containers (1.2 MB) were enforced 5.8 s after they were
 # stored, 100 (0.8 MB) after 4.3 s, on kube-apiserver 1.37 here. Five seconds per MB on top of `settle`.
@@ -178,7 +171,7 @@ class PolicySync:
             self.models.values(),
             mode=self.mode,
             manager_namespace=self.manager_namespace,
-            timestamp=_STAMP,
+            timestamp=desired.STAMP,
             unsupported=self.unsupported,
             refused=refused,
             previous={m: name for name, policy in self.policies.items() for m in members(policy)},
@@ -195,7 +188,7 @@ class PolicySync:
             return
         planned = dict(self.models)
         p = self.plan()
-        policies, bindings = self._desired(p.policies)
+        policies, bindings = desired.objects(p.policies, stored=self.policies, models=self.models, clock=self.clock)
         changed = [g for g in p.policies if not self._current(g, policies, bindings)]
         stale_policies = [n for n in self.policies if n not in policies and n != CANARY]
         stale_bindings = [n for n in self.bindings if n not in bindings and n != CANARY]
@@ -205,7 +198,7 @@ class PolicySync:
         sizes = {g.name: len(orjson.dumps(policies[g.name])) for g in changed}  # serialized once a pass
         if changed:
             self.settling |= {
-                m for g in changed for m in changed_members(self.policies.get(g.name), g.digests, ANN_DIGESTS)
+                m for g in changed for m in changed_members(self.policies.get(g.name), g.digests, desired.ANN_DIGESTS)
             }
             self.narrow_at = max(self.narrow_at or 0.0, now + self.settle + sum(sizes.values()) * SETTLE_PER_BYTE)
         elif self.narrow_at is not None and now >= self.narrow_at:
@@ -288,42 +281,6 @@ class PolicySync:
 
     async def _writable(self) -> bool:
         return self.may_write is None or await self.may_write()
-
-    # -- desired objects -------------------------------------------------------------------------------
-    def _desired(self, generated: tuple[Generated, ...]) -> tuple[dict[str, JsonObj], dict[str, JsonObj]]:
-        """The policies and bindings to store, by name, with their generation time settled."""
-        policies: dict[str, JsonObj] = {}
-        bindings: dict[str, JsonObj] = {}
-        for g in generated:
-            text = orjson.dumps(g.policy).decode()
-            source = hashlib.sha256(text.encode()).hexdigest()[:16]
-            stored = ((self.policies.get(g.name) or {}).get("metadata") or {}).get("annotations") or {}
-            # Restoring a hand edit keeps the time; a changed SidecarSet gets a new one.
-            stamp = stored.get(ANN_GENERATED_AT) if stored.get(ANN_SOURCE) == source else None
-            stamp = stamp or self.clock()
-            policy: JsonObj = orjson.loads(text.replace(_STAMP, stamp))
-            meta = policy["metadata"]
-            meta["annotations"] = {
-                **meta["annotations"],
-                ANN_GENERATED_AT: stamp,
-                ANN_SOURCE: source,
-                ANN_DIGESTS: orjson.dumps(g.digests, option=orjson.OPT_SORT_KEYS).decode(),
-            }
-            owners = self._owners(g)
-            meta["ownerReferences"] = owners
-            binding = dict(g.binding)
-            binding["metadata"] = {**g.binding["metadata"], "ownerReferences": owners}
-            policies[g.name], bindings[g.name] = policy, binding
-        return policies, bindings
-
-    def _owners(self, g: Generated) -> list[JsonObj]:
-        """Every member owns the objects: deleting the last one lets the garbage collector remove them."""
-        owners = []
-        for name in g.members:
-            ss = self.models.get(name)
-            if ss is not None and ss.uid:
-                owners.append({"apiVersion": _SS_API, "kind": "SidecarSet", "name": name, "uid": ss.uid})
-        return owners
 
     def _current(self, g: Generated, policies: dict[str, JsonObj], bindings: dict[str, JsonObj]) -> bool:
         return covers(policies[g.name], self.policies.get(g.name)) and covers(
@@ -425,16 +382,12 @@ class PolicySync:
 
 
 def _news(planned: SidecarSet | None, now: SidecarSet) -> bool:
-    """A SidecarSet the pass did not plan for: new (or made again), or its spec, labels or annotations changed. A
-    status write (the controller records revisions and counts all the time) changes nothing the
-    webhook would do: widening for it would send policy-served pods to the webhook for nothing."""
+    """A SidecarSet the pass did not plan for: new (or made again), or its spec, labels or annotations
+    changed. A status write (the controller records revisions and counts all the time) changes
+    nothing the webhook would do: widening for it would send policy-served pods to it for nothing."""
     if planned is None:
         return True
     if planned is now:
         return False
-    return (planned.uid, planned.generation, planned.labels, planned.annotations) != (
-        now.uid,
-        now.generation,
-        now.labels,
-        now.annotations,
-    )
+    before = (planned.uid, planned.generation, planned.labels, planned.annotations)
+    return before != (now.uid, now.generation, now.labels, now.annotations)

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from injector.policy.bundle import NAME_PREFIX
+from injector.policy.desired import ANN_GENERATED_AT
 from injector.policy.plan import Mode, Path, Why
 from injector.policy.support import BINDINGS, CANARY, POLICIES
-from injector.policy.sync import ANN_GENERATED_AT, CONDITION_NAME, MWC_PATH, PolicySync
+from injector.policy.sync import CONDITION_NAME, MWC_PATH, PolicySync
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller.controller import SS_PATH
