@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import io
 import pstats
 import statistics
@@ -61,6 +62,7 @@ def image(version: int) -> str:
 
 
 PROXY = "mesh-proxy"
+POOL = 64  # the client's connection pool (kuberuntime.kubeapi)
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
 
 
@@ -103,14 +105,19 @@ async def plain_loop(kubeconfig: str, ss: JsonObj, *, pods: int, image: str, ser
         if len(plan.upgrades) != pods:
             raise RuntimeError(f"the planner chose {len(plan.upgrades)} of {pods} pods ({plan.reason})")
         # Fill the pool first (64 TLS connections), as the manager's busy client has it by now.
-        await asyncio.gather(*(client.get(f"/api/v1/namespaces/{PLAIN_NS}") for _ in range(64)))
+        await asyncio.gather(*(client.get(f"/api/v1/namespaces/{PLAIN_NS}") for _ in range(POOL)))
         cpu = common.CpuMeter(server_pids)
         t0 = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                client.patch(f"/api/v1/namespaces/{u.namespace}/pods/{u.name}", u.patch, patch_type="json")
+        # As many in flight as the pool holds: more would only queue for a connection, and past
+        # about 6,000 patches the queued ones outlive the client's 30 s timeout.
+        results = await common.bounded(
+            [
+                functools.partial(
+                    client.patch, f"/api/v1/namespaces/{u.namespace}/pods/{u.name}", u.patch, patch_type="json"
+                )
                 for u in plan.upgrades
-            )
+            ],
+            limit=POOL,
         )
         run = Run(time.perf_counter() - t0, cpu.used())
         patched = sum(1 for r in results if proxy_image(r) == image)

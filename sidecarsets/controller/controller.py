@@ -25,7 +25,7 @@ from kuberuntime.jsontypes import JsonObj
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics
 from sidecarsets.controller.podfailures import PodFailures
-from sidecarsets.controller.podwrites import PodWrites, rv_number
+from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites, rv_number
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
@@ -66,6 +66,7 @@ class Controller(PodWrites):
         # Asked before every batch of writes: False once another replica holds the Lease.
         self.may_write = may_write
         self.failures = failures or PodFailures()
+        self.pod_writes = asyncio.Semaphore(POD_WRITES_IN_FLIGHT)
         # Conditions other parts own (PolicyInjection, from the policy sync), written with the status.
         self.conditions = conditions
         self.queue = WorkQueue()

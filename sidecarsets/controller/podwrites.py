@@ -7,6 +7,7 @@ pass depends on (expectations of our own writes, the per-pod failure backoff).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +23,12 @@ from sidecarsets.spec.model import SidecarSet
 
 # These lines are the controller's own, and keep its logger name (log filters select it by name).
 log = logging.getLogger("sidecarsets.controller")
+# Pod patches in flight at once, across every reconcile. The client's pool holds 64 connections,
+# shared with the Lease renewal, status writes and the policy sync: a 10,000-pod rollout at
+# maxUnavailable 100% once queued every patch on it, and the queued ones (the policy sync's writes
+# behind them too) outlived the client's 30 s timeout. Half the pool keeps kube-apiserver as busy
+# as a plain loop of the same patches (bench/bench_upgrade.py) and leaves the other half free.
+POD_WRITES_IN_FLIGHT = 32
 
 
 def _tested_against(patch: list[JsonObj], pod: JsonObj) -> list[JsonObj]:
@@ -63,6 +70,7 @@ class PodWrites:
     pods: dict[str, PodProjection]
     # pod key -> resourceVersion our last patch produced; planning waits until the cache has it.
     expected: dict[str, int]
+    pod_writes: asyncio.Semaphore  # POD_WRITES_IN_FLIGHT
 
     async def _with_metadata(
         self, upgrade: planner.PodUpgrade, path: str
@@ -109,6 +117,10 @@ class PodWrites:
             return result
 
     async def _patch_pod(self, upgrade: planner.PodUpgrade) -> bool:
+        async with self.pod_writes:
+            return await self._patch_pod_now(upgrade)
+
+    async def _patch_pod_now(self, upgrade: planner.PodUpgrade) -> bool:
         key = f"{upgrade.namespace}/{upgrade.name}"
         path = f"/api/v1/namespaces/{upgrade.namespace}/pods/{upgrade.name}"
         try:

@@ -7,6 +7,7 @@ from typing import Any
 
 from kuberuntime.events import EventRecorder
 from sidecarsets.controller.controller import Controller
+from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout.planner import PodUpgrade
 from sidecarsets.spec import names
@@ -78,3 +79,35 @@ def test_deleted_pod_drops_its_expectation() -> None:
     asyncio.run(c._patch_pod(UPGRADE))
     c.on_pod("DELETED", project(pod("10")), None)
     assert c.expected == {} and c.pods == {}
+
+
+def test_a_rollout_of_many_pods_keeps_at_most_half_the_client_pool_busy() -> None:
+    """A rollout at maxUnavailable 100% plans every pod at once. Sent all at once, 10,000 patches
+    queued on the client's 64-connection pool, which the Lease renewal and the policy sync share,
+    and the queued requests outlived the client's timeout: the writes go 32 at a time."""
+    c, client = controller(watch_first=False)
+    in_flight, most = 0, 0
+
+    async def slow_patch(path: str, body: Any, *, patch_type: str = "merge", params: Any = None) -> dict[str, Any]:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        client.patches.append(path)
+        return pod("10")
+
+    client.patch = slow_patch  # type: ignore[method-assign]
+    upgrades = [
+        PodUpgrade(
+            "shop", f"web-{i}", f"u{i}", "5", [{"op": "test", "path": "/metadata/resourceVersion", "value": "5"}]
+        )
+        for i in range(200)
+    ]
+
+    async def go() -> list[bool]:
+        return await asyncio.gather(*(c._patch_pod(u) for u in upgrades))
+
+    assert all(asyncio.run(go()))
+    assert len(client.patches) == 200
+    assert most == POD_WRITES_IN_FLIGHT == 32
