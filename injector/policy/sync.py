@@ -290,6 +290,7 @@ class PolicySync:
     # -- writes ----------------------------------------------------------------------------------------
     async def _write(self, g: Generated, policy: JsonObj, binding: JsonObj) -> bool:
         """Store the pair (policy first: a binding to a missing policy matches nothing); False if refused."""
+        started = self.monotonic()
         try:
             if not covers(policy, self.policies.get(g.name)):
                 await self._put(POLICIES, policy, self.policies.get(g.name), self.policies)
@@ -303,29 +304,35 @@ class PolicySync:
                 if ss is not None:
                     self.refused[(name, ss.hash)] = message
             return False
-        log.info("policy %s stored", g.name, extra={"object": ",".join(g.members)})
+        took = self.monotonic() - started  # mostly the API server compiling its CEL: what new SidecarSets wait on
+        members = ",".join(g.members)
+        log.info("policy %s stored (%d SidecarSets, %.1fs)", g.name, len(g.members), took, extra={"object": members})
         return True
 
     async def _put(self, path: str, body: JsonObj, stored: JsonObj | None, into: dict[str, JsonObj]) -> None:
         """Create or replace the object, and keep the answer: the next pass compares with what was
         written, not with a watch that may not have delivered it yet (a large policy takes seconds
-        to store; comparing with the older one would write again, with a new time, for ever)."""
+        to store; comparing with the older one would write again, with a new time, for ever).
+        That answer can outlive the object (the garbage collector deletes a binding whose owners are
+        gone while our update adding one is in flight; the watch's DELETED comes before the answer),
+        so a replace that finds nothing creates: every pass used to fail on the same 404."""
         name = name_of(body)
         written: JsonObj | None = None
-        if stored is None:
+        if stored is not None:
+            with contextlib.suppress(api.NotFound):
+                written = await self._replace(f"{path}/{name}", body, stored)
+        if written is None:
             try:
                 written = await self.client.create(path, body)
             except api.Conflict:  # there already (our watch is behind): replace it
-                stored = await self.client.get(f"{path}/{name}")
-        if written is None:
-            assert stored is not None
-            replacement = {
-                **body,
-                "metadata": {**body["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]},
-            }
-            written = await self.client.update(f"{path}/{name}", replacement)
+                written = await self._replace(f"{path}/{name}", body, await self.client.get(f"{path}/{name}"))
         if not older(written, into.get(name)):
             into[name] = written
+
+    async def _replace(self, path: str, body: JsonObj, stored: JsonObj) -> JsonObj:
+        version = {"resourceVersion": stored["metadata"]["resourceVersion"]}
+        written: JsonObj = await self.client.update(path, {**body, "metadata": {**body["metadata"], **version}})
+        return written
 
     async def _delete(self, path: str) -> None:
         with contextlib.suppress(api.NotFound):

@@ -339,6 +339,29 @@ def test_a_written_policy_is_remembered_before_the_watch_delivers_it() -> None:
     assert not rig.api.writes("update", POLICIES)
 
 
+def test_a_remembered_answer_whose_object_was_deleted_is_created_again() -> None:
+    """The garbage collector deletes a binding whose owners are gone while an update adding a new
+    owner is in flight; the DELETED event comes before the update's answer, which is kept. The next
+    change then replaced a binding that no longer existed: every pass failed on the same 404 and no
+    new SidecarSet was ever served by a policy."""
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    assert rig.binding(P0) is not None and rig.policy(P0) is not None
+    for path in (f"{BINDINGS}/{P0}", f"{POLICIES}/{P0}"):
+        del rig.api.objects[path]  # gone, and the sync's memory of its own write stays behind
+    rig.add("shop", app="shop")
+    rig.run()
+    assert [p for p in rig.api.writes("create") if p in (POLICIES, BINDINGS)] == [POLICIES, BINDINGS] * 2
+    binding = rig.binding(P0)
+    assert binding is not None and {o["name"] for o in binding["metadata"]["ownerReferences"]} == {"mesh", "shop"}
+    assert rig.sync.routes["shop"].path is Path.POLICY
+    rig.now += 10
+    rig.run()  # and the pass after writes nothing more
+    # (the one update is the replace that found nothing)
+    assert len(rig.api.writes("create", BINDINGS)) == 2 and len(rig.api.writes("update", BINDINGS)) == 1
+
+
 def test_a_quiet_pass_writes_nothing() -> None:
     rig = Rig()
     rig.add("mesh")
