@@ -42,9 +42,13 @@ def make_pod(name: str, app: str, **labels: str) -> dict[str, Any]:
 def wait_injecting(kube: Kube, namespace: str, app: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """Dry-run pod creates until the injection the test expects shows up (store and apiserver caught up)."""
 
-    def attempt() -> dict[str, Any] | None:
+    def attempt() -> dict[str, Any]:
         p = kube.create(f"/api/v1/namespaces/{namespace}/pods", make_pod("probe", app), dryRun="All")
-        return p if check(p) else None
+        # Raised, not returned: a timeout then shows the last pod (eventually chains it).
+        assert check(p), (
+            f"last pod: containers {[c['name'] for c in p['spec']['containers']]}, {p['metadata'].get('annotations')}"
+        )
+        return p
 
     return eventually(attempt, timeout=20, interval=0.05, what="the webhook injects as expected")
 

@@ -133,14 +133,17 @@ def test_a_policy_served_sidecarset_beside_a_digest_pinning_webhook(
     ):
         ss = sidecarsets("polpin")
         name = ss["metadata"]["name"]
-        eventually(
-            lambda: any(
-                c["type"] == names.CONDITION_POLICY_INJECTION and c["status"] == "True"
+
+        def served() -> bool:
+            conds = [
+                c
                 for c in status_of(kube, name).get("conditions") or []
-            ),
-            timeout=20,
-            what="policy-served",
-        )
+                if c["type"] == names.CONDITION_POLICY_INJECTION
+            ]
+            assert conds and conds[0]["status"] == "True", f"PolicyInjection is {conds}"
+            return True
+
+        eventually(served, timeout=20, what="policy-served")
         wait_injecting(
             kube, injected_ns, "polpin", lambda p: p["metadata"]["annotations"].get(names.ANN_INJECTED_BY) == "policy"
         )

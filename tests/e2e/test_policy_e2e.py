@@ -37,9 +37,11 @@ def policy_condition(kube: Kube, name: str) -> dict[str, Any] | None:
 
 
 def wait_condition(kube: Kube, name: str, status: str) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
+    def check() -> dict[str, Any]:
         c = policy_condition(kube, name)
-        return c if c is not None and c["status"] == status else None
+        # Raised, not returned: a timeout then says what the condition was (eventually chains it).
+        assert c is not None and c["status"] == status, f"PolicyInjection of {name} is {c}"
+        return c
 
     return eventually(check, timeout=20, what=f"PolicyInjection of {name} is {status}")
 
@@ -54,9 +56,11 @@ def webhook_condition(kube: Kube) -> str | None:
 def injected_by(kube: Kube, ns: str, app: str, by: str, **labels: str) -> dict[str, Any]:
     """Dry-run creates until the pod comes back injected by `by` (policies take up to ~1 s to be enforced)."""
 
-    def attempt() -> dict[str, Any] | None:
+    def attempt() -> dict[str, Any]:
         p = kube.create(PODS.format(ns), make_pod("probe", app, **labels), dryRun="All")
-        return p if (p["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY) == by else None
+        got = (p["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
+        assert got == by, f"injected by {got}, containers {_names(p['spec']['containers'])}"
+        return p
 
     return eventually(attempt, timeout=20, interval=0.1, what=f"pods injected by {by}")
 
