@@ -23,7 +23,9 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from kuberuntime import backoff
+import aiohttp
+
+from kuberuntime import api, backoff
 from kuberuntime.backoff import JITTER
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,16 @@ async def _worker(queue: WorkQueue, handler: Handler) -> None:
         except asyncio.CancelledError:
             queue.done(key)
             raise
+        except api.Conflict as e:  # someone wrote first (often our own status write): routine
+            log.info("reconcile of %s: %s; retrying after %.3fs", key, e, queue.backoff(key))
+            queue.add_rate_limited(key)
+        except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
+            # The API server said no or could not be reached: one line, not a traceback, which says
+            # nothing more and at shutdown (the connection goes first) buried the log.
+            log.warning(
+                "reconcile of %s failed: %s; retrying after %.3fs", key, e or type(e).__name__, queue.backoff(key)
+            )
+            queue.add_rate_limited(key)
         except Exception:
             log.exception("reconcile of %s failed; retrying after %.3fs", key, queue.backoff(key))
             queue.add_rate_limited(key)

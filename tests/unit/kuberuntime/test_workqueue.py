@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kuberuntime import api
 from kuberuntime.workqueue import ShutDown, WorkQueue, run_workers
 
 T = TypeVar("T")
@@ -264,3 +267,44 @@ def test_bad_arguments_are_named() -> None:
             await run_workers(WorkQueue(), handler, workers=0, stop=asyncio.Event())
 
     run(body())
+
+
+def test_api_failures_log_one_line_and_bugs_their_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A conflict is routine (INFO), an API or connection failure one WARNING line; only an
+    unexpected exception carries its traceback. Each is retried alike."""
+    errors: dict[str, BaseException] = {
+        "conflict": api.Conflict(409, "Conflict", "the object has been modified"),
+        "refused": api.ApiError(503, "ServiceUnavailable", "etcd is down"),
+        "unreachable": aiohttp.ClientConnectionError("Connect call failed"),
+        "bug": KeyError("spec"),
+    }
+
+    async def body() -> list[str]:
+        q = WorkQueue(base_delay=0.001, jitter=0.0)
+        seen: list[str] = []
+
+        async def handler(key: str) -> None:
+            seen.append(key)
+            if seen.count(key) == 1:
+                raise errors[key]
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_workers(q, handler, workers=1, stop=stop))
+        for key in errors:
+            q.add(key)
+        while any(seen.count(k) < 2 for k in errors):
+            await asyncio.sleep(0.002)
+        stop.set()
+        await task
+        return seen
+
+    with caplog.at_level(logging.INFO, logger="kuberuntime.workqueue"):
+        seen = run(body())
+    assert all(seen.count(k) == 2 for k in errors), seen
+    by_key = {k: [r for r in caplog.records if f"reconcile of {k}" in r.getMessage()] for k in errors}
+    assert [(r.levelno, r.exc_info is None) for r in by_key["conflict"]] == [(logging.INFO, True)]
+    assert "409 Conflict" in by_key["conflict"][0].getMessage()
+    assert [(r.levelno, r.exc_info is None) for r in by_key["refused"]] == [(logging.WARNING, True)]
+    assert "503 ServiceUnavailable: etcd is down" in by_key["refused"][0].getMessage()
+    assert [(r.levelno, r.exc_info is None) for r in by_key["unreachable"]] == [(logging.WARNING, True)]
+    assert [(r.levelno, r.exc_info is not None) for r in by_key["bug"]] == [(logging.ERROR, True)]
