@@ -62,7 +62,7 @@ def image(version: int) -> str:
 
 
 PROXY = "mesh-proxy"
-POOL = 64  # the client's connection pool (kuberuntime.kubeapi)
+POOL = kubeapi.POOL_SIZE  # the client's connection pool
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
 
 

@@ -20,6 +20,9 @@ from kuberuntime.jsontypes import JsonObj
 from kuberuntime.kubeconfig import ClusterConfig
 
 STALL_MARGIN = 10  # seconds past a watch's timeoutSeconds after which silence means a stalled stream
+# Connections to the API server one client keeps open at once; requests past it wait for one (inside
+# their timeout). Shared by everything the process sends: sidecarsets.controller.podwrites takes half.
+POOL_SIZE = 64
 
 
 class KubeClient:
@@ -33,7 +36,7 @@ class KubeClient:
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context or False, limit=64)
+            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context or False, limit=POOL_SIZE)
             self._session = aiohttp.ClientSession(connector=conn, json_serialize=lambda o: orjson.dumps(o).decode())
         return self._session
 

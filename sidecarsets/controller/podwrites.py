@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kuberuntime import api, events
+from kuberuntime import api, events, kubeapi
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller import metrics
 from sidecarsets.controller.podfailures import PodFailures
@@ -23,12 +23,12 @@ from sidecarsets.spec.model import SidecarSet
 
 # These lines are the controller's own, and keep its logger name (log filters select it by name).
 log = logging.getLogger("sidecarsets.controller")
-# Pod patches in flight at once, across every reconcile. The client's pool holds 64 connections,
-# shared with the Lease renewal, status writes and the policy sync: a 10,000-pod rollout at
-# maxUnavailable 100% once queued every patch on it, and the queued ones (the policy sync's writes
-# behind them too) outlived the client's 30 s timeout. Half the pool keeps kube-apiserver as busy
-# as a plain loop of the same patches (bench/bench_upgrade.py) and leaves the other half free.
-POD_WRITES_IN_FLIGHT = 32
+# Pod patches in flight at once, across every reconcile. The client's pool is shared with the Lease
+# renewal, status writes and the policy sync: a 10,000-pod rollout at maxUnavailable 100% once queued
+# every patch on it, and the queued ones (the policy sync's writes behind them too) outlived the
+# client's 30 s timeout. Half the pool keeps kube-apiserver as busy as a plain loop of the same
+# patches (bench/bench_upgrade.py) and leaves the other half free.
+POD_WRITES_IN_FLIGHT = kubeapi.POOL_SIZE // 2
 
 
 def _tested_against(patch: list[JsonObj], pod: JsonObj) -> list[JsonObj]:
