@@ -552,6 +552,11 @@ class PodLoad:
         self._thread.start()
         return self
 
+    def made_since(self, t: float) -> int:
+        """Attempts (finished) that started after the monotonic time `t`."""
+        with self._lock:
+            return sum(1 for a in self.attempts if self.started + a.started > t)
+
     def stop(self) -> list[Attempt]:
         self._stop.set()
         self._thread.join()

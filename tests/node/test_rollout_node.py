@@ -413,6 +413,14 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
                 interval=0.2,
                 what=f"another replica holds the Lease after {leader} was deleted",
             )
+            # The load must span the handover: pods created after the other replica took the Lease
+            # too. The wait above returns within its 0.2 s poll of the takeover and the rollout may
+            # be done by then; a busy run once stopped the load 0.05 s before the takeover it saw.
+            # One second of the load past it.
+            took_over = next(t for t, h in holders if t > deleted_at and h and not h.startswith(leader))
+            wait_for(
+                lambda: load.made_since(took_over) >= LOAD_RATE, timeout=30, interval=0.1, what="load past the takeover"
+            )
         rollout_done = sampler.latest()
         assert rollout_done is not None
         wait_manager_ready(cluster, what="manager back to 2 replicas after the leader's pod was deleted")
