@@ -32,6 +32,8 @@ if [[ ! -e "$stamp" ]]; then
   touch "$stamp"
 fi
 bash tools/build-control-plane.sh >/dev/null
+# OpenKruise v1.9.1's own code as a process, for the Kruise differential tier (tests/kruise).
+bash tools/build-kruise-oracle.sh >/dev/null
 # The real-node tier (tests/node) needs root; without it that tier says so in one line.
 if [[ $(id -u) -eq 0 ]]; then
   bash tools/setup-node.sh
