@@ -25,7 +25,7 @@ from sidecarsets import pins, validation
 from sidecarsets.spec import names
 from sidecarsets.spec.model import ModelError, SidecarSet
 from sidecarsets.store import Snapshot, TemplateStore
-from sidecarsets.validation import podsecurity
+from sidecarsets.validation import advice, podsecurity
 
 # Partial revision pins draw per pod; from a generator of our own, not the shared `random` state.
 _DRAWS = random.Random()
@@ -160,7 +160,8 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
         refused = [f for f in found if f.mode == "enforce"]
         message = f"SidecarSet rejected ({names.ANN_POD_SECURITY}=enforce): " + " ".join(podsecurity.warnings(refused))
         return Decision("denied", admission.response(review, denied=message, code=422))
-    return Decision("allowed", admission.response(review, warnings=podsecurity.warnings(found)))
+    warnings = podsecurity.warnings(found) + advice.warnings(review.object)
+    return Decision("allowed", admission.response(review, warnings=warnings))
 
 
 def _annotation(obj: Any, key: str) -> str | None:
