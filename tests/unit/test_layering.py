@@ -7,7 +7,8 @@ reading the spec. Within injector: engine <- policy <- http and manifests, and n
 the SidecarSet controller or rollout. sidecarctl, the program, wires everything; its manager never
 imports its cli, and nothing in the product imports sidecarctl. bench/ and tools/ may use the
 product and the test helpers of tests/kube (the demo and the benchmarks drive the same control
-plane and fakes as the tests), never a test module itself.
+plane and fakes as the tests), and bench/ the Kruise oracle harness of tests/kruise (bench_kruise
+times Kruise's code through it), never a test module itself.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
     "sidecarctl": set(),
     "sidecarctl.manager": {"kuberuntime", "certwatcher", "sidecarsets", "injector"},
     "sidecarctl.cli": {"kuberuntime", "certwatcher", "sidecarsets", "injector", "sidecarctl.manager"},
-    "bench": {*PRODUCT, "tests.kube"},
+    "bench": {*PRODUCT, "tests.kube", "tests.kruise.oracle", "tests.kruise.compare"},
     "tools": {*PRODUCT, "tests.kube"},
 }
 
