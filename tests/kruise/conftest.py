@@ -1,0 +1,32 @@
+"""The Kruise differential tier's oracle process and its summary line.
+
+The oracle binary is built by `tools/build-kruise-oracle.sh` (run by `tools/setup.sh`). Without it
+the tier skips, except under `CI=true`, where a missing oracle fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.kruise import summary
+from tests.kruise.oracle import Oracle, binary
+
+
+@pytest.fixture(scope="session")
+def oracle() -> Iterator[Oracle]:
+    path = binary()
+    if not path.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the Kruise oracle {path} is missing: run tools/build-kruise-oracle.sh")
+        pytest.skip(f"the Kruise oracle {path} is not built: run tools/build-kruise-oracle.sh")
+    proc = Oracle(path)
+    yield proc
+    proc.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in summary.lines():
+        terminalreporter.write_line(line)

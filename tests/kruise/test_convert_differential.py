@@ -1,0 +1,107 @@
+"""Kruise's SidecarSet conversion (`apis/apps/v1alpha1/sidecarset_conversion.go`, v1.9.1) and ours
+(`sidecarsets.spec.conversion.convert`, behind `/convert`), both ways, on every corpus and golden
+SidecarSet: v1alpha1 -> v1beta1 from each v1alpha1 object, and v1beta1 -> v1alpha1 from Kruise's
+own v1beta1 form of it (and from each v1beta1 object as written).
+
+Compared after dropping what Go's types write for absent fields (empty objects and lists, zero
+status counters, `creationTimestamp: null`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from sidecarsets.spec import names
+from sidecarsets.spec.conversion import ConversionError, convert, version_of
+from tests.golden_cases import cases as golden_cases
+from tests.kruise import compare, summary
+from tests.kruise.cases import admitted_by_us, corpus_sidecarsets
+from tests.kruise.oracle import Oracle
+
+# Every path where the outputs may differ, with the README section that says why.
+DOCUMENTED = (
+    (
+        "namespaces in v1beta1",
+        # README, Versions: our v1beta1 writes an alpha `namespace`/`namespaceSelector` under
+        # `specificNamespace` and keeps conversion annotations; Kruise writes a top-level selector.
+        r"^(spec\.(specificNamespace|namespaceSelector|namespace)|metadata\.annotations(\.conversion\.sidecarctl\.io/|$))",
+    ),
+    (
+        "sidecarctl's own fields",
+        # README, SidecarSet reference: progressDeadlineSeconds is ours; Kruise's types drop it.
+        r"^spec\.updateStrategy\.progressDeadlineSeconds$",
+    ),
+)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {k: _clean(v) for k, v in value.items() if k != "creationTimestamp" or v is not None}
+        return {k: v for k, v in out.items() if v not in ({}, [], None)}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _normal(obj: dict[str, Any]) -> dict[str, Any]:
+    out = _clean(obj)
+    status = {k: v for k, v in (out.get("status") or {}).items() if v != 0}
+    out.pop("status", None)
+    if status:
+        out["status"] = status
+    out["apiVersion"] = out["apiVersion"].replace(names.GROUP + "/", names.KRUISE_GROUP + "/")
+    assert isinstance(out, dict)
+    return out
+
+
+def _cases() -> list[tuple[str, dict[str, Any]]]:
+    """The SidecarSets an API server could store: ours admits them (the invalid corpus holds fields
+    misspelled on purpose, which the CRD's schema would prune before any conversion)."""
+    out = [(f"corpus/{name}", obj) for name, obj in corpus_sidecarsets() if admitted_by_us(obj)]
+    out += [(f"corpus/invalid/{name}", obj) for name, obj in corpus_sidecarsets(invalid=True) if admitted_by_us(obj)]
+    for case in golden_cases():
+        out += [(f"golden/{case.name}/{obj['metadata']['name']}", obj) for obj in case.sidecarsets]
+    return out
+
+
+CASES = _cases()
+
+
+def _compare(name: str, direction: str, mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    differences = list(compare.diff(_normal(compare.to_kruise(mine)), _normal(theirs)))
+    if not differences:
+        summary.record("conversion", "equal")
+        return None
+    rules = {r for r, pattern in DOCUMENTED for p, _a, _b in differences if re.search(pattern, p)}
+    if all(any(re.search(pattern, p) for _r, pattern in DOCUMENTED) for p, _a, _b in differences):
+        summary.record("conversion", "documented: " + " + ".join(sorted(rules)))
+        return None
+    summary.record("conversion", "undocumented")
+    shown = "; ".join(f"{p}: ours {a} | kruise {b}" for p, a, b in differences[:6])
+    return f"{name} {direction}: {shown}"
+
+
+@pytest.mark.parametrize(("name", "obj"), CASES, ids=[c[0] for c in CASES])
+def test_conversion_agrees_with_kruise(oracle: Oracle, name: str, obj: dict[str, Any]) -> None:
+    kruise_obj = compare.to_kruise(obj)
+    failures = []
+    if version_of(obj.get("apiVersion")) == names.VERSION:
+        theirs = oracle.one({"op": "convert", "object": kruise_obj, "to": "v1beta1"})
+        assert "error" not in theirs, theirs["error"]
+        mine = convert(kruise_obj, names.KRUISE_API_VERSION_V1BETA1)
+        failures.append(_compare(name, "v1alpha1 -> v1beta1", mine, theirs["object"]))
+        beta = theirs["object"]
+    else:
+        beta = kruise_obj
+    theirs = oracle.one({"op": "convert", "object": beta, "to": "v1alpha1"})
+    assert "error" not in theirs, theirs["error"]
+    try:
+        mine = convert(beta, names.KRUISE_API_VERSION)
+    except ConversionError as e:  # e.g. a v1beta1 object of our own shape that Kruise cannot read
+        mine = {"refused": str(e)}
+    failures.append(_compare(name, "v1beta1 -> v1alpha1", mine, theirs["object"]))
+    problems = [f for f in failures if f]
+    assert not problems, "\n".join(problems)
