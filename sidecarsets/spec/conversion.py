@@ -1,26 +1,25 @@
-"""SidecarSets converted between v1alpha1 and v1beta1, losslessly both ways.
+"""SidecarSets converted between v1alpha1 and v1beta1, as Kruise 1.9 converts them.
 
 The versions differ in two places (README: SidecarSet reference):
-- the namespaces: v1alpha1 has `spec.namespace` and `spec.namespaceSelector`; v1beta1 has
-  `spec.specificNamespace{namespace, namespaceSelector}` (the contract's shape) or Kruise 1.9's own
-  top-level `spec.namespaceSelector`, one or the other;
+- the namespaces: v1alpha1 has `spec.namespace` and `spec.namespaceSelector`; v1beta1 has only a
+  top-level `spec.namespaceSelector`. An alpha `namespace: N` becomes the selector
+  `kubernetes.io/metadata.name: N` (the label the API server puts on every namespace), which
+  overrides an alpha selector beside it exactly as `namespace` did; a v1beta1 selector comes back
+  as the alpha `namespaceSelector`. That is Kruise's own mapping
+  (`apis/apps/v1alpha1/sidecarset_conversion.go`), checked against it by tests/kruise: a v1beta1
+  client reads what a Kruise client reads. Nothing it selects changes; the spelling does, once: a
+  v1beta1 read-modify-write of an alpha `namespace` stores the equivalent selector.
 - the custom version: v1alpha1 keeps it in the label `sidecarctl.io/sidecarset-custom-version`,
   v1beta1 in `spec.customVersion`.
 
-Kruise's conversion loses data (an alpha `namespace` comes back as a selector, a label with an empty
-value disappears). This one gives every object back unchanged after a round trip: the API server
-stores v1alpha1 and serves v1beta1 by converting, so a v1beta1 client reads back what it wrote only
-if nothing is lost on the way. What v1alpha1 has no field for rides in an annotation, as Kubernetes
-keeps newer fields in older versions (autoscaling/v1 HorizontalPodAutoscalers):
-- `conversion.sidecarctl.io/namespace-selector-at: spec.namespaceSelector`: the v1beta1 object used
-  Kruise's top-level selector rather than `specificNamespace.namespaceSelector`;
-- `conversion.sidecarctl.io/custom-version-label: V`: the v1beta1 object carried the custom-version
-  label itself (a plain label in v1beta1) with the value V.
-Converting back consumes them, so a v1beta1 object never shows them. A v1beta1 object that brings
-them itself could not be told from a converted one, and is refused (ConversionError), as are objects
-whose fields cannot be mapped without loss: both namespace spellings at once, an empty or non-object
-`specificNamespace`, a non-string `customVersion`, the other version's fields. Nothing else changes:
-every other field of metadata, spec and status keeps its value.
+`spec.specificNamespace{namespace, namespaceSelector}`, a v1beta1 shape of this project's before it
+followed Kruise's, is still read (converted to the alpha fields), never written. Kruise loses a
+v1beta1 label that has the custom-version key; this conversion keeps it in the annotation
+`conversion.sidecarctl.io/custom-version-label` of the v1alpha1 object and restores it, so that
+label survives both ways. Refused (ConversionError naming the field): both namespace spellings at
+once, an empty or non-object `specificNamespace`, a non-string `namespace` or `customVersion`, the
+other version's fields, a v1beta1 object bringing the conversion's own annotation. Nothing else
+changes: every other field of metadata, spec and status keeps its value.
 
 Pure: the input is never modified; the output shares the values it does not change with it.
 """
@@ -42,7 +41,6 @@ _VERSIONS: Final = {
     names.KRUISE_API_VERSION_V1BETA1: names.VERSION_V1BETA1,
 }
 _MISSING: Final = object()
-_AT_TOP: Final = "spec.namespaceSelector"
 _SPECIFIC_KEYS: Final = ("namespace", "namespaceSelector")
 _LABEL: Final = names.SS_LABEL_CUSTOM_VERSION
 _AT: Final = names.ANN_CONVERSION_SELECTOR_AT
@@ -147,13 +145,14 @@ def _to_v1beta1(spec: JsonObj, meta: _Metadata) -> None:
     _refuse_fields(spec, ("specificNamespace", "customVersion"), names.VERSION)
     namespace = spec.pop("namespace", _MISSING)
     selector = spec.pop("namespaceSelector", _MISSING)
-    if namespace is _MISSING and selector is not _MISSING and meta.annotations.get(_AT) == _AT_TOP:
-        meta.pop("annotations", _AT)
+    if namespace is not _MISSING and namespace is not None and not isinstance(namespace, str):
+        raise ConversionError("spec.namespace must be a string")
+    if isinstance(namespace, str) and namespace:
+        spec["namespaceSelector"] = {"matchLabels": {names.NS_NAME_LABEL: namespace}}
+    elif selector is not _MISSING and selector is not None:
         spec["namespaceSelector"] = selector
-    else:
-        specific = {k: v for k, v in zip(_SPECIFIC_KEYS, (namespace, selector), strict=True) if v is not _MISSING}
-        if specific:
-            spec["specificNamespace"] = specific
+    if _AT in meta.annotations:
+        meta.pop("annotations", _AT)  # an earlier version's marker for the shape now always written
     if _LABEL in meta.labels:
         version = meta.pop("labels", _LABEL)
         if not isinstance(version, str):
@@ -170,7 +169,6 @@ def _reserved(key: str, why: str) -> ConversionError:
 def _to_v1alpha1(spec: JsonObj, meta: _Metadata) -> None:
     _refuse_fields(spec, ("namespace",), names.VERSION_V1BETA1)
     specific = spec.pop("specificNamespace", _MISSING)
-    top = spec.pop("namespaceSelector", _MISSING)
     if specific is not _MISSING:
         if not isinstance(specific, Mapping):
             raise ConversionError("spec.specificNamespace must be an object")
@@ -179,16 +177,9 @@ def _to_v1alpha1(spec: JsonObj, meta: _Metadata) -> None:
             raise ConversionError(f"spec.specificNamespace.{unknown[0]} is not a field of {names.VERSION_V1BETA1}")
         if not specific:
             raise ConversionError("spec.specificNamespace is empty: set namespace or namespaceSelector, or omit it")
-        if top is not _MISSING:
+        if "namespaceSelector" in spec:
             raise ConversionError("spec.namespaceSelector and spec.specificNamespace are mutually exclusive")
         spec.update((k, specific[k]) for k in _SPECIFIC_KEYS if k in specific)
-    if top is not _MISSING:
-        if _AT in meta.annotations:
-            raise _reserved(_AT, "it records where spec.namespaceSelector was")
-        spec["namespaceSelector"] = top
-        meta.put("annotations", _AT, _AT_TOP)
-    elif meta.annotations.get(_AT) == _AT_TOP and "namespaceSelector" in spec and "namespace" not in spec:
-        raise _reserved(_AT, "it would move the selector to spec.namespaceSelector")
     if _STASHED_LABEL in meta.annotations:
         raise _reserved(_STASHED_LABEL, f"it holds the {_LABEL} label")
     if _LABEL in meta.labels:

@@ -69,7 +69,7 @@ SS_LABEL_CUSTOM_VERSION = "sidecarctl.io/sidecarset-custom-version"
 # What a v1alpha1 object keeps of a v1beta1 one that v1alpha1 has no field for (sidecarsets.spec.conversion).
 # Reserved: a v1beta1 object may not carry annotations under this prefix.
 CONVERSION_ANNOTATION_PREFIX = "conversion.sidecarctl.io/"
-# "spec.namespaceSelector": in v1beta1 the selector is Kruise's top-level field, not specificNamespace's.
+# Written by an earlier version when v1beta1 had two selector spellings; dropped when read now.
 ANN_CONVERSION_SELECTOR_AT = CONVERSION_ANNOTATION_PREFIX + "namespace-selector-at"
 # The v1beta1 object's own SS_LABEL_CUSTOM_VERSION label (a plain label there), when it has one.
 ANN_CONVERSION_VERSION_LABEL = CONVERSION_ANNOTATION_PREFIX + "custom-version-label"

@@ -2,11 +2,13 @@
 
 v1alpha1: `spec.namespace` and `spec.namespaceSelector` (both may be set; `namespace` wins, as in
 Kruise's current v1alpha1 API; Kruise 1.8 rejected the combination), and the custom-version label.
-v1beta1: `spec.specificNamespace{namespace, namespaceSelector}`, or Kruise 1.9's top-level
-`spec.namespaceSelector` instead, and `spec.customVersion`. A field of the other version is refused
-rather than ignored (the API server would prune it: the SidecarSet would silently reach every
-namespace), naming the field to use. The annotations under `conversion.sidecarctl.io/` are written
-by the conversion to v1alpha1 (sidecarsets.spec.conversion) and may not come with a v1beta1 object.
+v1beta1: Kruise 1.9's top-level `spec.namespaceSelector` (one namespace is the selector
+`kubernetes.io/metadata.name: N`), or `spec.specificNamespace{namespace, namespaceSelector}`, an
+earlier shape of ours that is still read (never written by the conversion), and
+`spec.customVersion`. A field of the other version is refused rather than ignored (the API server
+would prune it: the SidecarSet would silently reach every namespace), naming the field to use. The
+annotations under `conversion.sidecarctl.io/` are written by the conversion to v1alpha1
+(sidecarsets.spec.conversion) and may not come with a v1beta1 object.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _ALPHA_INSTEAD = {
     "specificNamespace": "spec.namespace and spec.namespaceSelector",
     "customVersion": f"the label {names.SS_LABEL_CUSTOM_VERSION}",
 }
-_BETA_INSTEAD = {"namespace": "spec.specificNamespace.namespace"}
+_BETA_INSTEAD = {"namespace": f"spec.namespaceSelector.matchLabels[{names.NS_NAME_LABEL}]"}
 
 
 def _namespace(value: Any, path: str, errs: Errors) -> None:

@@ -99,14 +99,18 @@ def test_a_v1alpha1_object_reads_back_as_v1beta1(kube: Kube, manager: RunningMan
     cleanup.append(name)
     beta = kube.get(f"{BETA_PATH}/{name}")
     assert beta["apiVersion"] == BETA
-    assert beta["spec"]["specificNamespace"] == {"namespace": "shop"}
-    assert "namespace" not in beta["spec"]
+    assert beta["spec"]["namespaceSelector"] == {"matchLabels": {names.NS_NAME_LABEL: "shop"}}, (
+        "Kruise's spelling of an alpha namespace"
+    )
+    assert "namespace" not in beta["spec"] and "specificNamespace" not in beta["spec"]
     assert beta["spec"]["customVersion"] == "v7"
     assert beta["metadata"]["labels"] == {"team": "mesh"}
     assert beta["metadata"]["uid"] == created["metadata"]["uid"]
     assert beta["spec"]["containers"] == created["spec"]["containers"]
     listed = {o["metadata"]["name"]: o for o in kube.get(BETA_PATH)["items"]}
-    assert listed[name]["spec"]["specificNamespace"] == {"namespace": "shop"}, "a list is converted too"
+    assert listed[name]["spec"]["namespaceSelector"] == {"matchLabels": {names.NS_NAME_LABEL: "shop"}}, (
+        "a list is converted too"
+    )
 
 
 def test_a_v1beta1_object_reads_back_as_written_and_as_v1alpha1(
@@ -127,10 +131,7 @@ def test_a_v1beta1_object_reads_back_as_written_and_as_v1alpha1(
     assert alpha["apiVersion"] == names.API_VERSION
     assert alpha["spec"]["namespaceSelector"] == selector
     assert alpha["metadata"]["labels"] == {names.SS_LABEL_CUSTOM_VERSION: "v2"}
-    assert alpha["metadata"]["annotations"] == {
-        names.ANN_CONVERSION_SELECTOR_AT: "spec.namespaceSelector",
-        names.ANN_CONVERSION_VERSION_LABEL: "a-plain-label-here",
-    }
+    assert alpha["metadata"]["annotations"] == {names.ANN_CONVERSION_VERSION_LABEL: "a-plain-label-here"}
 
 
 def test_a_v1beta1_sidecarset_is_served_like_any_other(
@@ -189,7 +190,10 @@ def test_kubectl_gets_both_versions(
     alpha = kubectl_json(control_plane, "get", f"{names.PLURAL}.{names.VERSION}.{names.GROUP}", name)
     beta = kubectl_json(control_plane, "get", f"{names.PLURAL}.{names.VERSION_V1BETA1}.{names.GROUP}", name)
     assert (alpha["apiVersion"], alpha["spec"]["namespace"]) == (names.API_VERSION, "shop")
-    assert (beta["apiVersion"], beta["spec"]["specificNamespace"]) == (BETA, {"namespace": "shop"})
+    assert (beta["apiVersion"], beta["spec"]["namespaceSelector"]) == (
+        BETA,
+        {"matchLabels": {names.NS_NAME_LABEL: "shop"}},
+    )
     preferred = kubectl_json(control_plane, "get", "sidecarsets", name)
     assert preferred["apiVersion"] == BETA, "kubectl's plain `get sidecarsets` asks for the preferred version"
     table = kubectl(control_plane, "get", f"{names.PLURAL}.{names.VERSION_V1BETA1}.{names.GROUP}", name)
@@ -275,7 +279,9 @@ def test_a_conversion_webhook_outage_is_answered_as_the_readme_says(outage: Outa
         eventually(lambda: conversion_bundle_synced(kube), timeout=20, what="the CRD's caBundle written")
         eventually(lambda: conversion_works(kube), timeout=20, interval=0.02, what="v1beta1 converted")
         print(f"\nv1beta1 served {time.monotonic() - started:.2f} s after the first manager was ready")
-        assert kube.get(f"{BETA_PATH}/{old}")["spec"]["specificNamespace"] == {"namespace": "shop"}
+        assert kube.get(f"{BETA_PATH}/{old}")["spec"]["namespaceSelector"] == {
+            "matchLabels": {names.NS_NAME_LABEL: "shop"}
+        }
         new = unique("new")
         kube.create(BETA_PATH, beta_sidecarset(new, unique("app"), specificNamespace={"namespace": "cafe"}))
     finally:
@@ -296,9 +302,9 @@ def test_a_conversion_webhook_outage_is_answered_as_the_readme_says(outage: Outa
         assert CONVERSION_FAILED in e.message, e.message
     else:
         assert {o["apiVersion"] for o in listed} == {BETA}, "a cached answer is still converted"
-        assert {o["metadata"]["name"]: o["spec"].get("specificNamespace") for o in listed} == {
-            old: {"namespace": "shop"},
-            new: {"namespace": "cafe"},
+        assert {o["metadata"]["name"]: o["spec"].get("namespaceSelector") for o in listed} == {
+            old: {"matchLabels": {names.NS_NAME_LABEL: "shop"}},
+            new: {"matchLabels": {names.NS_NAME_LABEL: "cafe"}},
         }
     with pytest.raises(api.ApiError) as failed:
         kube.delete(f"{BETA_PATH}/{new}")
@@ -321,7 +327,7 @@ def test_a_conversion_webhook_outage_is_answered_as_the_readme_says(outage: Outa
     try:
         started = time.monotonic()
         back = eventually(lambda: kube.get(f"{BETA_PATH}/{new}"), timeout=20, what="v1beta1 served again")
-        assert back["spec"]["specificNamespace"] == {"namespace": "cafe"}
+        assert back["spec"]["namespaceSelector"] == {"matchLabels": {names.NS_NAME_LABEL: "cafe"}}
         print(f"\nv1beta1 served again {time.monotonic() - started:.2f} s after the restarted manager was ready")
     finally:
         restarted.kill()

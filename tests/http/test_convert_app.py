@@ -70,7 +70,9 @@ def test_a_list_is_converted_in_order_with_the_uid_echoed(client: TestClient) ->
     assert response["result"] == {"status": "Success"}
     assert response["convertedObjects"] == [convert(o, BETA) for o in objects]
     assert [o["apiVersion"] for o in response["convertedObjects"]] == [BETA] * 3
-    assert response["convertedObjects"][0]["spec"]["specificNamespace"] == {"namespace": "shop"}
+    assert response["convertedObjects"][0]["spec"]["namespaceSelector"] == {
+        "matchLabels": {names.NS_NAME_LABEL: "shop"}
+    }, "an alpha namespace reads as Kruise's selector"
     assert response["convertedObjects"][1]["spec"]["customVersion"] == "v2"
     assert counted("converted") == before + 1
 

@@ -1,9 +1,11 @@
-"""v1alpha1 <-> v1beta1 conversion (sidecarsets.spec.conversion): the mapping, and that it loses nothing.
+"""v1alpha1 <-> v1beta1 conversion (sidecarsets.spec.conversion): Kruise 1.9's mapping, and what it keeps.
 
-The properties run over generated SidecarSets: any v1alpha1 object converted to v1beta1 and back is
-the same object, and so is any v1beta1 object converted to v1alpha1 and back, unless the conversion
-refused it with a ConversionError naming why (only objects no conversion could have produced). Both
-versions of one object also mean the same to the model: the same namespaces, the same custom version.
+The properties run over generated SidecarSets. Both versions of one object always mean the same to
+the model (the same namespaces, the same custom version). Any v1beta1 object in Kruise's shape
+converted to v1alpha1 and back is the same object; a v1alpha1 object comes back with its namespace
+spelled as Kruise spells it (an alpha `namespace` as a `kubernetes.io/metadata.name` selector), and
+from then on round trips unchanged. The conversion refuses only objects with a ConversionError
+naming why. tests/kruise compares the mapping with Kruise's own code.
 """
 
 from __future__ import annotations
@@ -49,17 +51,28 @@ def round_trip(obj: dict[str, Any], via: str) -> dict[str, Any]:
 # The mapping
 
 
-def test_alpha_namespace_fields_move_under_specific_namespace() -> None:
+def test_alpha_namespace_becomes_a_metadata_name_selector_as_in_kruise() -> None:
     selector = {"matchLabels": {"team": "a"}}
     alpha = sidecarset(ALPHA, {"namespace": "shop", "namespaceSelector": selector})
     beta = convert(alpha, BETA)
     assert beta["apiVersion"] == BETA
-    assert "namespace" not in beta["spec"] and "namespaceSelector" not in beta["spec"]
-    assert beta["spec"]["specificNamespace"] == {"namespace": "shop", "namespaceSelector": selector}
-    assert convert(beta, ALPHA) == alpha
+    assert "namespace" not in beta["spec"] and "specificNamespace" not in beta["spec"]
+    assert beta["spec"]["namespaceSelector"] == {"matchLabels": {NS_LABEL: "shop"}}, "namespace wins, as before"
+    back = convert(beta, ALPHA)
+    assert back["spec"]["namespaceSelector"] == {"matchLabels": {NS_LABEL: "shop"}}
+    assert "namespace" not in back["spec"]
+    assert convert(convert(back, BETA), ALPHA) == back
 
 
-def test_no_namespace_fields_no_specific_namespace() -> None:
+def test_an_alpha_selector_is_the_top_level_selector() -> None:
+    selector = {"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod"]}]}
+    alpha = sidecarset(ALPHA, {"namespaceSelector": selector, "namespace": ""})
+    beta = convert(alpha, BETA)
+    assert beta["spec"]["namespaceSelector"] == selector
+    assert convert(beta, ALPHA) == sidecarset(ALPHA, {"namespaceSelector": selector})
+
+
+def test_no_namespace_fields_no_namespace_selector() -> None:
     beta = convert(sidecarset(ALPHA, {}), BETA)
     assert "specificNamespace" not in beta["spec"]
     assert "namespaceSelector" not in beta["spec"]
@@ -82,24 +95,36 @@ def test_an_empty_custom_version_survives_both_ways() -> None:
     assert convert(beta, ALPHA) == alpha
 
 
-def test_kruise_top_level_selector_in_v1beta1_is_kept_by_an_annotation() -> None:
+def test_kruise_top_level_selector_in_v1beta1_needs_no_annotation() -> None:
     selector = {"matchExpressions": [{"key": NS_LABEL, "operator": "NotIn", "values": ["legacy"]}]}
     beta = sidecarset(BETA, {"namespaceSelector": selector})
     alpha = convert(beta, ALPHA)
     assert alpha["spec"]["namespaceSelector"] == selector
-    assert alpha["metadata"]["annotations"] == {AT: "spec.namespaceSelector"}
-    back = convert(alpha, BETA)
-    assert back == beta
-    assert "annotations" not in back["metadata"]
+    assert "annotations" not in alpha["metadata"]
+    assert convert(alpha, BETA) == beta
 
 
-def test_specific_namespace_selector_needs_no_annotation() -> None:
+def test_an_earlier_versions_selector_marker_is_dropped() -> None:
+    selector = {"matchLabels": {"team": "a"}}
+    alpha = sidecarset(ALPHA, {"namespaceSelector": selector}, annotations={AT: "spec.namespaceSelector"})
+    beta = convert(alpha, BETA)
+    assert beta["spec"]["namespaceSelector"] == selector
+    assert "annotations" not in beta["metadata"]
+
+
+def test_specific_namespace_is_read_and_never_written() -> None:
     selector = {"matchLabels": {"team": "a"}}
     beta = sidecarset(BETA, {"specificNamespace": {"namespaceSelector": selector}})
     alpha = convert(beta, ALPHA)
     assert alpha["spec"]["namespaceSelector"] == selector
     assert "annotations" not in alpha["metadata"]
-    assert convert(alpha, BETA) == beta
+    assert convert(alpha, BETA) == sidecarset(BETA, {"namespaceSelector": selector})
+    alpha = convert(sidecarset(BETA, {"specificNamespace": {"namespace": "shop"}}), ALPHA)
+    assert alpha["spec"]["namespace"] == "shop"
+    assert (
+        convert(alpha, BETA)["spec"]
+        == sidecarset(BETA, {"namespaceSelector": {"matchLabels": {NS_LABEL: "shop"}}})["spec"]
+    )
 
 
 def test_a_v1beta1_label_of_the_custom_version_key_is_kept_by_an_annotation() -> None:
@@ -126,7 +151,7 @@ def test_everything_else_is_the_same_value_and_the_input_is_untouched() -> None:
     assert beta["status"] == alpha["status"]
     assert beta["metadata"] == alpha["metadata"]
     same = {k: v for k, v in alpha["spec"].items() if k != "namespace"}
-    assert {k: v for k, v in beta["spec"].items() if k != "specificNamespace"} == same
+    assert {k: v for k, v in beta["spec"].items() if k != "namespaceSelector"} == same
 
 
 def test_same_version_is_a_copy_with_the_requested_api_version() -> None:
@@ -134,7 +159,7 @@ def test_same_version_is_a_copy_with_the_requested_api_version() -> None:
     assert convert(alpha, ALPHA) == alpha
     kruise = {**alpha, "apiVersion": names.KRUISE_API_VERSION}
     assert convert(kruise, ALPHA) == alpha
-    assert convert(kruise, BETA)["spec"]["specificNamespace"] == {"namespace": "shop"}
+    assert convert(kruise, BETA)["spec"]["namespaceSelector"] == {"matchLabels": {NS_LABEL: "shop"}}
 
 
 def test_versions_are_read_from_the_api_version() -> None:
@@ -173,20 +198,7 @@ def test_versions_are_read_from_the_api_version() -> None:
         ),
         (sidecarset(BETA, {"customVersion": 2}), ALPHA, "spec.customVersion must be a string"),
         (sidecarset(BETA, {}, annotations={STASHED: "x"}), ALPHA, f"metadata.annotations[{STASHED}] is reserved"),
-        (
-            sidecarset(BETA, {"namespaceSelector": {"matchLabels": {"a": "b"}}}, annotations={AT: "x"}),
-            ALPHA,
-            f"metadata.annotations[{AT}] is reserved",
-        ),
-        (
-            sidecarset(
-                BETA,
-                {"specificNamespace": {"namespaceSelector": {"matchLabels": {"a": "b"}}}},
-                annotations={AT: "spec.namespaceSelector"},
-            ),
-            ALPHA,
-            f"metadata.annotations[{AT}] is reserved",
-        ),
+        (sidecarset(ALPHA, {"namespace": 5}), BETA, "spec.namespace must be a string"),
     ],
 )
 def test_what_cannot_be_converted_without_loss_is_refused_naming_the_field(
@@ -257,19 +269,17 @@ ALPHA_OBJECTS = _objects(
     _some(namespace=st.one_of(st.just(""), st.sampled_from(["shop", "a"])), namespaceSelector=SELECTORS),
     [AT, STASHED, "note"],
 )
-BETA_SCOPES = st.one_of(
-    st.just({}),
-    st.builds(lambda s: {"namespaceSelector": s}, SELECTORS),
-    st.builds(
-        lambda s: {"specificNamespace": s},
-        _some(namespace=st.sampled_from(["", "shop"]), namespaceSelector=SELECTORS).filter(bool),
-    ),
+BETA_SCOPES = st.one_of(st.just({}), st.builds(lambda s: {"namespaceSelector": s}, SELECTORS))
+SPECIFIC_SCOPES = st.builds(
+    lambda s: {"specificNamespace": s},
+    _some(namespace=st.sampled_from(["", "shop"]), namespaceSelector=SELECTORS).filter(bool),
 )
 BETA_OBJECTS = _objects(
     BETA,
     st.builds(lambda scope, cv: {**scope, **cv}, BETA_SCOPES, _some(customVersion=LABEL_VALUES)),
     ["note", "sidecarctl.io/owner"],
 )
+SPECIFIC_OBJECTS = _objects(BETA, SPECIFIC_SCOPES, ["note"])
 # v1beta1 objects a user may write: reserved annotations, both spellings, empty specificNamespace.
 ANY_BETA_OBJECTS = _objects(
     BETA,
@@ -281,25 +291,50 @@ ANY_BETA_OBJECTS = _objects(
     [AT, STASHED, "note"],
 )
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROBES = [
+    (ns, {NS_LABEL: ns, **extra})
+    for ns in ("shop", "a", "b", "legacy", "")
+    for extra in ({}, {"team": "a"}, {"team": ""})
+]
 
 
 def _same_meaning(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """The same namespaces selected (probed), the same custom version, the same hashes."""
     one, other = SidecarSet.from_object(a, tolerant=True), SidecarSet.from_object(b, tolerant=True)
-    assert one.namespace_selector == other.namespace_selector
+    for namespace, labels in PROBES:
+        assert one.matches_namespace(namespace, labels) == other.matches_namespace(namespace, labels), namespace
     assert one.custom_version == other.custom_version
     assert (one.hash, one.hash_without_image) == (other.hash, other.hash_without_image)
 
 
+def _kruise_spelling(alpha: dict[str, Any]) -> dict[str, Any]:
+    """`alpha` with its namespace spelled as Kruise's conversion leaves it, and without the marker
+    an earlier version wrote (what a v1beta1 read-modify-write stores)."""
+    out = copy.deepcopy(alpha)
+    spec = out["spec"]
+    namespace = spec.pop("namespace", None)
+    if namespace:
+        spec["namespaceSelector"] = {"matchLabels": {NS_LABEL: namespace}}
+    annotations = out["metadata"].get("annotations") or {}
+    annotations.pop(AT, None)
+    if "annotations" in out["metadata"] and not annotations:
+        del out["metadata"]["annotations"]
+    return out
+
+
 @SETTINGS
 @given(ALPHA_OBJECTS)
-def test_alpha_to_beta_to_alpha_gives_back_the_same_object(alpha: dict[str, Any]) -> None:
+def test_alpha_to_beta_to_alpha_keeps_everything_but_the_namespace_spelling(alpha: dict[str, Any]) -> None:
     before = copy.deepcopy(alpha)
     beta = convert(alpha, BETA)
     assert alpha == before, "the input is never modified"
-    assert convert(beta, ALPHA) == alpha
+    back = convert(beta, ALPHA)
+    assert back == _kruise_spelling(alpha)
+    assert convert(convert(back, BETA), ALPHA) == back, "from then on it round trips unchanged"
     left = {k for k in beta["metadata"].get("annotations", {}) if k.startswith(names.CONVERSION_ANNOTATION_PREFIX)}
-    assert left <= {AT}, "v1beta1 shows no annotation of the conversion but one it found unusable"
+    assert not left, "v1beta1 shows no annotation of the conversion"
     _same_meaning(alpha, beta)
+    _same_meaning(alpha, back)
 
 
 @SETTINGS
@@ -313,14 +348,28 @@ def test_beta_to_alpha_to_beta_gives_back_the_same_object(beta: dict[str, Any]) 
 
 
 @SETTINGS
+@given(SPECIFIC_OBJECTS)
+def test_specific_namespace_comes_back_in_kruises_shape_meaning_the_same(beta: dict[str, Any]) -> None:
+    back = convert(convert(beta, ALPHA), BETA)
+    assert "specificNamespace" not in back["spec"]
+    assert {k: v for k, v in back["spec"].items() if k != "namespaceSelector"} == {
+        k: v for k, v in beta["spec"].items() if k != "specificNamespace"
+    }
+    _same_meaning(beta, back)
+
+
+@SETTINGS
 @given(ANY_BETA_OBJECTS)
-def test_a_beta_object_is_either_refused_or_given_back_unchanged(beta: dict[str, Any]) -> None:
+def test_a_beta_object_is_either_refused_or_means_the_same_after_a_round_trip(beta: dict[str, Any]) -> None:
     try:
         alpha = convert(beta, ALPHA)
     except ConversionError as e:
         assert str(e).startswith(("spec.", "metadata.")), e
         return
-    assert convert(alpha, BETA) == beta
+    back = convert(alpha, BETA)
+    _same_meaning(beta, back)
+    if "specificNamespace" not in beta["spec"] and AT not in (beta["metadata"].get("annotations") or {}):
+        assert back == beta
 
 
 @SETTINGS
@@ -333,15 +382,19 @@ def test_what_validation_accepts_in_v1beta1_converts(beta: dict[str, Any]) -> No
 
 
 def test_the_round_trip_properties_see_every_shape() -> None:
-    """The generators reach the cases that need an annotation (the properties would be weak otherwise)."""
+    """The generators reach the cases that need care (the properties would be weak otherwise)."""
     seen: set[str] = set()
 
     @settings(max_examples=300, deadline=None, database=None)
-    @given(BETA_OBJECTS)
-    def probe(beta: dict[str, Any]) -> None:
+    @given(BETA_OBJECTS, ALPHA_OBJECTS)
+    def probe(beta: dict[str, Any], alpha: dict[str, Any]) -> None:
         annotations = convert(beta, ALPHA)["metadata"].get("annotations", {})
-        seen.update(k for k in (AT, STASHED) if k in annotations)
-        seen.update(k for k in ("specificNamespace", "namespaceSelector", "customVersion") if k in beta["spec"])
+        seen.update(k for k in (STASHED,) if k in annotations)
+        seen.update(k for k in ("namespaceSelector", "customVersion") if k in beta["spec"])
+        if alpha["spec"].get("namespace") and "namespaceSelector" in alpha["spec"]:
+            seen.add("alpha namespace and selector")
+        if AT in (alpha["metadata"].get("annotations") or {}):
+            seen.add("legacy marker")
 
     probe()
-    assert seen == {AT, STASHED, "specificNamespace", "namespaceSelector", "customVersion"}
+    assert seen == {STASHED, "namespaceSelector", "customVersion", "alpha namespace and selector", "legacy marker"}

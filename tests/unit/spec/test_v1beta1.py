@@ -61,7 +61,8 @@ def test_a_v1beta1_spec_namespace_is_not_read_and_is_refused() -> None:
     obj = beta({"namespace": "shop"})
     assert SidecarSet.from_object(obj).namespace_selector is None
     assert errors(obj) == [
-        "spec.namespace: is not a field of sidecarctl.io/v1beta1: use spec.specificNamespace.namespace"
+        "spec.namespace: is not a field of sidecarctl.io/v1beta1: use "
+        f"spec.namespaceSelector.matchLabels[{names.NS_NAME_LABEL}]"
     ]
 
 
