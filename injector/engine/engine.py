@@ -4,7 +4,9 @@ The webhook and the CLI both call `inject`, so a pod injected by hand and a pod 
 admission are the same pod. Semantics are OpenKruise's SidecarSet webhook, with these choices
 where Kruise leaves a gap:
 
-* SidecarSets are applied in name order (Kruise uses its cache order, which is arbitrary);
+* SidecarSets are applied in Kruise's group order, those its namespace index finds (scoped by
+  namespace name) before the cluster-wide ones, and by name within each (Kruise's cache order there
+  is arbitrary);
 * two matching SidecarSets that define the same container name: the older one (creationTimestamp,
   then name) is injected and the other is skipped whole, with a warning naming both (Kruise relies
   on its validating webhook and would otherwise emit a pod the API server rejects);

@@ -27,7 +27,7 @@ HashMaps = tuple[dict[str, Any], dict[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """`todo`: the SidecarSets to inject now, in name order; `hash_maps`: the pod's hash annotations
+    """`todo`: the SidecarSets to inject now, in `injection_order` (Kruise's); `hash_maps`: the pod's hash annotations
     as read, without the entries of bases a canary replaces; `sidecar_names`: the container names of
     every SidecarSet the pod gets, now or before; `replaced`: those bases."""
 
@@ -78,7 +78,9 @@ def select(
     for base in replaced:
         hash_map.pop(base, None)
         hash_map_wi.pop(base, None)
-    todo = sorted((ss for ss in chosen if metadata.recorded_hash(hash_map, ss.name) != ss.hash), key=lambda s: s.name)
+    todo = sorted(
+        (ss for ss in chosen if metadata.recorded_hash(hash_map, ss.name) != ss.hash), key=lambda s: s.injection_order
+    )
     if not todo:
         return SKIP_ALREADY_INJECTED
     return Selection(

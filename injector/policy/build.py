@@ -35,7 +35,7 @@ class Build:
 
 
 class Part:
-    """The state every part of the generator reads: the group (in name order), the time to record
+    """The state every part of the generator reads: the group (in `injection_order`), the time to record
     and the Build under way."""
 
     group: list[SidecarSet]

@@ -88,7 +88,7 @@ class Generated:
 
     @property
     def groups(self) -> list[list[str]]:
-        """The overlap groups this policy injects, each in name order."""
+        """The overlap groups this policy injects, each in `injection_order`."""
         text = str(self.policy["metadata"]["annotations"][ANN_MEMBERS])
         return [g.split(",") for g in text.split(";") if g]
 
@@ -145,7 +145,7 @@ class Generator(SpecOps, MetadataOps):
     ) -> None:
         for ss in group:
             check_servable(ss)
-        self.group = sorted(group, key=lambda s: s.name)  # the engine applies SidecarSets in name order
+        self.group = sorted(group, key=lambda s: s.injection_order)  # the engine's order of SidecarSets
         self.single = len(self.group) == 1
         self.timestamp = timestamp
         self.manager_namespace = manager_namespace

@@ -83,6 +83,9 @@ class SidecarSet:
     _pod_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
     _namespace_matcher: Callable[[Mapping[str, str]], bool] = _derived(init=False, repr=False, compare=False)
     _namespace_name_only: bool = _derived(init=False, repr=False, compare=False)
+    # The order in which a pod gets the sidecars of several SidecarSets, as Kruise's: those scoped by
+    # namespace name first, then the cluster-wide ones; by name within each (selectors.names_namespaces).
+    injection_order: tuple[int, str] = _derived(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         def derive(name: str, value: object) -> None:
@@ -110,6 +113,7 @@ class SidecarSet:
         sel = self.namespace_selector
         derive("_namespace_matcher", selectors.matcher(sel))
         derive("_namespace_name_only", sel is not None and _only_name_label(sel))
+        derive("injection_order", (0 if selectors.names_namespaces(sel, names.NS_NAME_LABEL) else 1, self.name))
 
     @classmethod
     def from_object(cls, obj: Any, *, tolerant: bool = False) -> SidecarSet:

@@ -131,3 +131,20 @@ def _disjoint(opa: str, va: frozenset[str], opb: str, vb: frozenset[str]) -> boo
     if opa == "In" and opb == "NotIn":
         return va <= vb
     return opa in ("In", "Exists") and opb == "DoesNotExist"
+
+
+def names_namespaces(selector: Mapping[str, Any] | None, name_label: str) -> bool:
+    """Whether Kruise's SidecarSet namespace index files a namespace selector under namespace names
+    (`IndexSidecarSetV1Beta1`): `name_label` in matchLabels, else an `In` expression on it. Kruise's
+    pod webhook injects the SidecarSets it finds so before the cluster-wide ones, so that decides
+    the order of sidecars from different SidecarSets (sidecarsets.spec.model: `injection_order`)."""
+    if not isinstance(selector, Mapping):
+        return False
+    labels = selector.get("matchLabels")
+    if isinstance(labels, Mapping) and name_label in labels:
+        return True
+    expressions = selector.get("matchExpressions")
+    return any(
+        isinstance(e, Mapping) and e.get("key") == name_label and e.get("operator") == "In"
+        for e in (expressions if isinstance(expressions, list) else [])
+    )

@@ -110,6 +110,13 @@ def _container_defaults(container: dict[str, Any]) -> None:
         resource_ref = (env.get("valueFrom") or {}).get("resourceFieldRef")
         if isinstance(resource_ref, dict) and resource_ref.get("divisor") in ("0", 0):
             del resource_ref["divisor"]  # Go's zero Quantity; a divisor of 0 means 1, as absent
+    for mount in container.get("volumeMounts") or []:
+        for key in ("subPath", "subPathExpr"):
+            if mount.get(key) == "":
+                del mount[key]  # Go's omitempty: the API server stores no empty subPath either
+    for key in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if isinstance(container.get(key), dict) and container[key].get("initialDelaySeconds") == 0:
+            del container[key]["initialDelaySeconds"]
     for key in ("volumeMounts", "env", "ports"):
         if container.get(key) == []:
             del container[key]  # the API server stores no empty list (Go's omitempty)

@@ -120,13 +120,6 @@ _INJECTION = (
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        "sidecar order across namespace-scoped and cluster-wide SidecarSets",
-        "Not done yet: Kruise injects the SidecarSets its namespace index finds first, then the"
-        " cluster-wide ones; ours orders all of them by name",
-        _mixed_scopes,
-        _INJECTION,
-    ),
-    Rule(
         "opt-out label",
         'Contract: a pod labelled `sidecarctl.io/inject: "false"` is never injected (Kruise has no opt-out)',
         lambda c: _labels(c.pod).get(names.POD_INJECT_LABEL) == "false",
