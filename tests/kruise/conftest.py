@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.kruise import summary
+from tests.kruise.cases import corpus_pods, corpus_sidecarsets
 from tests.kruise.oracle import Oracle, binary
 
 
@@ -28,5 +29,13 @@ def oracle() -> Iterator[Oracle]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for line in summary.lines():
+    lines = summary.lines()
+    if not lines:
+        return
+    pods, valid, invalid = corpus_pods(), corpus_sidecarsets(), corpus_sidecarsets(invalid=True)
+    terminalreporter.write_line(
+        f"kruise differential corpus: {len(pods)} pods, {len(valid) + len(invalid)} SidecarSets "
+        f"({len(invalid)} of them invalid), sources in tests/kruise/corpus/README.md; Kruise v1.9.1"
+    )
+    for line in lines:
         terminalreporter.write_line(line)

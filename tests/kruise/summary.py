@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 
 _counts: dict[str, Counter[str]] = {}
+_quiet = False
 
 
 def record(kind: str, outcome: str) -> None:
     """`outcome` is `equal`, `undocumented`, or `documented: <rule>`."""
-    _counts.setdefault(kind, Counter())[outcome] += 1
+    if not _quiet:
+        _counts.setdefault(kind, Counter())[outcome] += 1
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Cases run a second time (to check the rules) are not counted again."""
+    global _quiet
+    _quiet = True
+    try:
+        yield
+    finally:
+        _quiet = False
 
 
 def lines() -> list[str]:

@@ -1,5 +1,6 @@
 """Kruise's upgrade order (`SortUpdateIndexes`, v1.9.1: ActivePods, then priorityStrategy, then
-scatterStrategy) and ours (`upgrade_order`) on 200 generated pod sets with generated strategies.
+scatterStrategy) and ours (`upgrade_order`) on 200 generated pod sets with generated strategies, and
+Kruise's own scatter sort table through Kruise's scatter sorter and ours.
 
 Kruise's first pass is Go's unstable `sort.Slice`, so pods that tie on every ActivePods key may come
 out in any order there; the generated pods never tie (distinct creation and ready times), which
@@ -9,11 +10,13 @@ tests/unit/rollout/test_kruise_order.py.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout.ordering import upgrade_order
+from sidecarsets.rollout.ordering import _chosen_terms, scatter_by, scatter_terms, upgrade_order
 from tests.kruise import summary
 from tests.kruise.oracle import Oracle
 from tests.kube.builders import injected_pod, model, shop_sidecarset
@@ -103,3 +106,34 @@ def test_upgrade_order_agrees_with_kruise(oracle: Oracle) -> None:
     plain = oracle.ask({"op": "sort", "strategy": {}, "pods": pods} for _strategy, pods in generated)
     moved = sum(a["order"] != p["order"] for a, p in zip(answers, plain, strict=True))
     assert moved >= SETS // 4, f"only {moved} of {SETS} strategies changed the order"
+
+
+SCATTER_TABLES = json.loads(
+    (Path(__file__).parents[1] / "unit" / "rollout" / "data" / "kruise_scatter_cases.json").read_text()
+)
+
+
+def test_kruises_own_scatter_tables_through_both(oracle: Oracle) -> None:
+    """Kruise's scatter sort test table (pkg/util/updatesort), run through Kruise's sorter itself and
+    through ours: both give the table's expected order."""
+    cases = SCATTER_TABLES["sort"]
+    assert len(cases) >= 20
+    for case in cases:
+        labels = case["podLabels"]
+        pods = [None if lab is None else {"metadata": {"name": f"p{i}", "labels": lab}} for i, lab in enumerate(labels)]
+        answer = oracle.one(
+            {"op": "scatter", "strategy": case["strategy"], "pods": pods, "indexes": case["candidates"]}
+        )
+        assert "error" not in answer, answer["error"]
+        slots = [
+            None if lab is None else project(injected_pod(f"p{i:03d}", shop_sidecarset(), labels=lab))
+            for i, lab in enumerate(labels)
+        ]
+        everyone = [p for p in slots if p is not None]
+        order = [p for i in case["candidates"] if (p := slots[i]) is not None]
+        for term in _chosen_terms(scatter_terms(case["strategy"], everyone), order):
+            order = scatter_by(term, order, everyone)
+        mine = [slots.index(p) for p in order]
+        summary.record("upgrade order", "equal" if mine == answer["order"] else "undocumented")
+        assert answer["order"] == case["expected"], case["desc"]
+        assert mine == answer["order"], case["desc"]

@@ -8,6 +8,7 @@
 //	{"op":"validate","sidecarSet":{},"existing":[],"namespaces":[]}
 //	  -> {"allowed":false,"message":"..."}
 //	{"op":"sort","strategy":{},"pods":[]} -> {"order":[2,0,1]}
+//	{"op":"scatter","strategy":[],"pods":[],"indexes":[]} -> {"order":[1,0]}
 //	{"op":"convert","object":{},"to":"v1beta1"} -> {"object":{}}
 //	{"op":"bench","pod":{},"namespaces":[],"sidecarSets":[],"seconds":3}
 //	  -> {"perPodMicros":1750.2,"pods":1700}
@@ -46,6 +47,7 @@ import (
 	"github.com/openkruise/kruise/pkg/controller/sidecarset"
 	"github.com/openkruise/kruise/pkg/util/controllerfinder"
 	"github.com/openkruise/kruise/pkg/util/fieldindex"
+	"github.com/openkruise/kruise/pkg/util/updatesort"
 	podmutating "github.com/openkruise/kruise/pkg/webhook/pod/mutating"
 	ssvalidating "github.com/openkruise/kruise/pkg/webhook/sidecarset/validating"
 )
@@ -61,6 +63,7 @@ type request struct {
 	Strategy    json.RawMessage   `json:"strategy"`
 	Pods        []json.RawMessage `json:"pods"`
 	Object      json.RawMessage   `json:"object"`
+	Indexes     []int             `json:"indexes"`
 	To          string            `json:"to"`
 	Seconds     float64           `json:"seconds"`
 }
@@ -116,6 +119,8 @@ func serve(req *request) (ans answer) {
 		ans, err = validate(req)
 	case "sort":
 		ans, err = sortPods(req)
+	case "scatter":
+		ans, err = scatter(req)
 	case "convert":
 		ans, err = convert(req)
 	case "bench":
@@ -344,6 +349,23 @@ func sortPods(req *request) (answer, error) {
 		indexes[i] = i
 	}
 	return answer{"order": sidecarset.SortUpdateIndexes(strategy, pods, indexes)}, nil
+}
+
+// scatter runs Kruise's scatter sorter alone (what its own scatter sort tables test): `strategy`
+// is the list of terms, `pods` may hold nulls (a missing pod), `indexes` are the candidates.
+func scatter(req *request) (answer, error) {
+	var terms appsv1beta1.UpdateScatterStrategy
+	if err := json.Unmarshal(req.Strategy, &terms); err != nil {
+		return nil, err
+	}
+	pods := make([]*corev1.Pod, len(req.Pods))
+	for i, raw := range req.Pods {
+		if err := json.Unmarshal(raw, &pods[i]); err != nil {
+			return nil, err
+		}
+	}
+	indexes := append([]int{}, req.Indexes...)
+	return answer{"order": updatesort.NewScatterSorterV1beta1(terms).Sort(pods, indexes)}, nil
 }
 
 func convert(req *request) (answer, error) {
