@@ -13,13 +13,18 @@ src=$here/tests/kruise/oracle
 cache_root=${SIDECARCTL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl}
 out=$cache_root/kruise/v1.9.1
 stamp=$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -c1-16)
-if [[ -x "$out/kruise-oracle" && "$(cat "$out/.source" 2>/dev/null)" == "$stamp" ]]; then
+built() { [[ -x "$out/kruise-oracle" && "$(cat "$out/.source" 2>/dev/null)" == "$stamp" ]]; }
+if built; then
   echo "$out/kruise-oracle"
   exit 0
 fi
 mkdir -p "$out"
 exec 9>"$out.lock"
 flock 9
+if built; then  # another setup built it while this one waited for the lock
+  echo "$out/kruise-oracle"
+  exit 0
+fi
 (cd "$src" && GOFLAGS=-buildvcs=false go build -trimpath -o "$out/kruise-oracle.tmp" .)
 mv "$out/kruise-oracle.tmp" "$out/kruise-oracle"
 echo "$stamp" >"$out/.source"

@@ -33,8 +33,9 @@ Conversions (what an apiextensions.k8s.io/v1 schema does not allow, or what woul
   versions it holds the schema twice).
 
 Versions: v1alpha1 (stored) and v1beta1 share one schema but for the fields where they differ
-(sidecarsets.spec.conversion): v1beta1 has `specificNamespace{namespace, namespaceSelector}` or Kruise
-1.9's top-level `namespaceSelector` (a CEL rule keeps them apart) and `customVersion`. Conversion is
+(sidecarsets.spec.conversion): v1beta1 has Kruise 1.9's top-level `namespaceSelector` and
+`customVersion`, and still reads the legacy `specificNamespace{namespace, namespaceSelector}` (a CEL
+rule keeps it apart from the top-level selector; the conversion never writes it). Conversion is
 the manager's webhook at /convert behind the `sidecarctl-webhook` Service.
 """
 
@@ -476,7 +477,7 @@ def injection_strategy() -> Schema:
 
 
 def namespace_fields(inl: Inliner) -> Schema:
-    """v1alpha1's `namespace` and `namespaceSelector`; v1beta1 groups them under `specificNamespace`."""
+    """v1alpha1's `namespace` and `namespaceSelector` (and the legacy v1beta1 `specificNamespace`'s)."""
     return {
         "namespace": {
             "type": "string",
@@ -490,12 +491,14 @@ def v1beta1_namespace_fields(inl: Inliner) -> Schema:
     return {
         "specificNamespace": {
             "type": "object",
-            "description": "The namespaces whose pods are injected; unset means all.",
+            "description": "Legacy, still read: use namespaceSelector. The namespaces whose pods are injected.",
             "minProperties": 1,
             "properties": namespace_fields(inl),
         },
         "namespaceSelector": label_selector(
-            inl, "Kruise 1.9's spelling of specificNamespace.namespaceSelector; set one or the other."
+            inl,
+            "Only pods in matching namespaces; unset means all. One namespace: the label "
+            "kubernetes.io/metadata.name (as Kruise 1.9).",
         ),
         "customVersion": {
             "type": "string",

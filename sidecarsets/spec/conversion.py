@@ -10,7 +10,7 @@ The versions differ in two places (README: SidecarSet reference):
   client reads what a Kruise client reads. Nothing it selects changes; the spelling does, once: a
   v1beta1 read-modify-write of an alpha `namespace` stores the equivalent selector.
 - the custom version: v1alpha1 keeps it in the label `sidecarctl.io/sidecarset-custom-version`,
-  v1beta1 in `spec.customVersion`.
+  v1beta1 in `spec.customVersion`; an empty one is none, and is dropped either way (as Kruise).
 
 `spec.specificNamespace{namespace, namespaceSelector}`, a v1beta1 shape of this project's before it
 followed Kruise's, is still read (converted to the alpha fields), never written. Kruise loses a
@@ -157,7 +157,8 @@ def _to_v1beta1(spec: JsonObj, meta: _Metadata) -> None:
         version = meta.pop("labels", _LABEL)
         if not isinstance(version, str):
             raise ConversionError(f"metadata.labels[{_LABEL}] must be a string")
-        spec["customVersion"] = version
+        if version:  # as Kruise: an empty custom version is none (customVersion is omitempty)
+            spec["customVersion"] = version
     if _STASHED_LABEL in meta.annotations:
         meta.put("labels", _LABEL, meta.pop("annotations", _STASHED_LABEL))
 
@@ -169,7 +170,7 @@ def _reserved(key: str, why: str) -> ConversionError:
 def _to_v1alpha1(spec: JsonObj, meta: _Metadata) -> None:
     _refuse_fields(spec, ("namespace",), names.VERSION_V1BETA1)
     specific = spec.pop("specificNamespace", _MISSING)
-    if specific is not _MISSING:
+    if specific is not _MISSING and specific is not None:  # null is absent, as for Go
         if not isinstance(specific, Mapping):
             raise ConversionError("spec.specificNamespace must be an object")
         unknown = sorted(set(specific) - set(_SPECIFIC_KEYS))
@@ -177,15 +178,16 @@ def _to_v1alpha1(spec: JsonObj, meta: _Metadata) -> None:
             raise ConversionError(f"spec.specificNamespace.{unknown[0]} is not a field of {names.VERSION_V1BETA1}")
         if not specific:
             raise ConversionError("spec.specificNamespace is empty: set namespace or namespaceSelector, or omit it")
-        if "namespaceSelector" in spec:
+        if spec.get("namespaceSelector") is not None:
             raise ConversionError("spec.namespaceSelector and spec.specificNamespace are mutually exclusive")
         spec.update((k, specific[k]) for k in _SPECIFIC_KEYS if k in specific)
     if _STASHED_LABEL in meta.annotations:
         raise _reserved(_STASHED_LABEL, f"it holds the {_LABEL} label")
     if _LABEL in meta.labels:
         meta.put("annotations", _STASHED_LABEL, meta.pop("labels", _LABEL))
-    version = spec.pop("customVersion", _MISSING)
-    if version is not _MISSING:
+    version = spec.pop("customVersion", None)
+    if version is not None:
         if not isinstance(version, str):
             raise ConversionError("spec.customVersion must be a string")
-        meta.put("labels", _LABEL, version)
+        if version:  # as Kruise: no label for an empty custom version
+            meta.put("labels", _LABEL, version)

@@ -315,8 +315,8 @@ def _check_type(reader: Reader, obj: Mapping[str, Any]) -> None:
 def _namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
     """The selector of the namespaces in scope; one namespace (which wins) is its name label.
 
-    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: the same two under `specificNamespace`,
-    or Kruise 1.9's top-level `namespaceSelector` instead (sidecarsets.spec.conversion).
+    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: Kruise 1.9's top-level
+    `namespaceSelector`, or the legacy `specificNamespace` (sidecarsets.spec.conversion).
     """
     where = "spec"
     scope: Mapping[str, Any] = spec

@@ -1,7 +1,8 @@
 """Warnings for SidecarSets that are valid but will not do what a Kruise user may expect.
 
-Kruise's pod webhook reacts to some annotations a SidecarSet can patch into pods; sidecarctl
-writes the annotation like any other and implements nothing behind it. The SidecarSet is admitted
+Kruise's pod webhook reacts to an annotation a SidecarSet can patch into pods, and to an env var
+its sidecars can carry (Container Launch Priority); sidecarctl writes both like any other and
+implements nothing behind them. The SidecarSet is admitted
 (refusing it would break manifests written for Kruise) with an admission warning saying so.
 """
 
@@ -11,10 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 LAUNCH_PRIORITY = "apps.kruise.io/container-launch-priority"
+PRIORITY_ENV = "KRUISE_CONTAINER_PRIORITY"  # Kruise's other trigger: a container's start priority
 
 
 def warnings(obj: Any) -> list[str]:
-    """One warning per patchPodMetadata entry that patches an annotation sidecarctl gives no effect
+    """One warning per patchPodMetadata entry or sidecar that asks for what sidecarctl gives no effect
     (each under the 256 characters the API server keeps of a warning)."""
     spec = obj.get("spec") if isinstance(obj, Mapping) else None
     entries = spec.get("patchPodMetadata") if isinstance(spec, Mapping) else None
@@ -27,4 +29,15 @@ def warnings(obj: Any) -> list[str]:
                 "Container Launch Priority; to start a sidecar first, use spec.initContainers with "
                 "restartPolicy: Always"
             )
+    for key in ("containers", "initContainers"):
+        sidecars = spec.get(key) if isinstance(spec, Mapping) else None
+        for i, c in enumerate(sidecars if isinstance(sidecars, list) else []):
+            env = c.get("env") if isinstance(c, Mapping) else None
+            names = [e.get("name") for e in (env if isinstance(env, list) else []) if isinstance(e, Mapping)]
+            if PRIORITY_ENV in names:
+                out.append(
+                    f"spec.{key}[{i}] sets the env {PRIORITY_ENV}, but sidecarctl does not implement Kruise's "
+                    "Container Launch Priority; to start a sidecar first, use spec.initContainers with "
+                    "restartPolicy: Always"
+                )
     return out

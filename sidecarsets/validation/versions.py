@@ -53,10 +53,18 @@ def _other_version(spec: Mapping[str, Any], instead: Mapping[str, str], version:
             errs.append(FieldError(f"spec.{field}", f"is not a field of {names.GROUP}/{version}: use {use}"))
 
 
-def _v1alpha1(spec: Mapping[str, Any], errs: Errors) -> None:
+def _v1alpha1(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> None:
     _other_version(spec, _ALPHA_INSTEAD, names.VERSION, errs)
     _namespace(spec.get("namespace"), "spec.namespace", errs)
     validate_selector(spec.get("namespaceSelector"), "spec.namespaceSelector", errs, required=False)
+    # The conversion makes this annotation a v1beta1 label again: it must be a label value.
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    stashed = annotations.get(names.ANN_CONVERSION_VERSION_LABEL) if isinstance(annotations, Mapping) else None
+    if stashed is not None:
+        problem = label_value_problem(stashed) if isinstance(stashed, str) else "must be a string"
+        if problem:
+            errs.append(FieldError(f"metadata.annotations[{names.ANN_CONVERSION_VERSION_LABEL}]", problem))
 
 
 def _v1beta1(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> None:
@@ -99,4 +107,4 @@ def validate_version_fields(obj: Mapping[str, Any], spec: Mapping[str, Any], err
     if is_v1beta1(obj):
         _v1beta1(obj, spec, errs)
     else:
-        _v1alpha1(spec, errs)
+        _v1alpha1(obj, spec, errs)

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from injector.http.app import create_webhook_app
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore
-from sidecarsets.validation.advice import LAUNCH_PRIORITY
+from sidecarsets.validation.advice import LAUNCH_PRIORITY, PRIORITY_ENV
 from tests.kube import builders
 
 
@@ -42,6 +42,14 @@ def test_launch_priority_is_admitted_with_a_warning() -> None:
     [warning] = answer["warnings"]
     assert "spec.patchPodMetadata[0]" in warning and "Container Launch Priority" in warning
     assert "restartPolicy: Always" in warning
+
+
+def test_a_sidecar_with_kruises_priority_env_gets_a_warning() -> None:
+    proxy = builders.container("proxy", "proxy:1", env=[{"name": PRIORITY_ENV, "value": "1000"}])
+    answer = validate(builders.sidecarset("mesh", containers=[proxy]))
+    assert answer["allowed"] is True
+    [warning] = answer["warnings"]
+    assert warning.startswith(f"spec.containers[0] sets the env {PRIORITY_ENV}")
 
 
 def test_other_annotations_get_no_warning() -> None:

@@ -45,6 +45,19 @@ def to_kruise(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def from_kruise(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Kruise SidecarSet under our group and label names (the inverse of `to_kruise`)."""
+    out = copy.deepcopy(obj)
+    group, _, version = str(out.get("apiVersion", "")).partition("/")
+    if group == names.KRUISE_GROUP:
+        out["apiVersion"] = f"{names.GROUP}/{version}"
+    labels = (out.get("metadata") or {}).get("labels") or {}
+    for ours, theirs in _SS_LABELS.items():
+        if theirs in labels:
+            labels[ours] = labels.pop(theirs)
+    return out
+
+
 def _key(key: str) -> str:
     if key in _POD_ANNOTATIONS:
         return _POD_ANNOTATIONS[key]

@@ -70,6 +70,14 @@ def _cases() -> list[tuple[str, dict[str, Any]]]:
     extended = copy.deepcopy(out[0][1])
     extended.setdefault("spec", {}).setdefault("updateStrategy", {})["progressDeadlineSeconds"] = 600
     out.append(("extension/progressDeadlineSeconds", extended))
+    # Edge cases of the custom version, which no manifest above has: an empty one, both ways.
+    empty = copy.deepcopy(out[0][1])
+    empty.setdefault("metadata", {})["labels"] = {names.SS_LABEL_CUSTOM_VERSION: "", "team": "a"}
+    out.append(("edge/empty-custom-version-label", empty))
+    beta_empty = {**copy.deepcopy(out[0][1]), "apiVersion": names.API_VERSION_V1BETA1}
+    beta_empty["spec"] = {k: v for k, v in beta_empty["spec"].items() if k not in ("namespace", "namespaceSelector")}
+    beta_empty["spec"]["customVersion"] = ""
+    out.append(("edge/empty-custom-version", beta_empty))
     return out
 
 
@@ -104,11 +112,12 @@ def _compare(
 @pytest.mark.parametrize(("name", "obj"), CASES, ids=[c[0] for c in CASES])
 def test_conversion_agrees_with_kruise(oracle: Oracle, name: str, obj: dict[str, Any]) -> None:
     kruise_obj = compare.to_kruise(obj)
+    ours_obj = compare.from_kruise(obj)  # our group and label names, whichever the case uses
     failures = []
     if version_of(obj.get("apiVersion")) == names.VERSION:
         theirs = oracle.one({"op": "convert", "object": kruise_obj, "to": "v1beta1"})
         assert "error" not in theirs, theirs["error"]
-        mine = convert(kruise_obj, names.KRUISE_API_VERSION_V1BETA1)
+        mine = convert(ours_obj, names.API_VERSION_V1BETA1)
         failures.append(_compare(name, "v1alpha1 -> v1beta1", obj, mine, theirs["object"]))
         beta = theirs["object"]
     else:
@@ -116,7 +125,7 @@ def test_conversion_agrees_with_kruise(oracle: Oracle, name: str, obj: dict[str,
     theirs = oracle.one({"op": "convert", "object": beta, "to": "v1alpha1"})
     assert "error" not in theirs, theirs["error"]
     try:
-        mine = convert(beta, names.KRUISE_API_VERSION)
+        mine = convert(compare.from_kruise(beta), names.API_VERSION)
     except ConversionError as e:  # e.g. a v1beta1 object of our own shape that Kruise cannot read
         mine = {"refused": str(e)}
     failures.append(_compare(name, "v1beta1 -> v1alpha1", obj, mine, theirs["object"]))

@@ -86,13 +86,21 @@ def test_the_custom_version_label_becomes_spec_custom_version() -> None:
     assert convert(beta, ALPHA) == alpha
 
 
-def test_an_empty_custom_version_survives_both_ways() -> None:
-    """Kruise drops a label with the value "" on the way back; here it stays."""
+def test_an_empty_custom_version_is_none_and_dropped_as_in_kruise() -> None:
     alpha = sidecarset(ALPHA, {}, labels={LABEL: ""})
     beta = convert(alpha, BETA)
-    assert beta["spec"]["customVersion"] == ""
+    assert "customVersion" not in beta["spec"]
     assert "labels" not in beta["metadata"], "no empty label map is left behind"
-    assert convert(beta, ALPHA) == alpha
+    back = convert(sidecarset(BETA, {"customVersion": ""}), ALPHA)
+    assert "labels" not in back["metadata"]
+
+
+def test_nulls_are_absent() -> None:
+    beta = sidecarset(BETA, {"specificNamespace": None, "customVersion": None, "namespaceSelector": None})
+    alpha = convert(beta, ALPHA)
+    assert "labels" not in alpha["metadata"] and "specificNamespace" not in alpha["spec"]
+    both = sidecarset(BETA, {"specificNamespace": {"namespace": "shop"}, "namespaceSelector": None})
+    assert convert(both, ALPHA)["spec"]["namespace"] == "shop"
 
 
 def test_kruise_top_level_selector_in_v1beta1_needs_no_annotation() -> None:
@@ -303,22 +311,25 @@ def _same_meaning(a: dict[str, Any], b: dict[str, Any]) -> None:
     one, other = SidecarSet.from_object(a, tolerant=True), SidecarSet.from_object(b, tolerant=True)
     for namespace, labels in PROBES:
         assert one.matches_namespace(namespace, labels) == other.matches_namespace(namespace, labels), namespace
-    assert one.custom_version == other.custom_version
+    assert (one.custom_version or None) == (other.custom_version or None)
     assert (one.hash, one.hash_without_image) == (other.hash, other.hash_without_image)
 
 
 def _kruise_spelling(alpha: dict[str, Any]) -> dict[str, Any]:
-    """`alpha` with its namespace spelled as Kruise's conversion leaves it, and without the marker
-    an earlier version wrote (what a v1beta1 read-modify-write stores)."""
+    """`alpha` with its namespace spelled as Kruise's conversion leaves it, without the marker an
+    earlier version wrote and without an empty custom version (what a v1beta1 read-modify-write
+    stores)."""
     out = copy.deepcopy(alpha)
     spec = out["spec"]
     namespace = spec.pop("namespace", None)
     if namespace:
         spec["namespaceSelector"] = {"matchLabels": {NS_LABEL: namespace}}
-    annotations = out["metadata"].get("annotations") or {}
-    annotations.pop(AT, None)
-    if "annotations" in out["metadata"] and not annotations:
-        del out["metadata"]["annotations"]
+    for key, drop in (("annotations", (AT, None)), ("labels", (LABEL, ""))):
+        found = out["metadata"].get(key) or {}
+        if drop[0] in found and (drop[1] is None or found[drop[0]] == drop[1]):
+            del found[drop[0]]  # the legacy marker; an empty custom version, which is none
+        if key in out["metadata"] and not found:
+            del out["metadata"][key]
     return out
 
 
@@ -343,7 +354,10 @@ def test_beta_to_alpha_to_beta_gives_back_the_same_object(beta: dict[str, Any]) 
     before = copy.deepcopy(beta)
     alpha = convert(beta, ALPHA)
     assert beta == before, "the input is never modified"
-    assert convert(alpha, BETA) == beta
+    expected = copy.deepcopy(beta)
+    if expected["spec"].get("customVersion") == "":
+        del expected["spec"]["customVersion"]  # none, as in Kruise
+    assert convert(alpha, BETA) == expected
     _same_meaning(beta, alpha)
 
 
@@ -368,7 +382,8 @@ def test_a_beta_object_is_either_refused_or_means_the_same_after_a_round_trip(be
         return
     back = convert(alpha, BETA)
     _same_meaning(beta, back)
-    if "specificNamespace" not in beta["spec"] and AT not in (beta["metadata"].get("annotations") or {}):
+    plain = "specificNamespace" not in beta["spec"] and AT not in (beta["metadata"].get("annotations") or {})
+    if plain and beta["spec"].get("customVersion") != "":
         assert back == beta
 
 

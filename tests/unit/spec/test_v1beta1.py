@@ -131,3 +131,14 @@ def test_conflicts_are_found_across_versions() -> None:
     ]
     elsewhere = beta({"specificNamespace": {"namespace": "cafe"}})
     assert validate_sidecarset(elsewhere, others=[stored]) == []
+
+
+def test_the_stashed_label_of_a_v1alpha1_object_must_be_a_label_value() -> None:
+    """The conversion turns it back into a v1beta1 label, which the API server would refuse."""
+    key = names.ANN_CONVERSION_VERSION_LABEL
+    bad = beta({}, names.API_VERSION)
+    bad["metadata"]["annotations"] = {key: "not a label value!"}
+    assert any(e.startswith(f"metadata.annotations[{key}]") for e in errors(bad))
+    good = beta({}, names.API_VERSION)
+    good["metadata"]["annotations"] = {key: "v1"}
+    assert errors(good) == []
