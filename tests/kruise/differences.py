@@ -17,6 +17,7 @@ from typing import Any
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.names import SYSTEM_NAMESPACES
+from sidecarsets.validation.advice import LAUNCH_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,14 @@ def _merge_into_non_json(case: InjectCase) -> bool:
     return False
 
 
+def _launch_priority(case: InjectCase) -> bool:
+    return any(
+        LAUNCH_PRIORITY in (entry.get("annotations") or {})
+        for ss in _selecting(case)
+        for entry in _spec(ss).get("patchPodMetadata") or []
+    )
+
+
 def _legacy_hash(case: InjectCase) -> bool:
     raw = _annotations(case.pod).get(names.ANN_HASH)
     return raw is not None and any(isinstance(v, str) for v in json.loads(raw).values())
@@ -149,6 +158,12 @@ RULES: tuple[Rule, ...] = (
         "Choices: left unchanged with a warning (Kruise refuses the pod: `Invalid JSON Document`)",
         _merge_into_non_json,
         r"^(refused|metadata\.annotations\.)",
+    ),
+    Rule(
+        "Container Launch Priority not implemented",
+        "Choices: the annotation is written, no KRUISE_CONTAINER_BARRIER env (Kruise adds one to every container)",
+        _launch_priority,
+        r"^spec\.(containers|initContainers)\[\d+\]\.env$",
     ),
     Rule(
         "hash annotation entries in the old form",
