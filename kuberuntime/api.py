@@ -108,3 +108,9 @@ class Client(Reader, Writer, Protocol):
 
 class Api(Client, Watcher, Protocol):
     """Everything the manager's components call, watches included."""
+
+
+def reason(e: BaseException) -> str:
+    """An exception as one log word or phrase: its message, or its type when it has none (a bare
+    `TimeoutError()` or `aiohttp.ServerDisconnectedError()` would otherwise log an empty reason)."""
+    return str(e) or type(e).__name__

@@ -169,9 +169,7 @@ async def _worker(queue: WorkQueue, handler: Handler) -> None:
         except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
             # The API server said no or could not be reached: one line, not a traceback, which says
             # nothing more and at shutdown (the connection goes first) buried the log.
-            log.warning(
-                "reconcile of %s failed: %s; retrying after %.3fs", key, e or type(e).__name__, queue.backoff(key)
-            )
+            log.warning("reconcile of %s failed: %s; retrying after %.3fs", key, api.reason(e), queue.backoff(key))
             queue.add_rate_limited(key)
         except Exception:
             log.exception("reconcile of %s failed; retrying after %.3fs", key, queue.backoff(key))

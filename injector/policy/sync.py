@@ -143,7 +143,7 @@ class PolicySync:
             except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 if stop.is_set():
                     return
-                log.warning("policy sync: %s; retrying", e or type(e).__name__)
+                log.warning("policy sync: %s; retrying", api.reason(e))
                 self.dirty.set()
                 await asyncio.sleep(1.0)
             except Exception:  # a bug must not end the leader's term: say so and keep the last state

@@ -40,7 +40,7 @@ async def _list_sidecarsets(kube: api.Reader) -> JsonObj | str:
         except (OSError, aiohttp.ClientError, TimeoutError) as e:
             if time.monotonic() > deadline:
                 return f"--injection=policy: cannot reach the API server to check the SidecarSets: {e}"
-            why = str(e) or type(e).__name__
+            why = api.reason(e)
         wait = backoff.next()
         log.info("listing SidecarSets failed (%s); retrying in %.1fs", why, wait)
         await asyncio.sleep(wait)

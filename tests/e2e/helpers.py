@@ -89,6 +89,26 @@ def status_of(kube: Kube, ss_name: str) -> dict[str, Any]:
     return dict(kube.get(f"{SS_PATH}/{ss_name}").get("status") or {})
 
 
+def policy_condition(kube: Kube, name: str) -> dict[str, Any] | None:
+    """The SidecarSet's PolicyInjection condition, or None while it has none."""
+    return next(
+        (c for c in status_of(kube, name).get("conditions") or [] if c["type"] == names.CONDITION_POLICY_INJECTION),
+        None,
+    )
+
+
+def wait_condition(kube: Kube, name: str, status: str) -> dict[str, Any]:
+    """Wait until PolicyInjection has `status`; a timeout says what the condition was."""
+
+    def check() -> dict[str, Any]:
+        c = policy_condition(kube, name)
+        # Raised, not returned: a timeout then says what the condition was (eventually chains it).
+        assert c is not None and c["status"] == status, f"PolicyInjection of {name} is {c}"
+        return c
+
+    return eventually(check, timeout=20, what=f"PolicyInjection of {name} is {status}")
+
+
 def wait_status(kube: Kube, ss_name: str, timeout: float = 30.0, **expected: int) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         st = status_of(kube, ss_name)

@@ -31,6 +31,7 @@ from tests.e2e.helpers import (
     set_image,
     status_of,
     upgradable,
+    wait_condition,
     wait_injecting,
     wait_status,
 )
@@ -134,16 +135,7 @@ def test_a_policy_served_sidecarset_beside_a_digest_pinning_webhook(
         ss = sidecarsets("polpin")
         name = ss["metadata"]["name"]
 
-        def served() -> bool:
-            conds = [
-                c
-                for c in status_of(kube, name).get("conditions") or []
-                if c["type"] == names.CONDITION_POLICY_INJECTION
-            ]
-            assert conds and conds[0]["status"] == "True", f"PolicyInjection is {conds}"
-            return True
-
-        eventually(served, timeout=20, what="policy-served")
+        wait_condition(kube, name, "True")
         wait_injecting(
             kube, injected_ns, "polpin", lambda p: p["metadata"]["annotations"].get(names.ANN_INJECTED_BY) == "policy"
         )

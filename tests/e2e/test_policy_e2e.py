@@ -18,7 +18,7 @@ from injector.http.metrics import ADMISSIONS
 from injector.policy.support import BINDINGS, POLICIES
 from injector.policy.sync import CONDITION_NAME
 from sidecarsets.spec import names
-from tests.e2e.helpers import SS_PATH, make_pod, status_of
+from tests.e2e.helpers import SS_PATH, make_pod, status_of, wait_condition
 from tests.e2e.policysupport import policy_holding
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
@@ -29,21 +29,6 @@ PODS = "/api/v1/namespaces/{}/pods"
 
 def _names(items: list[dict[str, Any]] | None) -> list[str]:
     return [c["name"] for c in items or []]
-
-
-def policy_condition(kube: Kube, name: str) -> dict[str, Any] | None:
-    status = kube.get(f"{SS_PATH}/{name}").get("status") or {}
-    return next((c for c in status.get("conditions") or [] if c["type"] == names.CONDITION_POLICY_INJECTION), None)
-
-
-def wait_condition(kube: Kube, name: str, status: str) -> dict[str, Any]:
-    def check() -> dict[str, Any]:
-        c = policy_condition(kube, name)
-        # Raised, not returned: a timeout then says what the condition was (eventually chains it).
-        assert c is not None and c["status"] == status, f"PolicyInjection of {name} is {c}"
-        return c
-
-    return eventually(check, timeout=20, what=f"PolicyInjection of {name} is {status}")
 
 
 def webhook_condition(kube: Kube) -> str | None:

@@ -276,6 +276,7 @@ def test_api_failures_log_one_line_and_bugs_their_traceback(caplog: pytest.LogCa
         "conflict": api.Conflict(409, "Conflict", "the object has been modified"),
         "refused": api.ApiError(503, "ServiceUnavailable", "etcd is down"),
         "unreachable": aiohttp.ClientConnectionError("Connect call failed"),
+        "silent": TimeoutError(),  # no message: its type is the reason
         "bug": KeyError("spec"),
     }
 
@@ -307,4 +308,6 @@ def test_api_failures_log_one_line_and_bugs_their_traceback(caplog: pytest.LogCa
     assert [(r.levelno, r.exc_info is None) for r in by_key["refused"]] == [(logging.WARNING, True)]
     assert "503 ServiceUnavailable: etcd is down" in by_key["refused"][0].getMessage()
     assert [(r.levelno, r.exc_info is None) for r in by_key["unreachable"]] == [(logging.WARNING, True)]
+    assert [(r.levelno, r.exc_info is None) for r in by_key["silent"]] == [(logging.WARNING, True)]
+    assert "failed: TimeoutError; retrying" in by_key["silent"][0].getMessage()
     assert [(r.levelno, r.exc_info is not None) for r in by_key["bug"]] == [(logging.ERROR, True)]
