@@ -13,6 +13,10 @@ from typing import Any
 
 LAUNCH_PRIORITY = "apps.kruise.io/container-launch-priority"
 PRIORITY_ENV = "KRUISE_CONTAINER_PRIORITY"  # Kruise's other trigger: a container's start priority
+_NOT_HERE = (
+    "but sidecarctl does not implement Kruise's Container Launch Priority; to start a sidecar first, "
+    "use spec.initContainers with restartPolicy: Always"
+)
 
 
 def warnings(obj: Any) -> list[str]:
@@ -24,20 +28,12 @@ def warnings(obj: Any) -> list[str]:
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
         annotations = entry.get("annotations") if isinstance(entry, Mapping) else None
         if isinstance(annotations, Mapping) and LAUNCH_PRIORITY in annotations:
-            out.append(
-                f"spec.patchPodMetadata[{i}] sets {LAUNCH_PRIORITY}, but sidecarctl does not implement Kruise's "
-                "Container Launch Priority; to start a sidecar first, use spec.initContainers with "
-                "restartPolicy: Always"
-            )
+            out.append(f"spec.patchPodMetadata[{i}] sets {LAUNCH_PRIORITY}, {_NOT_HERE}")
     for key in ("containers", "initContainers"):
         sidecars = spec.get(key) if isinstance(spec, Mapping) else None
         for i, c in enumerate(sidecars if isinstance(sidecars, list) else []):
             env = c.get("env") if isinstance(c, Mapping) else None
             names = [e.get("name") for e in (env if isinstance(env, list) else []) if isinstance(e, Mapping)]
             if PRIORITY_ENV in names:
-                out.append(
-                    f"spec.{key}[{i}] sets the env {PRIORITY_ENV}, but sidecarctl does not implement Kruise's "
-                    "Container Launch Priority; to start a sidecar first, use spec.initContainers with "
-                    "restartPolicy: Always"
-                )
+                out.append(f"spec.{key}[{i}] sets the env {PRIORITY_ENV}, {_NOT_HERE}")
     return out

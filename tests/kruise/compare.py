@@ -32,30 +32,27 @@ _SS_LABELS = {names.SS_LABEL_CUSTOM_VERSION: "apps.kruise.io/sidecarset-custom-v
 HASH_ANNOTATIONS = (names.ANN_HASH, names.ANN_HASH_WITHOUT_IMAGE)
 
 
+def _regroup(obj: dict[str, Any], group: tuple[str, str], labels: dict[str, str]) -> dict[str, Any]:
+    """A copy of a SidecarSet moved from group[0] to group[1], its labels renamed by `labels`."""
+    out = copy.deepcopy(obj)
+    current, _, version = str(out.get("apiVersion", "")).partition("/")
+    if current == group[0]:
+        out["apiVersion"] = f"{group[1]}/{version}"
+    found = (out.get("metadata") or {}).get("labels") or {}
+    for old, new in labels.items():
+        if old in found:
+            found[new] = found.pop(old)
+    return out
+
+
 def to_kruise(obj: dict[str, Any]) -> dict[str, Any]:
     """A SidecarSet under our group as Kruise reads it (apps.kruise.io, its label names)."""
-    out = copy.deepcopy(obj)
-    group, _, version = str(out.get("apiVersion", "")).partition("/")
-    if group == names.GROUP:
-        out["apiVersion"] = f"{names.KRUISE_GROUP}/{version}"
-    labels = (out.get("metadata") or {}).get("labels") or {}
-    for ours, theirs in _SS_LABELS.items():
-        if ours in labels:
-            labels[theirs] = labels.pop(ours)
-    return out
+    return _regroup(obj, (names.GROUP, names.KRUISE_GROUP), _SS_LABELS)
 
 
 def from_kruise(obj: dict[str, Any]) -> dict[str, Any]:
     """A Kruise SidecarSet under our group and label names (the inverse of `to_kruise`)."""
-    out = copy.deepcopy(obj)
-    group, _, version = str(out.get("apiVersion", "")).partition("/")
-    if group == names.KRUISE_GROUP:
-        out["apiVersion"] = f"{names.GROUP}/{version}"
-    labels = (out.get("metadata") or {}).get("labels") or {}
-    for ours, theirs in _SS_LABELS.items():
-        if theirs in labels:
-            labels[ours] = labels.pop(theirs)
-    return out
+    return _regroup(obj, (names.KRUISE_GROUP, names.GROUP), {v: k for k, v in _SS_LABELS.items()})
 
 
 def _key(key: str) -> str:

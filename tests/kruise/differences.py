@@ -75,25 +75,6 @@ def _shared_container(case: InjectCase) -> bool:
     return False
 
 
-def _namespace_indexed(ss: dict[str, Any]) -> bool:
-    """Kruise's namespace index: `namespace`, or a selector naming `kubernetes.io/metadata.name`."""
-    spec = _spec(ss)
-    if spec.get("namespace"):
-        return True
-    selector = spec.get("namespaceSelector") or {}
-    if names.NS_NAME_LABEL in (selector.get("matchLabels") or {}):
-        return True
-    return any(
-        e.get("key") == names.NS_NAME_LABEL and e.get("operator") == "In"
-        for e in selector.get("matchExpressions") or []
-    )
-
-
-def _mixed_scopes(case: InjectCase) -> bool:
-    scopes = {_namespace_indexed(ss) for ss in _selecting(case)}
-    return scopes == {True, False}
-
-
 def _merge_into_non_json(case: InjectCase) -> bool:
     have = _annotations(case.pod)
     for ss in case.sidecarsets:

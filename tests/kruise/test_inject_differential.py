@@ -79,23 +79,26 @@ def test_the_corpus_is_large_enough() -> None:
     assert invalid, "the corpus must hold SidecarSets Kruise refuses"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_injection_agrees_with_kruise(oracle: Oracle, case: InjectCase) -> None:
+def differences(oracle: Oracle, case: InjectCase) -> list[tuple[str, Any, Any]]:
+    """Where the two injected pods differ; `refused` when only one side refused the pod."""
     mine, theirs = ours(case), kruise(oracle, case)
     if mine.get("refused") != theirs.get("refused"):
-        paths = ["refused"]
-        differences = [("refused", mine.get("refused", False), theirs.get("refused", False))]
-    else:
-        differences = list(compare.diff(mine, theirs))
-        paths = [p for p, _a, _b in differences]
-    if not differences:
+        return [("refused", mine.get("refused", False), theirs.get("refused", False))]
+    return list(compare.diff(mine, theirs))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_injection_agrees_with_kruise(oracle: Oracle, case: InjectCase) -> None:
+    found = differences(oracle, case)
+    paths = [p for p, _a, _b in found]
+    if not found:
         summary.record("inject", "equal")
         return
     rules = explain(case, paths)
     if not rules:
         summary.record("inject", "undocumented")
-        shown = "\n".join(f"  {p}: ours {str(a)[:200]} | kruise {str(b)[:200]}" for p, a, b in differences[:12])
-        pytest.fail(f"{case.name}: {len(differences)} undocumented differences from Kruise v1.9.1:\n{shown}")
+        shown = "\n".join(f"  {p}: ours {str(a)[:200]} | kruise {str(b)[:200]}" for p, a, b in found[:12])
+        pytest.fail(f"{case.name}: {len(found)} undocumented differences from Kruise v1.9.1:\n{shown}")
     summary.record("inject", "documented: " + " + ".join(r.name for r in rules))
 
 
@@ -104,11 +107,7 @@ def test_every_documented_difference_still_differs(oracle: Oracle) -> None:
     behave as Kruise, or Kruise as we do) must leave `differences.RULES` and the README."""
     seen: set[str] = set()
     for case in CASES:
-        mine, theirs = ours(case), kruise(oracle, case)
-        if mine.get("refused") != theirs.get("refused"):
-            paths = ["refused"]
-        else:
-            paths = [p for p, _a, _b in compare.diff(mine, theirs)]
+        paths = [p for p, _a, _b in differences(oracle, case)]
         if paths:
             seen.update(r.name for r in explain(case, paths))
     assert seen == {r.name for r in RULES}

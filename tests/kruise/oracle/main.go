@@ -26,6 +26,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch"
@@ -136,41 +137,35 @@ func serve(req *request) (ans answer) {
 
 // toBeta reads a SidecarSet at either version and returns Kruise's hub form.
 // With admit, the object first goes through what Kruise's SidecarSet mutating
-// webhook does at its version (defaults, then the hash annotations), as a
-// stored SidecarSet has.
+// webhook does at its version (`admitted`), as a stored SidecarSet has.
 func toBeta(raw json.RawMessage, admit bool) (*appsv1beta1.SidecarSet, error) {
 	var meta metav1.TypeMeta
 	if err := json.Unmarshal(raw, &meta); err != nil {
 		return nil, err
 	}
+	version := strings.TrimPrefix(meta.APIVersion, "apps.kruise.io/")
+	if version != "v1alpha1" && version != "v1beta1" {
+		return nil, fmt.Errorf("not a Kruise SidecarSet: apiVersion %q", meta.APIVersion)
+	}
+	if admit {
+		var err error
+		if raw, err = admitted(raw, version); err != nil {
+			return nil, err
+		}
+	}
 	out := &appsv1beta1.SidecarSet{}
-	switch meta.APIVersion {
-	case "apps.kruise.io/v1alpha1":
-		alpha := &appsv1alpha1.SidecarSet{}
-		if err := json.Unmarshal(raw, alpha); err != nil {
-			return nil, err
-		}
-		if admit {
-			defaults.SetDefaultsSidecarSet(alpha)
-			if err := defaults.SetHashSidecarSet(alpha); err != nil {
-				return nil, err
-			}
-		}
-		if err := alpha.ConvertTo(out); err != nil {
-			return nil, err
-		}
-	case "apps.kruise.io/v1beta1":
+	if version == "v1beta1" {
 		if err := json.Unmarshal(raw, out); err != nil {
 			return nil, err
 		}
-		if admit {
-			defaults.SetDefaultsSidecarSetV1beta1(out)
-			if err := defaults.SetHashSidecarSetV1beta1(out); err != nil {
-				return nil, err
-			}
-		}
-	default:
-		return nil, fmt.Errorf("not a Kruise SidecarSet: apiVersion %q", meta.APIVersion)
+		return out, nil
+	}
+	alpha := &appsv1alpha1.SidecarSet{}
+	if err := json.Unmarshal(raw, alpha); err != nil {
+		return nil, err
+	}
+	if err := alpha.ConvertTo(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
