@@ -37,7 +37,7 @@ from kuberuntime.backoff import JITTER
 from kuberuntime.clock import first_of, micro_time, utc_now
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leaserecord import LeaseRecord
-from kuberuntime.metrics import IS_LEADER
+from kuberuntime.metrics import IS_LEADER, LEADER_ACQUISITIONS
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class LeaderElector:
         self.namespace = namespace
         self.name = name
         IS_LEADER.labels(f"{namespace}/{name}")  # a standby exports 0 (a new series starts at 0), not nothing
+        LEADER_ACQUISITIONS.labels(f"{namespace}/{name}")
         self.identity = identity
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
@@ -117,6 +118,8 @@ class LeaderElector:
         return None if self._observed is None else self._observed.holder
 
     def _set_leading(self, leading: bool) -> None:
+        if leading and not self._leading:
+            LEADER_ACQUISITIONS.labels(f"{self.namespace}/{self.name}").inc()
         self._leading = leading
         IS_LEADER.labels(f"{self.namespace}/{self.name}").set(1 if leading else 0)
 

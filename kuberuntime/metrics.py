@@ -20,3 +20,24 @@ IS_LEADER = Gauge(
     ["lease"],
     multiprocess_mode="livemax",
 )
+LEADER_ACQUISITIONS = Counter(
+    "sidecarctl_leader_acquisitions_total",
+    "Times this replica took the Lease (namespace/name); summed over replicas, how often leadership changed hands.",
+    ["lease"],
+)
+WORKQUEUE_DEPTH = Gauge(
+    "sidecarctl_workqueue_depth",
+    "Keys waiting in a work queue to be handed to a worker (not those being processed or delayed).",
+    ["name"],
+    multiprocess_mode="livesum",
+)
+WORKQUEUE_ADDS = Counter(
+    "sidecarctl_workqueue_adds_total",
+    "Keys queued (a key already waiting is not queued twice), by work queue.",
+    ["name"],
+)
+WORKQUEUE_RETRIES = Counter(
+    "sidecarctl_workqueue_retries_total",
+    "Keys queued again with backoff after their handler failed, by work queue.",
+    ["name"],
+)

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from kuberuntime import api, backoff
+from kuberuntime import api, backoff, metrics
 from kuberuntime.backoff import JITTER
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class WorkQueue:
         max_delay: float = 60.0,
         jitter: float = 0.1,
         rand: Callable[[], float] = JITTER.random,
+        name: str | None = None,
     ) -> None:
         if base_delay <= 0 or max_delay < base_delay:
             raise ValueError(f"need 0 < base_delay <= max_delay, got base_delay={base_delay} max_delay={max_delay}")
@@ -63,6 +64,10 @@ class WorkQueue:
         self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self._ready = asyncio.Event()
         self._shutting_down = False
+        # Named queues export their depth, adds and retries (sidecarctl_workqueue_*{name}).
+        self._depth = None if name is None else metrics.WORKQUEUE_DEPTH.labels(name)
+        self._adds = None if name is None else metrics.WORKQUEUE_ADDS.labels(name)
+        self._retries = None if name is None else metrics.WORKQUEUE_RETRIES.labels(name)
 
     def __len__(self) -> int:
         """Keys ready to be handed out (not those being processed or waiting on a delay)."""
@@ -76,10 +81,17 @@ class WorkQueue:
         if self._shutting_down or key in self._dirty:
             return
         self._dirty.add(key)
+        if self._adds is not None:
+            self._adds.inc()
         if key in self._processing:
             return  # `done` queues it again
         self._queue.append(key)
         self._ready.set()
+        self._gauge()
+
+    def _gauge(self) -> None:
+        if self._depth is not None:
+            self._depth.set(len(self._queue))
 
     def add_after(self, key: str, delay: float) -> None:
         """Add `key` once `delay` seconds have passed; an earlier pending deadline wins."""
@@ -114,6 +126,8 @@ class WorkQueue:
     def add_rate_limited(self, key: str) -> None:
         delay = self.backoff(key)
         self._failures[key] = self._failures.get(key, 0) + 1
+        if self._retries is not None:
+            self._retries.inc()
         self.add_after(key, delay)
 
     def failures(self, key: str) -> int:
@@ -133,6 +147,7 @@ class WorkQueue:
                     self._ready.clear()
                 self._dirty.discard(key)
                 self._processing.add(key)
+                self._gauge()
                 return key
             await self._ready.wait()
 
@@ -141,6 +156,7 @@ class WorkQueue:
         if key in self._dirty and not self._shutting_down:
             self._queue.append(key)
             self._ready.set()
+            self._gauge()
 
     def shutdown(self) -> None:
         self._shutting_down = True
@@ -149,6 +165,7 @@ class WorkQueue:
         self._timers.clear()
         self._queue.clear()
         self._dirty.clear()
+        self._gauge()
         self._ready.set()  # wake every waiting `get` so it raises ShutDown
 
 

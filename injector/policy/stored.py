@@ -1,11 +1,12 @@
-"""Our stored policies as the sync reads them back: their names, the SidecarSets they hold, and
-which of two versions of one is the newer."""
+"""Our stored policies as the sync reads them back: their names, the SidecarSets they hold, which of
+two versions of one is the newer, and which of our writes put back someone else's change."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import orjson
+from prometheus_client import Counter
 
 from injector.policy.generate import ANN_MEMBERS
 from kuberuntime.jsontypes import JsonObj
@@ -41,3 +42,26 @@ def changed_members(stored: JsonObj | None, digests: Mapping[str, str], annotati
     if not isinstance(held, dict):
         held = {}
     return [m for key, digest in digests.items() if held.get(key) != digest for m in key.split(",")]
+
+
+REPAIRS = Counter(
+    "sidecarctl_policy_repairs_total",
+    "Our MutatingAdmissionPolicies and bindings written back after someone else changed or deleted them, by kind.",
+    ["kind"],
+)
+
+
+class LastWritten:
+    """The body last written to each object: asked to write the same body again, the sync is putting
+    back someone else's change (a hand edit, a delete), which `sidecarctl_policy_repairs_total`
+    counts; a changed SidecarSet gives a new body and is not counted."""
+
+    def __init__(self) -> None:
+        self._bodies: dict[str, bytes] = {}
+
+    def write(self, path: str, body: JsonObj) -> None:
+        """Note a write of `body` to `path`/its name; count it when it repeats the last one."""
+        key, text = f"{path}/{name_of(body)}", orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        if self._bodies.get(key) == text:
+            REPAIRS.labels(path.rsplit("/", 1)[-1]).inc()
+        self._bodies[key] = text

@@ -69,7 +69,7 @@ class Controller(PodWrites):
         self.pod_writes = asyncio.Semaphore(POD_WRITES_IN_FLIGHT)
         # Conditions other parts own (PolicyInjection, from the policy sync), written with the status.
         self.conditions = conditions
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(name="sidecarset")
         # Read tolerantly: a SidecarSet written before validation existed is still counted and reported.
         self.sidecarsets: dict[str, SidecarSet] = {}
         self.pods: dict[str, PodProjection] = {}
@@ -159,18 +159,18 @@ class Controller(PodWrites):
         ss = self.sidecarsets.get(name)
         if ss is None:
             metrics.forget(name)
-            metrics.RECONCILES.labels("success").inc()
             return None
         self._deadline_check.pop(name, None)
         try:
-            result = await self._reconcile(ss)
+            with metrics.RECONCILE_DURATION.time():
+                result = await self._reconcile(ss)
         except Exception:
-            metrics.RECONCILES.labels("error").inc()
+            metrics.RECONCILES.labels(name, "error").inc()
             raise
         check = self._deadline_check.pop(name, None)
         if check is not None:  # a pod reaches its progress deadline then: look again at that moment
             result = check if result is None else min(result, check)
-        metrics.RECONCILES.labels("requeue" if result is not None else "success").inc()
+        metrics.RECONCILES.labels(name, "requeue" if result is not None else "success").inc()
         return result
 
     async def _reconcile(self, ss: SidecarSet) -> float | None:
@@ -204,6 +204,15 @@ class Controller(PodWrites):
         if progress.condition is not None:
             status.put_condition(new_status, progress.condition)
         metrics.ROLLOUT_STALLED.labels(name).set(1 if progress.stopped else 0)
+        metrics.set_pod_counts(
+            name,
+            {
+                "matched": new_status["matchedPods"],
+                "updated": new_status["updatedPods"],
+                "ready": new_status["readyPods"],
+                "updated_ready": new_status["updatedReadyPods"],
+            },
+        )
         if progress.recheck is not None:
             self._deadline_check[name] = progress.recheck
         if status.status_changed(ss.status, new_status):

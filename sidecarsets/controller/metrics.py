@@ -12,17 +12,29 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
     "sidecarctl_reconciles_total",
-    "SidecarSet reconciles by result (success, error, requeue).",
-    ["result"],
+    "SidecarSet reconciles by SidecarSet and result (success, error, requeue).",
+    ["sidecarset", "result"],
+)
+RECONCILE_DURATION = Histogram(
+    "sidecarctl_reconcile_duration_seconds",
+    "Time one SidecarSet reconcile took (status, revisions, the rollout's plan and its pod patches).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 INPLACE_UPGRADES = Counter(
     "sidecarctl_inplace_upgrades_total",
-    "Pod sidecar in-place upgrade patches by result (patched, conflict, gone, error).",
-    ["result"],
+    "Pod sidecar in-place upgrade patches by SidecarSet and result (patched, resized, conflict, gone, error).",
+    ["sidecarset", "result"],
+)
+SIDECARSET_PODS = Gauge(
+    "sidecarctl_sidecarset_pods",
+    "A SidecarSet's pods as its status counts them, by state: matched, updated (at the latest revision), "
+    "ready, updated_ready.",
+    ["sidecarset", "state"],
+    multiprocess_mode="livemax",
 )
 PODS_NOT_UPGRADABLE = Gauge(
     "sidecarctl_pods_not_upgradable",
@@ -59,6 +71,7 @@ TRACKED_PODS = Gauge(
 )
 
 PER_SIDECARSET: tuple[Gauge, ...] = (
+    SIDECARSET_PODS,
     PODS_NOT_UPGRADABLE,
     PODS_MISSING_SIDECARS,
     ROLLOUT_STALLED,
@@ -72,12 +85,17 @@ def _multiprocess() -> bool:
 
 def series(gauge: Gauge) -> set[str]:
     """The SidecarSets this process has a series of `gauge` for."""
-    return {
-        name
-        for family in gauge.collect()
-        for sample in family.samples
-        if (name := sample.labels.get("sidecarset")) is not None
-    }
+    return {name for labels in _label_sets(gauge) if (name := labels.get("sidecarset")) is not None}
+
+
+def _label_sets(gauge: Gauge) -> list[dict[str, str]]:
+    return [sample.labels for family in gauge.collect() for sample in family.samples]
+
+
+def set_pod_counts(name: str, counts: dict[str, int]) -> None:
+    """SidecarSet `name`'s pods by state (`sidecarctl_sidecarset_pods`), from the status just computed."""
+    for state, value in counts.items():
+        SIDECARSET_PODS.labels(name, state).set(value)
 
 
 def forget(name: str | None = None) -> None:
@@ -91,10 +109,12 @@ def forget(name: str | None = None) -> None:
     """
     zero = _multiprocess()
     for gauge in PER_SIDECARSET:
-        for ss in series(gauge) if name is None else series(gauge) & {name}:
+        for labels in _label_sets(gauge):
+            if name is not None and labels.get("sidecarset") != name:
+                continue
             if zero:
-                gauge.labels(ss).set(0)
+                gauge.labels(**labels).set(0)
             else:
-                gauge.remove(ss)
+                gauge.remove(*labels.values())  # a sample's labels are in the order the gauge declares
     if name is None:
         TRACKED_PODS.set(0)

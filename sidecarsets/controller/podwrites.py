@@ -95,7 +95,7 @@ class PodWrites:
         if not upgrade.resize:
             return patch, None
         resized: JsonObj = await self.client.patch(f"{path}/resize", list(upgrade.resize), patch_type="json")
-        metrics.INPLACE_UPGRADES.labels("resized").inc()
+        metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "resized").inc()
         return _tested_against(patch, resized), resized
 
     async def _send(self, path: str, patch: list[JsonObj], resized: JsonObj | None) -> JsonObj:
@@ -126,22 +126,22 @@ class PodWrites:
         try:
             prepared = await self._with_metadata(upgrade, path)
             if prepared is None:
-                metrics.INPLACE_UPGRADES.labels("conflict").inc()
+                metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "conflict").inc()
                 return False
             result = await self._send(path, *prepared)
         except api.NotFound:
-            metrics.INPLACE_UPGRADES.labels("gone").inc()
+            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "gone").inc()
             self.failures.forget(key)
             return False
         except (api.Conflict, api.Invalid) as e:
             # Usually a failed resourceVersion test (the cache was behind, the watch catches up);
             # an admission policy refusing the patch looks the same, so it backs off like any failure.
-            metrics.INPLACE_UPGRADES.labels("conflict").inc()
+            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "conflict").inc()
             failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
             log.info("pod %s: patch refused (%s), attempt %d; backing off", key, e.reason, failure.count)
             return False
         except api.ApiError as e:
-            metrics.INPLACE_UPGRADES.labels("error").inc()
+            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "error").inc()
             failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
             log.warning("upgrading pod %s failed (attempt %d): %s", key, failure.count, e)
             return False
@@ -151,7 +151,7 @@ class PodWrites:
         # The watch may have delivered our write before the response arrived: expect only what is missing.
         if cached is None or rv_number(cached.resource_version) < written:
             self.expected[key] = written
-        metrics.INPLACE_UPGRADES.labels("patched").inc()
+        metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "patched").inc()
         return True
 
     async def _mark_upgradable(

@@ -27,15 +27,15 @@ class Scrape:
     samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
     types: dict[str, str]
 
-    def value(self, name: str, **labels: str) -> float:
+    def value(self, name: str, /, **labels: str) -> float:
         return self.samples.get((name, frozenset(labels.items())), 0.0)
 
-    def total(self, name: str, **labels: str) -> float:
+    def total(self, name: str, /, **labels: str) -> float:
         """Sum over every series of `name` whose labels include `labels`."""
         want = set(labels.items())
         return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
 
-    def has(self, name: str, **labels: str) -> bool:
+    def has(self, name: str, /, **labels: str) -> bool:
         return (name, frozenset(labels.items())) in self.samples
 
 
@@ -53,7 +53,7 @@ def scrape(m: RunningManager) -> Scrape:
     return Scrape(samples, types)
 
 
-def delta(before: Scrape, after: Scrape, name: str, **labels: str) -> float:
+def delta(before: Scrape, after: Scrape, name: str, /, **labels: str) -> float:
     return after.value(name, **labels) - before.value(name, **labels)
 
 
@@ -99,8 +99,15 @@ def test_injection_and_upgrade_move_their_counters_by_the_expected_amount(
     eventually(lambda: _all_on(kube, injected_ns, "metrics", "proxy:2"), timeout=30, what="both pods on proxy:2")
     wait_status(kube, name, updatedPods=2, readyPods=2, updatedReadyPods=2)
     upgraded = scrape(manager)
-    assert delta(injected, upgraded, "sidecarctl_inplace_upgrades_total", result="patched") == 2
-    assert upgraded.total("sidecarctl_reconciles_total") > injected.total("sidecarctl_reconciles_total")
+    assert delta(injected, upgraded, "sidecarctl_inplace_upgrades_total", sidecarset=name, result="patched") == 2
+    assert upgraded.total("sidecarctl_reconciles_total", sidecarset=name) > injected.total(
+        "sidecarctl_reconciles_total", sidecarset=name
+    )
+    assert delta(injected, upgraded, "sidecarctl_reconcile_duration_seconds_count") >= 1
+    assert delta(injected, upgraded, "sidecarctl_workqueue_adds_total", name="sidecarset") >= 1
+    assert upgraded.has("sidecarctl_workqueue_depth", name="sidecarset")
+    for state in ("matched", "updated", "ready", "updated_ready"):
+        assert upgraded.value("sidecarctl_sidecarset_pods", sidecarset=name, state=state) == 2, state
     assert upgraded.types["sidecarctl_reconciles"] == "counter"
     assert upgraded.has("sidecarctl_pods_not_upgradable", sidecarset=name)
     assert upgraded.value("sidecarctl_pods_not_upgradable", sidecarset=name) == 0
@@ -122,7 +129,10 @@ def test_injection_and_upgrade_move_their_counters_by_the_expected_amount(
         timeout=20,
         what="sidecarctl_pods_not_upgradable == 2",
     )
-    assert delta(upgraded, scrape(manager), "sidecarctl_inplace_upgrades_total", result="patched") == 0
+    after = scrape(manager)
+    assert delta(upgraded, after, "sidecarctl_inplace_upgrades_total", sidecarset=name, result="patched") == 0
+    assert after.value("sidecarctl_sidecarset_pods", sidecarset=name, state="matched") == 2
+    assert after.value("sidecarctl_sidecarset_pods", sidecarset=name, state="updated") == 0
 
 
 def _expiry(s: Scrape, name: str) -> float:
@@ -151,8 +161,13 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_admissions_total": {"webhook", "result"},
         "sidecarctl_admission_duration_seconds": {"webhook", "le"},
         "sidecarctl_watch_restarts_total": {"informer", "cause"},
-        "sidecarctl_reconciles_total": {"result"},
-        "sidecarctl_inplace_upgrades_total": {"result"},
+        "sidecarctl_reconciles_total": {"sidecarset", "result"},
+        "sidecarctl_reconcile_duration_seconds": {"le"},
+        "sidecarctl_inplace_upgrades_total": {"sidecarset", "result"},
+        "sidecarctl_sidecarset_pods": {"sidecarset", "state"},
+        "sidecarctl_workqueue_": {"name"},
+        "sidecarctl_leader_acquisitions_total": {"lease"},
+        "sidecarctl_policy_repairs_total": {"kind"},
         "sidecarctl_pods_not_upgradable": {"sidecarset"},
         "sidecarctl_pods_missing_sidecars": {"sidecarset"},
         "sidecarctl_rollout_stalled": {"sidecarset"},

@@ -37,7 +37,8 @@ def pod_path(name: str) -> str:
 
 
 def upgrades(result: str) -> float:
-    return REGISTRY.get_sample_value("sidecarctl_inplace_upgrades_total", {"result": result}) or 0.0
+    labels = {"sidecarset": V1["metadata"]["name"], "result": result}
+    return REGISTRY.get_sample_value("sidecarctl_inplace_upgrades_total", labels) or 0.0
 
 
 class Rig:

@@ -32,6 +32,7 @@ def _report(*names: str) -> None:
         metrics.PODS_NOT_UPGRADABLE.labels(name).set(3)
         metrics.PODS_MISSING_SIDECARS.labels(name).set(2)
         metrics.POD_SECURITY_VIOLATIONS.labels(name).set(4)
+        metrics.set_pod_counts(name, {"matched": 5, "updated": 2})
     metrics.TRACKED_PODS.set(7)
 
 
@@ -66,6 +67,14 @@ def test_under_multiprocess_files_the_series_are_zeroed_without_a_warning(
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     metrics.forget("m-multi")
     assert all(_value(g, "m-multi") is None for g in metrics.PER_SIDECARSET)
+
+
+def test_forgetting_a_sidecarset_drops_each_state_of_its_pod_counts() -> None:
+    _report("m-states", "m-other")
+    metrics.forget("m-states")
+    left = [labels for family in metrics.SIDECARSET_PODS.collect() for labels in (s.labels for s in family.samples)]
+    assert {(x["sidecarset"], x["state"]) for x in left} >= {("m-other", "matched"), ("m-other", "updated")}
+    assert not [x for x in left if x["sidecarset"] == "m-states"]
 
 
 def test_a_deleted_sidecarset_loses_its_series_on_its_next_reconcile() -> None:

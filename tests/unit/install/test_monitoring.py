@@ -37,6 +37,7 @@ import sidecarctl.manager.inprocess  # noqa: F401  (imports every role, so the r
 from certwatcher import files as certfiles
 from certwatcher import metrics as cert_metrics
 from injector.http import metrics as injector_metrics
+from injector.policy import stored as policy_metrics
 from kuberuntime import metrics as runtime_metrics
 from sidecarsets.controller import metrics as sidecarset_metrics
 from tests.kube import helm
@@ -47,7 +48,7 @@ MONITORING = CONFIG / "monitoring"
 DASHBOARD = MONITORING / "sidecarctl-dashboard.json"
 CHART_DASHBOARD = CHART / "files" / DASHBOARD.name
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
-METRIC_MODULES = (sidecarset_metrics, injector_metrics, runtime_metrics, cert_metrics)
+METRIC_MODULES = (sidecarset_metrics, injector_metrics, policy_metrics, runtime_metrics, cert_metrics)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 METRIC_NAME = re.compile(r"sidecarctl_[a-z_]+")
 # The series names a family of each type is stored under, as PromQL names them. `_created` is left

@@ -256,8 +256,14 @@ def leader_gauge(lease: str = DEFAULT_LEASE_NAME) -> float | None:
     return REGISTRY.get_sample_value("sidecarctl_leader", {"lease": f"{NS}/{lease}"})
 
 
+def acquisitions() -> float:
+    labels = {"lease": f"{NS}/{DEFAULT_LEASE_NAME}"}
+    return REGISTRY.get_sample_value("sidecarctl_leader_acquisitions_total", labels) or 0.0
+
+
 def test_run_leads_then_stop_cancels_the_task_and_releases() -> None:
     async def body() -> None:
+        taken = acquisitions()
         api = FakeLeases()
         a = elector(api, "a", **FAST)
         stop = asyncio.Event()
@@ -278,6 +284,7 @@ def test_run_leads_then_stop_cancels_the_task_and_releases() -> None:
         assert leader_gauge() == 1
         await asyncio.sleep(0.2)
         assert api.updates >= 2, "the leader renews every retry period"
+        assert acquisitions() == taken + 1, "taking the Lease counts once; its renewals do not"
         stop.set()
         await asyncio.wait_for(task, 2)
         assert cancelled.is_set()

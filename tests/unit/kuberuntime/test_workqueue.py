@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from kuberuntime import api
 from kuberuntime.workqueue import ShutDown, WorkQueue, run_workers
@@ -32,6 +33,28 @@ def test_duplicates_collapse_while_queued() -> None:
         return [await q.get() for _ in range(3)]
 
     assert run(body()) == ["a", "b", "c"]
+
+
+def test_a_named_queue_exports_its_depth_adds_and_retries() -> None:
+    def value(metric: str) -> float:
+        return REGISTRY.get_sample_value(metric, {"name": "t-metrics"}) or 0.0
+
+    async def body() -> None:
+        q = WorkQueue(name="t-metrics", base_delay=0.001)
+        for key in ["a", "a", "b"]:
+            q.add(key)
+        assert (value("sidecarctl_workqueue_depth"), value("sidecarctl_workqueue_adds_total")) == (2, 2)
+        assert await q.get() == "a"
+        assert value("sidecarctl_workqueue_depth") == 1
+        q.add_rate_limited("a")
+        assert value("sidecarctl_workqueue_retries_total") == 1
+        q.done("a")
+        await asyncio.sleep(0.05)  # the backoff's timer adds it again
+        assert (value("sidecarctl_workqueue_depth"), value("sidecarctl_workqueue_adds_total")) == (2, 3)
+        q.shutdown()
+        assert value("sidecarctl_workqueue_depth") == 0
+
+    run(body())
 
 
 def test_key_readded_while_processing_is_requeued_on_done_only() -> None:

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from injector.policy.bundle import NAME_PREFIX
 from injector.policy.desired import ANN_GENERATED_AT
@@ -374,7 +375,12 @@ def test_a_quiet_pass_writes_nothing() -> None:
     assert len(rig.api.writes()) == before
 
 
+def repairs(kind: str) -> float:
+    return REGISTRY.get_sample_value("sidecarctl_policy_repairs_total", {"kind": kind}) or 0.0
+
+
 def test_an_image_change_rewrites_the_policy_with_a_new_time_and_widens_again() -> None:
+    before = repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")
     rig = Rig()
     ss = rig.add("mesh")
     rig.run()
@@ -395,6 +401,9 @@ def test_an_image_change_rewrites_the_policy_with_a_new_time_and_widens_again() 
     assert second["metadata"]["annotations"][ANN_GENERATED_AT] != first["metadata"]["annotations"][ANN_GENERATED_AT]
     assert "proxy:2" in str(second["spec"]) and "proxy:1" not in str(second["spec"])
     assert rig.ours() != narrowed
+    assert (repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")) == before, (
+        "a SidecarSet's own change is not a repair"
+    )
     del ss
 
 
@@ -408,14 +417,17 @@ def test_a_hand_edit_is_put_back_with_the_same_time() -> None:
     assert kept is not None
     edited = copy.deepcopy(kept)
     edited["spec"]["mutations"] = []
+    policies, bindings = repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")
     rig.api._store(f"{POLICIES}/{P0}", edited)
     rig.run()
     restored = rig.policy(P0)
     assert restored is not None and restored["spec"] == kept["spec"]
     assert restored["metadata"]["annotations"] == kept["metadata"]["annotations"]
+    assert repairs("mutatingadmissionpolicies") == policies + 1
     rig.api._store(f"{BINDINGS}/{P0}", None)
     rig.run()
     assert rig.binding(P0) is not None
+    assert repairs("mutatingadmissionpolicybindings") == bindings + 1
     # The condition, hand-edited, is put back too.
     mwc = copy.deepcopy(rig.api.objects[MWC])
     mwc["webhooks"][1]["matchConditions"] = [{"name": CONDITION_NAME, "expression": "false"}]
