@@ -36,6 +36,7 @@ from tests.e2e.test_metrics_e2e import Scrape, scrape
 from tests.kube.client import Kube
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.managerharness import RunningManager
+from tests.unit.install.test_alerts import prometheus_rule
 from tests.unit.install.test_manifests import MANAGER_NS, key
 from tests.unit.install.test_monitoring import expected_dashboard_configmap, queried_families, service_monitor
 
@@ -82,6 +83,28 @@ def test_an_install_with_the_component_adds_the_servicemonitor_and_the_dashboard
     selector = sm["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_the_alerts_component_adds_the_prometheusrule(control_plane: ControlPlane, tmp_path: Path) -> None:
+    user = tmp_path / "install"
+    user.mkdir()
+    components = [os.path.relpath(CONFIG / c, user) for c in ("monitoring", "alerts")]
+    (user / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(CONFIG / "default", user)],
+                "components": components,
+            }
+        )
+    )
+    base = kustomize(control_plane, CONFIG / "default")
+    rendered = kustomize(control_plane, user)
+    rule = prometheus_rule()
+    added = {key(service_monitor()), key(expected_dashboard_configmap()), key(rule)}
+    assert set(rendered) - set(base) == added
+    assert rendered[key(rule)] == rule, "the PrometheusRule is the file as it is"
 
 
 # ---------------------------------------------------------------------------------------------
