@@ -1,10 +1,10 @@
 """The `sidecarctl` command line.
 
 Each subcommand is registered by a small `add_<name>` function of its own module
-(`sidecarctl.cli.injectcmd`, `sidecarctl.cli.runcmd`, `sidecarctl.cli.previewcmd`, `sidecarctl.cli.statuscmd`), so
-commands stay independent and `main` only parses and dispatches. Bad input ends with one line on
-stderr and exit status 1, a bad command line with argparse's usage message and exit status 2; never
-a traceback.
+(`sidecarctl.cli.injectcmd`, `sidecarctl.cli.runcmd`, `sidecarctl.cli.previewcmd`, `sidecarctl.cli.statuscmd`,
+`sidecarctl.cli.checkinject`), so commands stay independent and `main` only parses and dispatches.
+Bad input ends with one line on stderr and exit status 1, a bad command line with argparse's usage
+message and exit status 2; never a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from sidecarctl.cli.checkinject import add_check_inject
 from sidecarctl.cli.injectcmd import add_inject
 from sidecarctl.cli.previewcmd import add_preview
 from sidecarctl.cli.runcmd import add_run
@@ -23,6 +24,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     add_run,
     add_preview,
     add_status,
+    add_check_inject,
 ]
 
 
