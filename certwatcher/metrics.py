@@ -18,6 +18,12 @@ CERT_RELOAD_ERRORS = Counter(
     "Cert directory contents refused; the previous certificate kept serving.",
     ["reason"],
 )
+CERT_RELOAD_FAILING = Gauge(
+    "sidecarctl_cert_reload_failing",
+    "1 while the cert directory holds contents the manager refuses (the previous certificate keeps serving); "
+    "0 once a pair is served from it again.",
+    multiprocess_mode="livemax",
+)
 CABUNDLE_WRITES = Counter(
     "sidecarctl_cabundle_writes_total",
     "Successful caBundle patches to a webhook configuration.",

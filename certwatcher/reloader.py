@@ -110,7 +110,7 @@ class CertReloader:
     def reload_now(self) -> bool:
         """Read, check and swap on the calling thread; True when a new pair is now being served."""
         files = self._read()
-        if files is None or files.digest == self._served_digest:
+        if files is None or self._unchanged(files):
             return False
         try:
             pair = validate_pair(files.cert, files.key, files.ca, now=self._clock())
@@ -124,7 +124,7 @@ class CertReloader:
     async def check(self) -> bool:
         """Like `reload_now`, with the cryptography work on a worker thread."""
         files = self._read()
-        if files is None or files.digest == self._served_digest:
+        if files is None or self._unchanged(files):
             return False
         now = self._clock()
 
@@ -175,8 +175,22 @@ class CertReloader:
             self._failed(None, exc.reason, str(exc))
             return None
 
+    def _unchanged(self, files: CertFiles) -> bool:
+        """The files are the pair being served (a refused change that was put back ends the failure)."""
+        if files.digest != self._served_digest:
+            return False
+        if self._last_error is not None:
+            self._last_error = self._last_failure = None
+            self._set_failing(False)
+        return True
+
+    def _set_failing(self, failing: bool) -> None:
+        if self._serving:
+            metrics.CERT_RELOAD_FAILING.set(1 if failing else 0)
+
     def _failed(self, digest: str | None, reason: str, message: str) -> None:
         self._last_error = (reason, message)
+        self._set_failing(True)
         key = (digest, reason)
         if self._last_failure == key:
             return
@@ -201,6 +215,7 @@ class CertReloader:
         self._served_digest = files.digest
         self._last_failure = None
         self._last_error = None
+        self._set_failing(False)
         self.reloads += 1
         self._ready.set()
         if self._serving:

@@ -17,6 +17,7 @@ import orjson
 
 from injector.engine import engine
 from injector.http import admission
+from injector.http.metrics import POD_DENIALS
 from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
 from injector.policy import servable
@@ -98,6 +99,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         labels = await _namespace_labels(store, namespace, settings)
     except NamespaceUnknown as e:
         message = f"sidecarctl: the labels of namespace {namespace} are not known ({e}); retry the request"
+        POD_DENIALS.labels("namespace_unknown").inc()
         return Decision("denied", admission.response(review, denied=message, code=503))
     snapshot = store.snapshot
     candidates, denied = pins.pinned_sidecarsets(
@@ -108,6 +110,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         rand=_DRAWS.random,
     )
     if denied is not None:
+        POD_DENIALS.labels("pinned_revision").inc()
         return Decision("denied", admission.response(review, denied=denied))
     outcome = engine.inject(
         review.object,
@@ -119,6 +122,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         manager_namespace=settings.manager_namespace,
     )
     if outcome.denied is not None:
+        POD_DENIALS.labels("cannot_inject").inc()
         return Decision("denied", admission.response(review, denied=outcome.denied, code=400))
     body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
     return Decision("injected" if outcome.patch else "skipped", body, pins.answer_is_replayable(snapshot, labels))

@@ -13,6 +13,15 @@ ADMISSIONS = Counter(
     "Admission requests answered, by webhook and result (injected, skipped, allowed, denied, error, bad_request).",
     ["webhook", "result"],
 )
+POD_DENIALS = Counter(
+    "sidecarctl_pod_denials_total",
+    "Pods the inject webhook refused, by reason (namespace_unknown: its labels could not be read, retry; "
+    "pinned_revision: a pinned revision that does not exist or cannot be used; cannot_inject: the pod cannot take "
+    "a selected SidecarSet's sidecars).",
+    ["reason"],
+)
+for _reason in ("namespace_unknown", "pinned_revision", "cannot_inject"):
+    POD_DENIALS.labels(_reason)  # from 0, so that the first refusal is an increase a rate sees
 ADMISSION_LATENCY = Histogram(
     "sidecarctl_admission_duration_seconds",
     "Time to answer one admission request, from body received to response built.",

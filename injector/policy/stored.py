@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import orjson
 from prometheus_client import Counter
 
+from injector.policy.desired import ANN_GENERATED_AT, STAMP
 from injector.policy.generate import ANN_MEMBERS
 from kuberuntime.jsontypes import JsonObj
 
@@ -49,19 +50,30 @@ REPAIRS = Counter(
     "Our MutatingAdmissionPolicies and bindings written back after someone else changed or deleted them, by kind.",
     ["kind"],
 )
+for _kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
+    REPAIRS.labels(_kind)  # from 0, so that the first repair is an increase a rate sees
 
 
 class LastWritten:
     """The body last written to each object: asked to write the same body again, the sync is putting
     back someone else's change (a hand edit, a delete), which `sidecarctl_policy_repairs_total`
-    counts; a changed SidecarSet gives a new body and is not counted."""
+    counts; a changed SidecarSet gives a new body and is not counted. The generation time is left
+    out of the comparison: a deleted policy is written back with a new one. One write is counted
+    that is not someone else's: a binding the garbage collector deleted while our update to it was
+    in flight (its owners changed at that moment), written again by the next pass."""
 
     def __init__(self) -> None:
         self._bodies: dict[str, bytes] = {}
 
     def write(self, path: str, body: JsonObj) -> None:
         """Note a write of `body` to `path`/its name; count it when it repeats the last one."""
-        key, text = f"{path}/{name_of(body)}", orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        key, text = f"{path}/{name_of(body)}", _timeless(body)
         if self._bodies.get(key) == text:
             REPAIRS.labels(path.rsplit("/", 1)[-1]).inc()
         self._bodies[key] = text
+
+
+def _timeless(body: JsonObj) -> bytes:
+    text = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    stamp = (((body.get("metadata") or {}).get("annotations")) or {}).get(ANN_GENERATED_AT)
+    return text.replace(stamp.encode(), STAMP.encode()) if isinstance(stamp, str) and stamp else text

@@ -83,13 +83,13 @@ def _multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))  # what `sidecarctl run` sets for its children
 
 
-def series(gauge: Gauge) -> set[str]:
-    """The SidecarSets this process has a series of `gauge` for."""
-    return {name for labels in _label_sets(gauge) if (name := labels.get("sidecarset")) is not None}
+def series(metric: Gauge | Counter) -> set[str]:
+    """The SidecarSets this process has a series of `metric` for."""
+    return {name for labels in _label_sets(metric) if (name := labels.get("sidecarset")) is not None}
 
 
-def _label_sets(gauge: Gauge) -> list[dict[str, str]]:
-    return [sample.labels for family in gauge.collect() for sample in family.samples]
+def _label_sets(metric: Gauge | Counter) -> list[dict[str, str]]:
+    return [sample.labels for family in metric.collect() for sample in family.samples]
 
 
 def set_pod_counts(name: str, counts: dict[str, int]) -> None:
@@ -105,7 +105,9 @@ def forget(name: str | None = None) -> None:
     prometheus-client cannot remove a series in multiprocess mode (`sidecarctl run`): the value
     stays in the process's file and the supervisor's /metrics goes on reading it. There the
     series is set to 0 instead, which is what a deleted SidecarSet or a non-leader has (the
-    gauges aggregate with livemax, so the leader's value is the one shown).
+    gauges aggregate with livemax, so the leader's value is the one shown), and a deleted
+    SidecarSet's counters (reconciles, in-place upgrades) stay, frozen, until the process restarts.
+    In one process they are removed with its gauges.
     """
     zero = _multiprocess()
     for gauge in PER_SIDECARSET:
@@ -116,5 +118,9 @@ def forget(name: str | None = None) -> None:
                 gauge.labels(**labels).set(0)
             else:
                 gauge.remove(*labels.values())  # a sample's labels are in the order the gauge declares
+    if not zero and name is not None:
+        for counter in (RECONCILES, INPLACE_UPGRADES):  # a deleted SidecarSet's counters go too
+            for values in {tuple(labels.values()) for labels in _label_sets(counter) if labels["sidecarset"] == name}:
+                counter.remove(*values)
     if name is None:
         TRACKED_PODS.set(0)

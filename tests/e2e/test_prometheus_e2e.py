@@ -326,7 +326,7 @@ def _workload(s: Stack) -> None:
     for i in range(1, 3):
         assert "resourcesPolicy" in _denied_pod(c)
         _bad_requests(c)
-        _wait_scraped(s, 'sidecarctl_admissions_total{result="denied"}', i)
+        _wait_scraped(s, 'sidecarctl_pod_denials_total{reason="cannot_inject"}', i)
     # Roll mesh to an image that never becomes ready: patched in place, then stalled at the deadline.
     set_image(c.kube, "prom-mesh", BAD_IMAGE)
     # A change no in-place upgrade can follow: env's pod becomes not upgradable.
@@ -378,7 +378,7 @@ def test_prometheus_scrapes_evaluates_every_panel_and_fires_the_alerts(stack: St
     assert _labels_of(alerts["SidecarctlRolloutStalled"], "sidecarset") == {"prom-mesh"}
     assert _labels_of(alerts["SidecarctlPodsMissingSidecars"], "sidecarset") == {"prom-mesh"}
     assert _labels_of(alerts["SidecarctlPodsNotUpgradable"], "sidecarset") == {"prom-env"}
-    assert _labels_of(alerts["SidecarctlInjectionDenied"], "namespace") == {MANAGER_NS}
+    assert _labels_of(alerts["SidecarctlInjectionDenied"], "reason") == {"cannot_inject"}
     assert _labels_of(alerts["SidecarctlServingCertificateExpiring"], "pod") == {"sidecarctl-0"}
     quiet = {
         "SidecarctlNoLeader",

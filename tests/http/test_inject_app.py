@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
 from injector.http.app import WebhookSettings, create_webhook_app
@@ -206,18 +207,26 @@ def test_get_is_405(client: TestClient) -> None:
     assert client.get(names.INJECT_PATH).status_code == 405
 
 
+def denials(reason: str) -> float:
+    return REGISTRY.get_sample_value("sidecarctl_pod_denials_total", {"reason": reason}) or 0.0
+
+
 def test_malformed_pod_is_denied_not_crashed(client: TestClient) -> None:
     bad = pod()
     bad["spec"]["containers"] = "oops"
+    before = denials("cannot_inject")
     r = post(client, review(bad))
     assert r.status_code == 200
     resp = r.json()["response"]
     assert resp["allowed"] is False
     assert "containers" in resp["status"]["message"]
+    assert denials("cannot_inject") == before + 1
 
 
 def test_unknown_namespace_is_refused_for_a_retry_never_admitted_without_sidecars(client: TestClient) -> None:
+    before = denials("namespace_unknown")
     r = post(client, review(pod(), namespace="not-yet-seen"))
+    assert denials("namespace_unknown") == before + 1
     assert r.status_code == 200
     response = r.json()["response"]
     assert "patch" not in response

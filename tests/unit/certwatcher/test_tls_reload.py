@@ -142,14 +142,29 @@ def test_half_written_pair_keeps_old_cert_serving(tmp_path: Path) -> None:
                 await asyncio.sleep(0.8)  # several polls and past the stamp's hot window
                 assert {s.serial for s in hammer.shots} == {old.serial}
                 assert reloader.errors.get("key_mismatch") == 1  # one line, not one per poll
+                assert metrics.CERT_RELOAD_FAILING._value.get() == 1, "failing while the pair is refused"
                 (cert_dir / "tls.key").write_bytes(new.key_pem)
                 seen = await hammer.wait_for_serial(new.serial, 2.0)
+                assert metrics.CERT_RELOAD_FAILING._value.get() == 0, "a served pair ends the failure"
                 await asyncio.sleep(0.2)
             assert seen is not None
             assert hammer.failures == []
 
     run(main())
     assert metrics.CERT_RELOAD_ERRORS.labels(reason="key_mismatch")._value.get() >= errors_before + 1
+
+
+def test_a_refused_change_put_back_ends_the_failure(tmp_path: Path) -> None:
+    cert_dir, _ = fresh_dir(tmp_path)
+    reloader = CertReloader(cert_dir, poll_interval=0.2, event_interval=0.05)
+    assert reloader.reload_now()
+    served_cert = (cert_dir / "tls.crt").read_bytes()
+    (cert_dir / "tls.crt").write_bytes(make_leaf(CA).cert_pem)  # key not matching
+    assert not reloader.reload_now()
+    assert metrics.CERT_RELOAD_FAILING._value.get() == 1
+    (cert_dir / "tls.crt").write_bytes(served_cert)
+    assert not reloader.reload_now(), "nothing new to serve"
+    assert metrics.CERT_RELOAD_FAILING._value.get() == 0
 
 
 def test_files_moved_out_then_back(tmp_path: Path) -> None:

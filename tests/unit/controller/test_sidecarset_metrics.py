@@ -69,6 +69,16 @@ def test_under_multiprocess_files_the_series_are_zeroed_without_a_warning(
     assert all(_value(g, "m-multi") is None for g in metrics.PER_SIDECARSET)
 
 
+def test_forgetting_a_sidecarset_drops_its_counters_in_one_process() -> None:
+    metrics.RECONCILES.labels("m-counted", "success").inc()
+    metrics.INPLACE_UPGRADES.labels("m-counted", "patched").inc()
+    metrics.RECONCILES.labels("m-stays", "success").inc()
+    metrics.forget("m-counted")
+    for counter in (metrics.RECONCILES, metrics.INPLACE_UPGRADES):
+        assert "m-counted" not in metrics.series(counter)
+    assert "m-stays" in metrics.series(metrics.RECONCILES)
+
+
 def test_forgetting_a_sidecarset_drops_each_state_of_its_pod_counts() -> None:
     _report("m-states", "m-other")
     metrics.forget("m-states")

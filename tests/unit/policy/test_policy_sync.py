@@ -428,6 +428,16 @@ def test_a_hand_edit_is_put_back_with_the_same_time() -> None:
     rig.run()
     assert rig.binding(P0) is not None
     assert repairs("mutatingadmissionpolicybindings") == bindings + 1
+    # Deleted, the policy comes back with a new generation time: still a repair.
+    rig.now += 10
+    rig.api._store(f"{POLICIES}/{P0}", None)
+    rig.run()
+    back = rig.policy(P0)
+    assert (
+        back is not None
+        and back["metadata"]["annotations"][ANN_GENERATED_AT] != kept["metadata"]["annotations"][ANN_GENERATED_AT]
+    )
+    assert repairs("mutatingadmissionpolicies") == policies + 2
     # The condition, hand-edited, is put back too.
     mwc = copy.deepcopy(rig.api.objects[MWC])
     mwc["webhooks"][1]["matchConditions"] = [{"name": CONDITION_NAME, "expression": "false"}]
