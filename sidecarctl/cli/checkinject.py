@@ -8,7 +8,8 @@ GET and LIST only. The verdicts are the product's own (sidecarctl.cli.checkinjec
 
 Exit status 0 when every SidecarSet that selects a checked pod is in it at its current version, 1
 when one is missing or out of date (or the cluster cannot be read, or the object does not exist),
-2 for a bad command line.
+2 for a bad command line. A SidecarSet already in a pod is judged as its controller counts the pod,
+even where the injection rules (paused injection, the namespace label, opting out) now say no.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ namespace label {names.NS_INJECTION_LABEL}={names.NS_INJECTION_ENABLED}, the opt
 {names.POD_INJECT_LABEL}="false", a system namespace, paused injection, the namespace scope, the
 failing selector term, a canary that replaces it, a container-name conflict); the path that injects
 it (a named MutatingAdmissionPolicy, or the webhook and why); whether the pod has it, at which
-revision, and why an outdated pod is not upgraded (yet).
+revision, and why an outdated pod is not upgraded (yet). A SidecarSet in the pod is current or out
+of date as its controller counts the pod, whatever the injection rules say of new pods.
 
-Exit status: 0 every SidecarSet that selects a pod is present and current, 1 one is missing or out
-of date (or the cluster cannot be read, or the object does not exist), 2 bad command line.
+Exit status: 0 every SidecarSet that selects a pod or that the controller counts in it is present
+and current, 1 one is missing or out of date (or the cluster cannot be read, or the object does not
+exist), 2 bad command line.
 """
 
 APPS = "/apis/apps/v1/namespaces/{ns}/{plural}/{name}"
@@ -185,7 +188,7 @@ async def gather(
     members = policy_members(policies or [])
     cluster = why.Cluster(models, namespaces, manager_namespace, {ss.name: route_of(ss, members) for ss in models})
     projected = [project(p) for p, template in pods if template is None]
-    late = {ss.name: [p for p in projected if why.outdated(ss, p)] for ss in models}
+    late = {ss.name: [p for p in projected if why.outdated(ss, p, cluster.labels_of(p.namespace))] for ss in models}
     if any(late.values()):
         injected, revs = await asyncio.gather(
             _optional(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
@@ -297,7 +300,7 @@ def run_check_inject(args: argparse.Namespace) -> int:
         reports = [why.report(p, cluster, template_of=template) for p, template in pods]
         ok = all(r.ok for r in reports)
         if args.output == "json":
-            text = clusterread.to_json({"pods": [r.as_json() for r in reports], "ok": ok})
+            text = clusterread.to_json({"pods": [report_json(r) for r in reports], "ok": ok})
         else:
             text = render(reports)
         clusterread.write_stdout(text)
@@ -305,6 +308,35 @@ def run_check_inject(args: argparse.Namespace) -> int:
         clusterread.stderr(f"sidecarctl check-inject: error: {e}")
         return 1
     return 0 if ok else 1
+
+
+def report_json(r: why.PodReport) -> JsonObj:
+    """One pod's report as `-o json` shows it."""
+    verdicts = [
+        {
+            "name": v.sidecarset,
+            "selects": v.selects,
+            "reasons": [x.as_json() for x in v.reasons],
+            "path": v.route.as_json(),
+            "state": v.state,
+            "revision": v.revision,
+            "currentRevision": v.current_revision,
+            "detail": v.detail,
+        }
+        for v in r.verdicts
+    ]
+    gate = None if r.gate is None else r.gate.as_json()
+    return {
+        "namespace": r.namespace,
+        "name": r.name,
+        "template": r.template_of,
+        "phase": r.phase or None,
+        "injectedBy": r.injected_by,
+        "gate": gate,
+        "path": r.route.as_json(),
+        "sidecarSets": verdicts,
+        "ok": r.ok,
+    }
 
 
 def _via(route: why.Route) -> str:
@@ -318,19 +350,22 @@ def _via(route: why.Route) -> str:
 def _line(v: why.Verdict) -> str:
     detail = f": {v.detail}" if v.detail else ""
     at = v.revision or "an unrecorded revision"
+    reasons = "; ".join(r.message for r in v.reasons)
+    # In the pod and counted by the controller, though new pods would not get it: say why not.
+    new = f"; not injected into new pods: {reasons}" if reasons else ""
     if v.state == why.CURRENT:
-        return f"injected, current at revision {at}{'; ' + v.detail if v.detail else ''}; {_via(v.route)}"
+        via = f"; {_via(v.route)}" if not reasons else new
+        return f"injected, current at revision {at}{'; ' + v.detail if v.detail else ''}{via}"
     if v.state == why.OUTDATED:
-        return f"OUT OF DATE at revision {at} (current {v.current_revision or '?'}){detail}"
+        return f"OUT OF DATE at revision {at} (current {v.current_revision or '?'}){detail}{new}"
     if v.state == why.UPGRADING:
-        return f"UPGRADING to revision {at}{detail}"
+        return f"UPGRADING to revision {at}{detail}{new}"
     if v.state == why.MISSING:
         return f"MISSING: selects the pod, its sidecars are not in it{detail}; new pods get it {_via(v.route)}"
     if v.state == why.WOULD_INJECT:
         return f"would be injected, {_via(v.route)}"
-    reasons = "; ".join(r.message for r in v.reasons)
     if v.state == why.PRESENT:
-        return f"in the pod, but does not select it now: {reasons}"
+        return f"in the pod, but does not select it now and the controller does not count it: {reasons}"
     return f"not selected: {reasons}"
 
 

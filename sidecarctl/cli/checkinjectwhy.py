@@ -6,10 +6,10 @@ need the rule that said no. So the questions are asked of the product's own code
 selector as injector.engine.selection reads them, then that selection itself for canaries and
 container-name conflicts), and only where the product answers yes/no does a small function here
 walk the same inputs to name the failing part (`selector_failures`, whose answer the unit tests
-hold to `selectors.matches` term by term). The state of a present sidecar comes from the pod
-predicates the controller counts with (sidecarsets.pods.podstate) and, for an outdated one, from
-the rollout glance `sidecarctl status` shows (sidecarsets.rollout.rolloutstatus). Pure: the command
-reads the objects.
+hold to `selectors.matches` term by term). The state of a sidecar in the pod is the controller's:
+its matching (sidecarsets.rollout.status), its pod predicates (sidecarsets.pods.podstate) and, for
+an outdated one, the rollout glance `sidecarctl status` shows (sidecarsets.rollout.rolloutstatus).
+Pure: the command reads the objects and writes the reports (text or JSON).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from injector.engine import eligibility, selection
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import missed, podstate
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.rollout import rolloutsim
+from sidecarsets.rollout import rolloutsim, status
 from sidecarsets.spec import hotsidecars, names, selectors
 from sidecarsets.spec.model import SidecarSet
 
@@ -81,18 +81,6 @@ class Verdict:
     def selects(self) -> bool:
         return not self.reasons
 
-    def as_json(self) -> JsonObj:
-        return {
-            "name": self.sidecarset,
-            "selects": self.selects,
-            "reasons": [r.as_json() for r in self.reasons],
-            "path": self.route.as_json(),
-            "state": self.state,
-            "revision": self.revision,
-            "currentRevision": self.current_revision,
-            "detail": self.detail,
-        }
-
 
 @dataclass(frozen=True)
 class PodReport:
@@ -109,19 +97,6 @@ class PodReport:
     def ok(self) -> bool:
         return not any(v.state in FAILING for v in self.verdicts)
 
-    def as_json(self) -> JsonObj:
-        return {
-            "namespace": self.namespace,
-            "name": self.name,
-            "template": self.template_of,
-            "phase": self.phase or None,
-            "injectedBy": self.injected_by,
-            "gate": None if self.gate is None else self.gate.as_json(),
-            "path": self.route.as_json(),
-            "sidecarSets": [v.as_json() for v in self.verdicts],
-            "ok": self.ok,
-        }
-
 
 @dataclass
 class Cluster:
@@ -134,6 +109,14 @@ class Cluster:
     routes: dict[str, Route] = field(default_factory=dict)
     # (SidecarSet, namespace/pod) -> why the controller has not upgraded that outdated pod (yet)
     held: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def labels_of(self, namespace: str) -> dict[str, str] | None:
+        """The labels of `namespace`; None when it was not read."""
+        for obj in self.namespaces:
+            meta = obj.get("metadata") or {}
+            if meta.get("name") == namespace:
+                return {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,17 +301,26 @@ def has_all(ss: SidecarSet, pod: PodProjection) -> bool:
     )
 
 
-def outdated(ss: SidecarSet, pod: PodProjection) -> bool:
-    """Carries the SidecarSet at another hash than its spec's: the controller's "not updated"."""
-    return has_all(ss, pod) and not podstate.is_updated(pod, sidecarset=ss.name, spec_hash=ss.hash)
+def counted(ss: SidecarSet, pod: PodProjection, namespace_labels: Mapping[str, str] | None) -> bool:
+    """The controller counts and upgrades the pod for the SidecarSet (status.matched_pods: listed, all
+    sidecars there, active, namespace scope, pod selector), whatever the injection rules (paused
+    injection, the namespace label, opting out, a canary) say of new pods."""
+    return bool(status.matched_pods(ss, [pod], {} if namespace_labels is None else {pod.namespace: namespace_labels}))
+
+
+def outdated(ss: SidecarSet, pod: PodProjection, namespace_labels: Mapping[str, str] | None) -> bool:
+    """Counted at another hash than its spec's: the controller's "not updated"."""
+    return counted(ss, pod, namespace_labels) and not podstate.is_updated(pod, sidecarset=ss.name, spec_hash=ss.hash)
 
 
 def _state(
     ss: SidecarSet, raw: Mapping[str, Any], pod: PodProjection, *, selects: bool, template: bool, cluster: Cluster
 ) -> tuple[str, str]:
-    """(state, detail) of `ss` in the pod. A pod that does not run (Pending: no node has started it)
-    is current when it records the spec's hash: it starts with exactly those sidecars. A running pod
-    is current once the kubelet also reports every image the controller patched in."""
+    """(state, detail) of `ss` in the pod. Sidecars in the pod are judged as the controller counts
+    them (`counted`), not by whether they would be injected now; only those it does not count are
+    merely present. A pod that does not run (Pending: no node has started it) is current when it
+    records the spec's hash: it starts with exactly those sidecars. A running pod is current once
+    the kubelet also reports every image the controller patched in."""
     if template:
         return (WOULD_INJECT, "") if selects else (ABSENT, "")
     if not has_all(ss, pod):
@@ -338,8 +330,8 @@ def _state(
             return MISSING, f"listed in {names.ANN_INJECTED_LIST} but sidecars are not in the pod"
         ns = next((n for n in cluster.namespaces if (n.get("metadata") or {}).get("name") == pod.namespace), {})
         return MISSING, missed.reason(missed.PodFacts.of(raw), ss, labelled_at=missed.label_time(ns))
-    if not selects:
-        return PRESENT, "in the pod, although it does not select the pod now"
+    if not counted(ss, pod, cluster.labels_of(pod.namespace)):
+        return PRESENT, "in the pod, but the controller does not count it: it does not select the pod now"
     key = f"{pod.namespace}/{pod.name}"
     if not podstate.is_updated(pod, sidecarset=ss.name, spec_hash=ss.hash):
         return OUTDATED, cluster.held.get((ss.name, key), "its rollout could not be placed (pods not listed)")
@@ -356,11 +348,7 @@ def report(raw: Mapping[str, Any], cluster: Cluster, *, template_of: str | None 
     """Every SidecarSet of the cluster against one pod (or a workload's pod template)."""
     meta = raw.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
-    labels_of = {str((n.get("metadata") or {}).get("name")): n for n in cluster.namespaces}
-    ns_obj = labels_of.get(namespace)
-    ns_labels = None
-    if ns_obj is not None:
-        ns_labels = {str(k): str(v) for k, v in ((ns_obj.get("metadata") or {}).get("labels") or {}).items()}
+    ns_labels = cluster.labels_of(namespace)
     gate, reasons = selection_reasons(
         raw,
         cluster.sidecarsets,

@@ -3,8 +3,9 @@
 One scene, built once: a namespace labelled for injection and one labelled `sidecar-injection=disabled`,
 SidecarSets for each reason the command gives (a selector term that fails, paused injection, one kept
 on the webhook by its annotation, a canary and its base, one created after its pod, one whose image
-changed while its updates are paused) and a Deployment with no pods in kube-system. The command runs
-as a subprocess, as a user runs it, several at once; each test reads one answer.
+changed while its updates are paused, its injection paused too) and a Deployment with no pods in
+kube-system. The command runs as a subprocess, as a user runs it, several at once; each test reads
+one answer.
 
 These namespaces are not the fake kubelet's: the pods stay Pending. A pod that is not running is
 current when it records the SidecarSet's current hash (it starts with exactly those sidecars).
@@ -13,10 +14,8 @@ current when it records the SidecarSet's current hash (it starts with exactly th
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,9 +25,10 @@ import pytest
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, set_image, status_of, wait_condition
 from tests.e2e.policysupport import policy_holding
+from tests.e2e.test_preview_e2e import sidecarctl as run_cli
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import REPO, ControlPlane
+from tests.kube.controlplane import ControlPlane
 from tests.kube.managerharness import RunningManager
 
 TOK = secrets.token_hex(3)
@@ -41,16 +41,7 @@ PODS = "/api/v1/namespaces/{}/pods"
 
 
 def sidecarctl(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "sidecarctl.cli.main", "check-inject", *args, "--kubeconfig", str(cp.kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=env,
-        check=False,
-    )
+    return run_cli("check-inject", *args, "--kubeconfig", str(cp.kubeconfig))
 
 
 def sidecarset(name: str, app: str, container: str, image: str = "agent:1", **spec: Any) -> dict[str, Any]:
@@ -155,6 +146,8 @@ def scene(kube: Kube, control_plane: ControlPlane, manager: RunningManager) -> I
         kube.create(SS_PATH, sidecarset(LATE, f"ckl-{TOK}", "proxy"))
         made.append(LATE)
         set_image(kube, OLD, "agent:2")
+        # Paused injection keeps OLD from new pods only: the controller still counts old-pod, out of date.
+        kube.patch(f"{SS_PATH}/{OLD}", {"spec": {"injectionStrategy": {"paused": True}}})
         runs = {
             "all": ("-n", ON, "-l", f"ck={TOK}", "-o", "json"),
             "main": (f"{ON}/main-pod",),
@@ -232,7 +225,8 @@ def test_opted_out_missing_and_outdated_pods(scene: dict[str, Any]) -> None:
     late = _ss(_pod(doc, "late-pod"), LATE)
     assert late["selects"] and late["state"] == "missing" and late["detail"] == "created before the SidecarSet"
     old = _ss(_pod(doc, "old-pod"), OLD)
-    assert old["state"] == "outdated" and old["revision"], old
+    assert old["state"] == "outdated" and old["revision"] and not old["selects"], old
+    assert [r["code"] for r in old["reasons"]] == ["InjectionPaused"], old
     assert old["detail"].startswith("updates are paused (spec.updateStrategy.paused: true)"), old
     assert _pod(doc, "old-pod")["ok"] is False
     assert [p["name"] for p in doc["pods"] if not p["ok"]] == ["late-pod", "old-pod"]

@@ -410,9 +410,77 @@ class TestStates:
             "listed in sidecarctl.io/sidecarset-inj"
         )
         opted = injected_pod("p", ss, labels={names.POD_INJECT_LABEL: "false"})
-        assert verdict(why.report(opted, cluster(ss)), "mesh").state == why.PRESENT
+        assert verdict(why.report(opted, cluster(ss)), "mesh").state == why.CURRENT  # the controller counts it
+        moved = injected_pod("p", ss, labels={"app": "web"})
+        assert verdict(why.report(moved, cluster(ss)), "mesh").state == why.PRESENT
         r = why.report(shop_pod(), cluster(ss), template_of="deployment/web")
         assert verdict(r, "mesh").state == why.WOULD_INJECT and r.ok and r.injected_by is None
+
+
+class TestTheControllersView:
+    """A pod that carries a SidecarSet is judged as the controller counts and upgrades it
+    (status.matched_pods), not by the injection rules that keep the SidecarSet from new pods."""
+
+    V1 = shop_sidecarset()
+
+    def check(self, raw: JsonObj, v2: JsonObj, **kw: Any) -> tuple[why.Verdict, bool]:
+        r = why.report(raw, cluster(v2, **kw))
+        return verdict(r, "mesh"), r.ok
+
+    def test_paused_injection_still_upgrades_the_pods_that_have_it(self) -> None:
+        v2 = with_images(shop_sidecarset(injectionStrategy={"paused": True}), envoy="envoy:v2")
+        v, ok = self.check(injected_pod("p", self.V1), v2)
+        assert (v.state, ok, [r.code for r in v.reasons]) == (why.OUTDATED, False, [why.INJECTION_PAUSED])
+        current, ok = self.check(injected_pod("p", v2), v2)
+        assert (current.state, ok) == (why.CURRENT, True)
+
+    @pytest.mark.parametrize(
+        ("labels", "namespace_labels", "code"),
+        [
+            ({}, {}, why.NAMESPACE_NOT_LABELLED),
+            ({names.POD_INJECT_LABEL: "false"}, ENABLED, why.OPTED_OUT),
+        ],
+    )
+    def test_the_namespace_label_and_opting_out_do_not_stop_upgrades(
+        self, labels: dict[str, str], namespace_labels: dict[str, str], code: str
+    ) -> None:
+        v2 = with_images(self.V1, envoy="envoy:v2")
+        raw = injected_pod("p", self.V1, labels=labels)
+        v, ok = self.check(raw, v2, namespaces=[ns("shop", namespace_labels)])
+        assert (v.state, ok, [r.code for r in v.reasons]) == (why.OUTDATED, False, [code])
+        assert why.outdated(model(v2), project(raw), namespace_labels)
+
+    def test_a_pod_the_controller_no_longer_matches_is_only_present(self) -> None:
+        v2 = with_images(self.V1, envoy="envoy:v2")
+        raw = injected_pod("p", self.V1, labels={"app": "web"})
+        v, ok = self.check(raw, v2)
+        assert (v.state, ok, [r.code for r in v.reasons]) == (why.PRESENT, True, [why.SELECTOR_MISMATCH])
+        pinned = with_images(shop_sidecarset(namespace="other"), envoy="envoy:v2")
+        assert self.check(injected_pod("p", self.V1), pinned)[0].state == why.PRESENT
+        assert not why.outdated(model(v2), project(raw), ENABLED)
+
+    def test_a_base_its_canary_replaced_is_absent_and_one_injected_before_the_canary_is_counted(self) -> None:
+        v2 = with_images(self.V1, envoy="envoy:v2")
+        canary = shop_sidecarset(
+            "mesh-canary",
+            image="envoy:canary",
+            selector={"matchLabels": {"app": "shop", "track": "canary"}},
+            metadata={"annotations": {names.ANN_CANARY: "true", names.ANN_BASE: "mesh"}},
+        )
+        # Injected by the canary: the base is not in the injected list, so the controller leaves it.
+        by_canary = injected_pod("p", canary, labels={"track": "canary"})
+        r = why.report(by_canary, cluster(v2, canary))
+        assert (verdict(r, "mesh").state, verdict(r, "mesh-canary").state, r.ok) == (why.ABSENT, why.CURRENT, True)
+        # Injected by the base before the canary: the controller counts and upgrades it as the base's.
+        r = why.report(injected_pod("p", self.V1, labels={"track": "canary"}), cluster(v2, canary))
+        assert (verdict(r, "mesh").state, codes(r, "mesh")) == (why.OUTDATED, [why.REPLACED_BY_CANARY])
+
+    def test_the_text_keeps_the_reasons(self) -> None:
+        v2 = with_images(shop_sidecarset(injectionStrategy={"paused": True}), envoy="envoy:v2")
+        text = checkinject.render([why.report(injected_pod("p", self.V1), cluster(v2, held={("mesh", "shop/p"): "x"}))])
+        assert "  mesh  OUT OF DATE at revision an unrecorded revision (current ?): x; not injected into new pods: " \
+            "injection is paused (spec.injectionStrategy.paused: true)\n" in text  # fmt: skip
+        assert text.endswith("Not present or not current (1): shop/p: mesh outdated\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,6 +542,21 @@ def test_missing_is_exit_1_and_text(api: StubApi, tmp_path: Path, capsys: Any) -
     assert "Pod shop/good (Running)\n" in out and "Pod shop/late (Pending)\n" in out
     assert "  mesh  MISSING: selects the pod, its sidecars are not in it: admitted without injection" in out
     assert out.endswith("Not present or not current (1): shop/late: mesh missing\n")
+
+
+def test_a_pod_outdated_under_paused_injection_in_an_unlabelled_namespace_is_exit_1(
+    api: StubApi, tmp_path: Path, capsys: Any
+) -> None:
+    paused = with_images(shop_sidecarset(injectionStrategy={"paused": True}), envoy="envoy:v2")
+    api.put(f"{clusterread.SS_PATH}/mesh", paused)
+    api.put("/api/v1/namespaces/shop", ns("shop", {}))
+    code, out, err = run(
+        ["check-inject", "shop/good", "--kubeconfig", str(kubeconfig_for(api, tmp_path)), "-o", "json"], capsys
+    )
+    (v,) = json.loads(out)["pods"][0]["sidecarSets"]
+    assert (code, err, v["state"], v["selects"]) == (1, "", "outdated", False)
+    assert [r["code"] for r in v["reasons"]] == [why.NAMESPACE_NOT_LABELLED, why.INJECTION_PAUSED]
+    assert v["detail"] and v["detail"] != "its rollout could not be placed (pods not listed)", v
 
 
 def test_a_workload_without_pods_is_its_template(api: StubApi, tmp_path: Path, capsys: Any) -> None:
