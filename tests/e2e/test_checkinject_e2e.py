@@ -5,7 +5,8 @@ SidecarSets for each reason the command gives (a selector term that fails, pause
 on the webhook by its annotation, a canary and its base, one created after its pod, one whose image
 changed while its updates are paused, its injection paused too) and a Deployment with no pods in
 kube-system. The command runs as a subprocess, as a user runs it, several at once; each test reads
-one answer.
+one answer. Two of the runs use ServiceAccount tokens bound to the README's viewer rules, all of
+them and only those not marked optional.
 
 These namespaces are not the fake kubelet's: the pods stay Pending. A pod that is not running is
 current when it records the SidecarSet's current hash (it starts with exactly those sidecars).
@@ -16,11 +17,14 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, set_image, status_of, wait_condition
@@ -28,7 +32,7 @@ from tests.e2e.policysupport import policy_holding
 from tests.e2e.test_preview_e2e import sidecarctl as run_cli
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane
+from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.managerharness import RunningManager
 
 TOK = secrets.token_hex(3)
@@ -38,6 +42,7 @@ BASE, CANARY, LATE, OLD = f"ck-base-{TOK}", f"ck-canary-{TOK}", f"ck-late-{TOK}"
 APP = f"ck-{TOK}"
 DEPLOY = f"ck-sys-{TOK}"
 PODS = "/api/v1/namespaces/{}/pods"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
 def sidecarctl(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
@@ -156,8 +161,11 @@ def scene(kube: Kube, control_plane: ControlPlane, manager: RunningManager) -> I
             "system": ("-n", "kube-system", f"deployment/{DEPLOY}", "-o", "json"),
             "absent": ("-n", ON, "nope"),
         }
-        with ThreadPoolExecutor(len(runs)) as pool:
+        viewers = {which: viewer_kubeconfig(kube, control_plane, which) for which in ("viewer", "bare")}
+        with ThreadPoolExecutor(len(runs) + len(viewers)) as pool:
             done = {k: pool.submit(sidecarctl, control_plane, *a) for k, a in runs.items()}
+            for which, config in viewers.items():
+                done[which] = pool.submit(run_cli, "check-inject", *runs["all"], "--kubeconfig", str(config))
             out: dict[str, Any] = {k: f.result() for k, f in done.items()}
         out["main-revision"] = status_of(kube, MAIN).get("latestRevision")
         out["main-policy"] = policy_holding(kube, MAIN)
@@ -170,6 +178,39 @@ def scene(kube: Kube, control_plane: ControlPlane, manager: RunningManager) -> I
         kube.delete(f"/apis/apps/v1/namespaces/kube-system/deployments/{DEPLOY}")
         for ns in (ON, OFF):
             kube.delete(f"/api/v1/namespaces/{ns}")
+        for which in ("viewer", "bare"):
+            kube.delete(f"{RBAC}/clusterroles/ck-{which}-{TOK}")
+            kube.delete(f"{RBAC}/clusterrolebindings/ck-{which}-{TOK}")
+
+
+def readme_viewer_rules() -> list[dict[str, Any]]:
+    """The rules the README gives for a viewer of check-inject (the YAML block after its RBAC line)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text[text.index("**RBAC** for a viewer") :]
+    block = block[block.index("```yaml") + len("```yaml") : block.index("```", block.index("```yaml") + 7)]
+    rules: list[dict[str, Any]] = yaml.safe_load(block)["rules"]
+    return rules
+
+
+def viewer_kubeconfig(kube: Kube, cp: ControlPlane, which: str) -> Path:
+    """A ServiceAccount token bound to the README's viewer rules (`viewer`), or to those the README
+    does not mark optional (`bare`: no ControllerRevisions, no MutatingAdmissionPolicies)."""
+    rules = readme_viewer_rules()
+    if which == "bare":
+        optional = {"controllerrevisions", "mutatingadmissionpolicies"}
+        rules = [r for r in rules if not optional & set(r["resources"])]
+    name = f"ck-{which}-{TOK}"
+    kube.create(f"/api/v1/namespaces/{ON}/serviceaccounts", {"metadata": {"name": name}})
+    kube.create(f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": rules})
+    binding = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ON}],
+    }
+    kube.create(f"{RBAC}/clusterrolebindings", binding)
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}}
+    token = kube.create(f"/api/v1/namespaces/{ON}/serviceaccounts/{name}/token", request)["status"]["token"]
+    return cp.token_kubeconfig(Path(tempfile.mkdtemp(prefix="sidecarctl-ck-")) / "kubeconfig", token)
 
 
 def _doc(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -268,3 +309,18 @@ def test_an_absent_pod_is_one_line_and_status_1(scene: dict[str, Any]) -> None:
     absent = scene["absent"]
     assert absent.returncode == 1 and absent.stdout == ""
     assert absent.stderr == f"sidecarctl check-inject: error: pod {ON}/nope not found\n"
+
+
+def test_the_readme_viewer_rules_are_enough_and_the_optional_ones_only_add_detail(scene: dict[str, Any]) -> None:
+    """Run as a ServiceAccount bound to exactly the README's rules, the answer is the admin's; bound
+    to those not marked optional, every pod's and SidecarSet's state and exit status are the same."""
+    admin, viewer, bare = scene["all"], scene["viewer"], scene["bare"]
+    assert viewer.stdout and viewer.returncode == admin.returncode, viewer.stderr
+    assert _doc(viewer) == _doc(admin)
+    assert bare.returncode == admin.returncode, bare.stderr
+
+    def states(doc: dict[str, Any]) -> dict[tuple[str, str], tuple[bool, str]]:
+        return {(p["name"], v["name"]): (v["selects"], v["state"]) for p in doc["pods"] for v in p["sidecarSets"]}
+
+    assert states(_doc(bare)) == states(_doc(admin))
+    assert [p["ok"] for p in _doc(bare)["pods"]] == [p["ok"] for p in _doc(admin)["pods"]]
