@@ -161,18 +161,6 @@ async def _pods(client: kubeapi.KubeClient, target: Target) -> list[tuple[JsonOb
     return [(would_be, f"{target.kind}/{name}")]
 
 
-async def _optional(client: kubeapi.KubeClient, path: str, params: dict[str, str | int]) -> list[JsonObj] | None:
-    """A list that only refines the answer: None when it may not be read or is not served."""
-    from kuberuntime import api
-
-    try:
-        return await clusterread.list_all(client, path, params)
-    except api.ApiError as e:
-        if e.status in (403, 404):
-            return None
-        raise
-
-
 async def gather(
     client: kubeapi.KubeClient, target: Target, *, manager_namespace: str, now: str
 ) -> tuple[list[tuple[JsonObj, str | None]], why.Cluster]:
@@ -182,7 +170,7 @@ async def gather(
         _pods(client, target),
         clusterread.list_all(client, clusterread.SS_PATH),
         clusterread.list_all(client, "/api/v1/namespaces"),
-        _optional(client, POLICIES, {"labelSelector": "app.kubernetes.io/managed-by=sidecarctl"}),
+        clusterread.list_optional(client, POLICIES, {"labelSelector": "app.kubernetes.io/managed-by=sidecarctl"}),
     )
     models = sorted((SidecarSet.from_object(o, tolerant=True) for o in sets), key=lambda s: s.name)
     members = policy_members(policies or [])
@@ -191,12 +179,13 @@ async def gather(
     late = {ss.name: [p for p in projected if why.outdated(ss, p, cluster.labels_of(p.namespace))] for ss in models}
     if any(late.values()):
         injected, revs = await asyncio.gather(
-            _optional(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
+            clusterread.list_optional(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
             clusterread.revisions(client, manager_namespace),
         )
+        rollout = None if injected is None else _RolloutInputs(injected, namespaces, revs, now)
         for ss in models:
-            if late[ss.name] and injected is not None:
-                glance = _glance(ss, injected, namespaces, revs, now)
+            if late[ss.name] and rollout is not None:
+                glance = rollout.glance(ss)
                 for p in late[ss.name]:
                     key = f"{p.namespace}/{p.name}"
                     cluster.held[(ss.name, key)] = why_outdated(key, glance)
@@ -236,17 +225,24 @@ def route_of(ss: SidecarSet, members: dict[str, str]) -> why.Route:
     return why.Route("unknown", None, f"no {names.CONDITION_POLICY_INJECTION} condition yet (is the manager running?)")
 
 
-def _glance(
-    ss: SidecarSet, injected: list[JsonObj], namespaces: list[JsonObj], revs: list[JsonObj], now: str
-) -> rolloutstatus.Glance:
-    """The SidecarSet's rollout as `sidecarctl status` shows it."""
-    from sidecarsets.pods.podkeys import pod_key
-    from sidecarsets.rollout import rolloutstatus
+class _RolloutInputs:
+    """The cluster's injected pods, projected once, and what `sidecarctl status` needs beside them."""
 
-    raw = {pod_key(p): p for p in injected}
-    ns_labels = clusterread.namespace_labels(namespaces)
-    projections = [project(p) for p in injected]
-    return rolloutstatus.glance(ss, projections, raw, ns_labels, stored_revisions=revs, missing=[], now=now)
+    def __init__(self, injected: list[JsonObj], namespaces: list[JsonObj], revs: list[JsonObj], now: str) -> None:
+        from sidecarsets.pods.podkeys import pod_key
+
+        self.raw = {pod_key(p): p for p in injected}
+        self.projections = [project(p) for p in injected]
+        self.ns_labels = clusterread.namespace_labels(namespaces)
+        self.revs, self.now = revs, now
+
+    def glance(self, ss: SidecarSet) -> rolloutstatus.Glance:
+        """The SidecarSet's rollout as `sidecarctl status` shows it."""
+        from sidecarsets.rollout import rolloutstatus
+
+        return rolloutstatus.glance(
+            ss, self.projections, self.raw, self.ns_labels, stored_revisions=self.revs, missing=[], now=self.now
+        )
 
 
 _STAGES = {

@@ -110,13 +110,19 @@ class Cluster:
     # (SidecarSet, namespace/pod) -> why the controller has not upgraded that outdated pod (yet)
     held: dict[tuple[str, str], str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._by_name = {str((n.get("metadata") or {}).get("name")): n for n in self.namespaces}
+
+    def namespace(self, name: str) -> JsonObj | None:
+        """The namespace object; None when it was not read."""
+        return self._by_name.get(name)
+
     def labels_of(self, namespace: str) -> dict[str, str] | None:
         """The labels of `namespace`; None when it was not read."""
-        for obj in self.namespaces:
-            meta = obj.get("metadata") or {}
-            if meta.get("name") == namespace:
-                return {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        return None
+        obj = self._by_name.get(namespace)
+        if obj is None:
+            return None
+        return {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +334,7 @@ def _state(
             return ABSENT, ""
         if ss.name in pod.injected:
             return MISSING, f"listed in {names.ANN_INJECTED_LIST} but sidecars are not in the pod"
-        ns = next((n for n in cluster.namespaces if (n.get("metadata") or {}).get("name") == pod.namespace), {})
+        ns = cluster.namespace(pod.namespace) or {}
         return MISSING, missed.reason(missed.PodFacts.of(raw), ss, labelled_at=missed.label_time(ns))
     if not counted(ss, pod, cluster.labels_of(pod.namespace)):
         return PRESENT, "in the pod, but the controller does not count it: it does not select the pod now"

@@ -154,20 +154,24 @@ async def get_or_none(client: kubeapi.KubeClient, path: str) -> JsonObj | None:
         return None
 
 
-async def revisions(client: kubeapi.KubeClient, namespace: str) -> list[JsonObj]:
-    """The SidecarSets' ControllerRevisions; none when they may not be read (they only refine the output)."""
+async def list_optional(
+    client: kubeapi.KubeClient, path: str, params: dict[str, str | int] | None = None
+) -> list[JsonObj] | None:
+    """A list that only refines the output: None when it may not be read (403) or is not served (404)."""
     from kuberuntime import api
 
     try:
-        return await list_all(
-            client,
-            f"/apis/apps/v1/namespaces/{namespace}/controllerrevisions",
-            {"labelSelector": names.REVISION_LABEL_SIDECARSET},
-        )
+        return await list_all(client, path, params)
     except api.ApiError as e:
         if e.status in (403, 404):
-            return []
+            return None
         raise
+
+
+async def revisions(client: kubeapi.KubeClient, namespace: str) -> list[JsonObj]:
+    """The SidecarSets' ControllerRevisions; none when they may not be read (they only refine the output)."""
+    path = f"/apis/apps/v1/namespaces/{namespace}/controllerrevisions"
+    return await list_optional(client, path, {"labelSelector": names.REVISION_LABEL_SIDECARSET}) or []
 
 
 def namespace_labels(objs: list[JsonObj]) -> dict[str, dict[str, str]]:
