@@ -204,15 +204,7 @@ class Controller(PodWrites):
         if progress.condition is not None:
             status.put_condition(new_status, progress.condition)
         metrics.ROLLOUT_STALLED.labels(name).set(1 if progress.stopped else 0)
-        metrics.set_pod_counts(
-            name,
-            {
-                "matched": new_status["matchedPods"],
-                "updated": new_status["updatedPods"],
-                "ready": new_status["readyPods"],
-                "updated_ready": new_status["updatedReadyPods"],
-            },
-        )
+        metrics.set_pod_counts(name, new_status)
         if progress.recheck is not None:
             self._deadline_check[name] = progress.recheck
         if status.status_changed(ss.status, new_status):

@@ -11,6 +11,8 @@ not go on exporting a stalled rollout or missing sidecars that the new leader ha
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -92,10 +94,25 @@ def _label_sets(metric: Gauge | Counter) -> list[dict[str, str]]:
     return [sample.labels for family in metric.collect() for sample in family.samples]
 
 
-def set_pod_counts(name: str, counts: dict[str, int]) -> None:
+# sidecarctl_sidecarset_pods's state -> the status field it reports
+_POD_STATES = {
+    "matched": "matchedPods",
+    "updated": "updatedPods",
+    "ready": "readyPods",
+    "updated_ready": "updatedReadyPods",
+}
+
+
+def set_pod_counts(name: str, status: Mapping[str, Any]) -> None:
     """SidecarSet `name`'s pods by state (`sidecarctl_sidecarset_pods`), from the status just computed."""
-    for state, value in counts.items():
-        SIDECARSET_PODS.labels(name, state).set(value)
+    for state, field in _POD_STATES.items():
+        SIDECARSET_PODS.labels(name, state).set(status[field])
+
+
+def _children(metric: Gauge | Counter, name: str | None) -> set[tuple[str, ...]]:
+    """The label values of `metric`'s series for SidecarSet `name` (every SidecarSet's when None),
+    in the order the metric declares them (a counter's `_total` and `_created` samples count once)."""
+    return {tuple(labels.values()) for labels in _label_sets(metric) if name is None or labels["sidecarset"] == name}
 
 
 def forget(name: str | None = None) -> None:
@@ -111,16 +128,14 @@ def forget(name: str | None = None) -> None:
     """
     zero = _multiprocess()
     for gauge in PER_SIDECARSET:
-        for labels in _label_sets(gauge):
-            if name is not None and labels.get("sidecarset") != name:
-                continue
+        for values in _children(gauge, name):
             if zero:
-                gauge.labels(**labels).set(0)
+                gauge.labels(*values).set(0)
             else:
-                gauge.remove(*labels.values())  # a sample's labels are in the order the gauge declares
+                gauge.remove(*values)
     if not zero and name is not None:
         for counter in (RECONCILES, INPLACE_UPGRADES):  # a deleted SidecarSet's counters go too
-            for values in {tuple(labels.values()) for labels in _label_sets(counter) if labels["sidecarset"] == name}:
+            for values in _children(counter, name):
                 counter.remove(*values)
     if name is None:
         TRACKED_PODS.set(0)

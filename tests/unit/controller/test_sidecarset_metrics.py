@@ -32,7 +32,7 @@ def _report(*names: str) -> None:
         metrics.PODS_NOT_UPGRADABLE.labels(name).set(3)
         metrics.PODS_MISSING_SIDECARS.labels(name).set(2)
         metrics.POD_SECURITY_VIOLATIONS.labels(name).set(4)
-        metrics.set_pod_counts(name, {"matched": 5, "updated": 2})
+        metrics.set_pod_counts(name, {"matchedPods": 5, "updatedPods": 2, "readyPods": 2, "updatedReadyPods": 1})
     metrics.TRACKED_PODS.set(7)
 
 
