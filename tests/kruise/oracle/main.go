@@ -306,25 +306,23 @@ func validate(req *request) (answer, error) {
 // validating one.
 func admitted(raw json.RawMessage, version string) ([]byte, error) {
 	if version == "v1alpha1" {
-		alpha := &appsv1alpha1.SidecarSet{}
-		if err := json.Unmarshal(raw, alpha); err != nil {
-			return nil, err
-		}
-		defaults.SetDefaultsSidecarSet(alpha)
-		if err := defaults.SetHashSidecarSet(alpha); err != nil {
-			return nil, err
-		}
-		return json.Marshal(alpha)
+		return defaulted(raw, defaults.SetDefaultsSidecarSet, defaults.SetHashSidecarSet)
 	}
-	beta := &appsv1beta1.SidecarSet{}
-	if err := json.Unmarshal(raw, beta); err != nil {
+	return defaulted(raw, defaults.SetDefaultsSidecarSetV1beta1, defaults.SetHashSidecarSetV1beta1)
+}
+
+// defaulted decodes a SidecarSet of either version, applies Kruise's defaults
+// and hashes for that version, and encodes it again.
+func defaulted[T any](raw json.RawMessage, setDefaults func(*T), setHash func(*T) error) ([]byte, error) {
+	obj := new(T)
+	if err := json.Unmarshal(raw, obj); err != nil {
 		return nil, err
 	}
-	defaults.SetDefaultsSidecarSetV1beta1(beta)
-	if err := defaults.SetHashSidecarSetV1beta1(beta); err != nil {
+	setDefaults(obj)
+	if err := setHash(obj); err != nil {
 		return nil, err
 	}
-	return json.Marshal(beta)
+	return json.Marshal(obj)
 }
 
 func sortPods(req *request) (answer, error) {
