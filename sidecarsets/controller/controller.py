@@ -73,7 +73,11 @@ class Controller(PodWrites):
         # Read tolerantly: a SidecarSet written before validation existed is still counted and reported.
         self.sidecarsets: dict[str, SidecarSet] = {}
         self.pods: dict[str, PodProjection] = {}
-        self.pods_by_ss: dict[str, set[str]] = {}
+        # SidecarSet -> its pods' keys -> their projections, in the order first seen. A reconcile walks
+        # one SidecarSet's pods several times: through this dict it reads them in a stable order that
+        # follows their allocation, where a set of keys looked up in `pods` read them in hash order
+        # (at 50,000 pods a full reconcile cost 1.8x per pod what it did at 5,000, from cache misses).
+        self.pods_by_ss: dict[str, dict[str, PodProjection]] = {}
         # pod key → resourceVersion our last patch produced; planning waits until the cache has it.
         self.expected: dict[str, int] = {}
         self.reconciles = 0
@@ -114,7 +118,10 @@ class Controller(PodWrites):
         if pod is None:
             return
         key = f"{pod.namespace}/{pod.name}"
-        before = set(old.injected) if old else set()
+        # What this key was filed under: the informer's old object and the projection held here (they
+        # agree, but an entry left behind would hold a stale projection that still counts).
+        held = self.pods.get(key)
+        before = {*(old.injected if old else ()), *(held.injected if held else ())}
         after = set(new.injected) if new else set()
         if new is None:
             self.pods.pop(key, None)
@@ -126,9 +133,10 @@ class Controller(PodWrites):
             if exp is not None and rv_number(new.resource_version) >= exp:
                 del self.expected[key]
         for ss in before - after:
-            self.pods_by_ss.get(ss, set()).discard(key)
-        for ss in after:
-            self.pods_by_ss.setdefault(ss, set()).add(key)
+            self.pods_by_ss.get(ss, {}).pop(key, None)
+        if new is not None:
+            for ss in after:
+                self.pods_by_ss.setdefault(ss, {})[key] = new
         metrics.TRACKED_PODS.set(len(self.pods))
         for ss in before | after:
             if ss in self.sidecarsets:
@@ -151,7 +159,7 @@ class Controller(PodWrites):
                 self.queue.add(name)
 
     def _pods_of(self, name: str) -> list[PodProjection]:
-        return [p for k in self.pods_by_ss.get(name, ()) if (p := self.pods.get(k)) is not None]
+        return list(self.pods_by_ss.get(name, {}).values())
 
     async def reconcile(self, name: str) -> float | None:
         """One pass for one SidecarSet; returns seconds until it wants another look, or None."""

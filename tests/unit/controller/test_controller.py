@@ -81,6 +81,35 @@ def test_deleted_pod_drops_its_expectation() -> None:
     assert c.expected == {} and c.pods == {}
 
 
+def named(name: str, rv: str, injected: str) -> dict[str, Any]:
+    p = pod(rv)
+    p["metadata"].update(name=name, uid=f"u-{name}")
+    p["metadata"]["annotations"][names.ANN_INJECTED_LIST] = injected
+    return p
+
+
+def test_a_sidecarsets_pods_come_in_the_order_first_seen_with_their_latest_projection() -> None:
+    c, _ = controller(watch_first=False)
+    for n in ("b", "a", "c"):
+        c.on_pod("ADDED", None, project(named(n, "5", "mesh")))
+    newer = project(named("a", "6", "mesh"))
+    c.on_pod("MODIFIED", project(named("a", "5", "mesh")), newer)
+    assert [p.name for p in c._pods_of("mesh")] == ["web-1", "b", "a", "c"]
+    assert c._pods_of("mesh")[2] is newer
+    c.on_pod("MODIFIED", newer, project(named("a", "7", "other")))
+    assert [p.name for p in c._pods_of("mesh")] == ["web-1", "b", "c"]
+    assert [p.name for p in c._pods_of("other")] == ["a"]
+    c.on_pod("DELETED", project(named("b", "5", "mesh")), None)
+    assert [p.name for p in c._pods_of("mesh")] == ["web-1", "c"]
+
+
+def test_an_old_object_that_disagrees_with_the_cache_leaves_no_stale_pod_behind() -> None:
+    """A pod is filed under what the projection held here says too, not only the informer's old object."""
+    c, _ = controller(watch_first=False)
+    c.on_pod("MODIFIED", project(named("web-1", "5", "other")), project(named("web-1", "6", "other")))
+    assert c._pods_of("mesh") == [] and [p.name for p in c._pods_of("other")] == ["web-1"]
+
+
 def test_a_rollout_of_many_pods_keeps_at_most_half_the_client_pool_busy() -> None:
     """A rollout at maxUnavailable 100% plans every pod at once. Sent all at once, 10,000 patches
     queued on the client's 64-connection pool, which the Lease renewal and the policy sync share,
