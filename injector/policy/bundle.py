@@ -190,7 +190,14 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
     own += [(f"groups{k}", "[" + ",\n".join(chunk) + "].flatten()") for k, chunk in enumerate(chunks)]
     common = groups[0].common if groups else ()
     could = selecting.pods_selected([ss for g in groups for ss in g.sidecarsets], approximate=True)
-    gates = "&& ".join((*common, f"({could}) // one-of-its-groups-could-select-the-pod\n"))
+    system = cel.strings(sorted([*names.SYSTEM_NAMESPACES, manager_namespace]))
+    gates = "&& ".join(
+        (
+            f"!(request.namespace in {system}) // not-a-system-namespace\n",
+            *common,
+            f"({could}) // one-of-its-groups-could-select-the-pod\n",
+        )
+    )
     chosen = " + ".join(f"{V}groups{k}" for k in range(len(chunks)))
     patch = f"({chosen}){cel.AS_JSON_PATCH}"
     spec: JsonObj = {
@@ -200,16 +207,10 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
             "resourceRules": [
                 {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
             ],
-            "namespaceSelector": {
-                "matchExpressions": [
-                    {"key": names.NS_INJECTION_LABEL, "operator": "In", "values": [names.NS_INJECTION_ENABLED]},
-                    {
-                        "key": names.NS_NAME_LABEL,
-                        "operator": "NotIn",
-                        "values": sorted([*names.SYSTEM_NAMESPACES, manager_namespace]),
-                    },
-                ]
-            },
+            # The system namespaces are left out by the matchCondition, not here: kube-apiserver parses
+            # every policy's namespace selector again for each namespaced write of any kind, before it
+            # looks at the resource, while the condition runs only for pods the selectors let through.
+            "namespaceSelector": {"matchLabels": {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}},
             "objectSelector": {
                 "matchExpressions": [
                     *OPT_OUT["matchExpressions"],

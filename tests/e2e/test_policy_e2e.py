@@ -22,7 +22,7 @@ from tests.e2e.helpers import SS_PATH, make_pod, status_of, wait_condition
 from tests.e2e.policysupport import policy_holding
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
-from tests.kube.managerharness import MWC_PATH, RunningManager
+from tests.kube.managerharness import MANAGER_NS, MWC_PATH, RunningManager
 
 PODS = "/api/v1/namespaces/{}/pods"
 
@@ -98,6 +98,30 @@ def test_a_policy_served_sidecarset_is_injected_without_the_webhook(
     assert stored["metadata"]["annotations"][names.ANN_INJECTED_BY] == "policy"
     assert _names(stored["spec"]["containers"]) == ["proxy", "app"]
     assert inject_calls() == before, "the webhook was called for a pod only a policy serves"
+
+
+def test_policies_leave_labelled_system_namespaces_alone(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    """kube-public and the manager's namespace, labelled for injection, still get no sidecar from a
+    policy (the policy's condition leaves them out, not its namespace selector), while the labelled
+    namespace next to them does."""
+    sidecarsets("sysshop")
+    injected_by(kube, injected_ns, "sysshop", "policy")
+    settled(manager)
+    system = ["kube-public", MANAGER_NS]
+    label = {"metadata": {"labels": {names.NS_INJECTION_LABEL: "enabled"}}}
+    try:
+        for ns in system:
+            kube.patch(f"/api/v1/namespaces/{ns}", label)
+        for ns in system:
+            pod = kube.create(PODS.format(ns), make_pod("probe", "sysshop"), dryRun="All")
+            assert _names(pod["spec"]["containers"]) == ["app"], (ns, pod["spec"]["containers"])
+            assert names.ANN_INJECTED_BY not in (pod["metadata"].get("annotations") or {})
+        assert _names(injected_by(kube, injected_ns, "sysshop", "policy")["spec"]["containers"]) == ["proxy", "app"]
+    finally:
+        for ns in system:
+            kube.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {names.NS_INJECTION_LABEL: None}}})
 
 
 def test_a_sidecarset_a_policy_cannot_serve_stays_on_the_webhook(

@@ -54,10 +54,10 @@ def test_a_plain_sidecarset_gets_a_policy_and_a_binding() -> None:
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail" and spec["reinvocationPolicy"] == "Never"
     assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
-    ns_sel = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
-    assert {"key": names.NS_INJECTION_LABEL, "operator": "In", "values": ["enabled"]} in ns_sel
-    excluded = next(e for e in ns_sel if e["key"] == names.NS_NAME_LABEL)["values"]
-    assert {"kube-system", "kube-public", "kube-node-lease", NS} <= set(excluded)
+    # One label to parse per write: the system namespaces are the condition's first test.
+    assert spec["matchConstraints"]["namespaceSelector"] == {"matchLabels": {names.NS_INJECTION_LABEL: "enabled"}}
+    excluded = f'["kube-node-lease", "kube-public", "kube-system", "{NS}"]'
+    assert spec["matchConditions"][0]["expression"].startswith(f"!(request.namespace in {excluded})")
     opt_out = spec["matchConstraints"]["objectSelector"]["matchExpressions"]
     assert opt_out == [
         {"key": names.POD_INJECT_LABEL, "operator": "NotIn", "values": ["false"]},
