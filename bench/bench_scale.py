@@ -9,6 +9,10 @@ alternating order over the rounds:
 
 - stored: an already injected pod created in a namespace without the injection label (no mutation
   at all: what every other pod of the cluster costs);
+- unselected: a raw pod in the injection-enabled namespace that no SidecarSet selects (its `team`
+  has none): what the other pods of an enabled namespace cost, and as the API server matches every
+  policy's selectors against every namespaced write before it looks at the resource, near what any
+  other write there costs (a ConfigMap, a pod's status from its kubelet);
 - policy: a raw pod that one policy-served SidecarSet selects (the webhook must not be called:
   the manager's inject counter is read before and after);
 - webhook: a raw pod that one webhook-served SidecarSet selects.
@@ -50,12 +54,12 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
-KINDS = ("stored", "policy", "webhook")
+KINDS = ("stored", "unselected", "policy", "webhook")
 BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
 MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{names.MUTATING_WEBHOOK_CONFIG}"
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{names.DEFAULT_MANAGER_NAMESPACE}/leases/sidecarctl-controller"
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
-NAMESPACES = {"stored": "s-stored", "policy": "s-inject", "webhook": "s-inject"}
+NAMESPACES = {"stored": "s-stored", "unselected": "s-inject", "policy": "s-inject", "webhook": "s-inject"}
 PROFILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pprof")
 
 
@@ -290,6 +294,7 @@ def main(argv: list[str]) -> int:
                 model = SidecarSet.from_object(team_sidecarset("p", n // 2))
                 bodies = {
                     "stored": common.injected(team_pod(f"p{n // 2}"), [model], namespace="s-inject", labels=ENABLED),
+                    "unselected": team_pod("unselected"),
                     "policy": team_pod(f"p{n // 2}"),
                     "webhook": team_pod(f"w{n // 2}"),
                 }
@@ -357,6 +362,7 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 "policies",
                 "webhook condition",
                 "stored pods/s (p50/p99, apiserver CPU/pod)",
+                "unselected",
                 "policy-served",
                 "webhook-served",
                 "webhook calls by policy pods",
@@ -382,6 +388,11 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 f"N={s.n}: stored rate vs N={base.n}",
                 f"{ratio(s, 'stored'):.0%}",
                 common.verdict(ratio(s, "stored") >= 0.9),
+            ),
+            (
+                f"N={s.n}: unselected pods of an enabled namespace, rate",
+                f"{ratio(s, 'unselected'):.0%}",
+                common.verdict(ratio(s, "unselected") >= 0.9),
             ),
             (f"N={s.n}: policy-served rate", f"{ratio(s, 'policy'):.0%}", common.verdict(ratio(s, "policy") >= 0.8)),
             (f"N={s.n}: webhook-served rate", f"{ratio(s, 'webhook'):.0%}", common.verdict(ratio(s, "webhook") >= 0.8)),
