@@ -176,13 +176,13 @@ async def gather(
     members = policy_members(policies or [])
     cluster = why.Cluster(models, namespaces, manager_namespace, {ss.name: route_of(ss, members) for ss in models})
     projected = [project(p) for p, template in pods if template is None]
-    late = {ss.name: [p for p in projected if why.outdated(ss, p, cluster.labels_of(p.namespace))] for ss in models}
+    late = {ss.name: [p for p in projected if why.outdated(ss, p, cluster.labels.get(p.namespace))] for ss in models}
     if any(late.values()):
         injected, revs = await asyncio.gather(
             clusterread.list_optional(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
             clusterread.revisions(client, manager_namespace),
         )
-        rollout = None if injected is None else _RolloutInputs(injected, namespaces, revs, now)
+        rollout = None if injected is None else _RolloutInputs(injected, cluster.labels, revs, now)
         for ss in models:
             if late[ss.name] and rollout is not None:
                 glance = rollout.glance(ss)
@@ -228,12 +228,14 @@ def route_of(ss: SidecarSet, members: dict[str, str]) -> why.Route:
 class _RolloutInputs:
     """The cluster's injected pods, projected once, and what `sidecarctl status` needs beside them."""
 
-    def __init__(self, injected: list[JsonObj], namespaces: list[JsonObj], revs: list[JsonObj], now: str) -> None:
+    def __init__(
+        self, injected: list[JsonObj], ns_labels: dict[str, dict[str, str]], revs: list[JsonObj], now: str
+    ) -> None:
         from sidecarsets.pods.podkeys import pod_key
 
         self.raw = {pod_key(p): p for p in injected}
         self.projections = [project(p) for p in injected]
-        self.ns_labels = clusterread.namespace_labels(namespaces)
+        self.ns_labels = ns_labels
         self.revs, self.now = revs, now
 
     def glance(self, ss: SidecarSet) -> rolloutstatus.Glance:

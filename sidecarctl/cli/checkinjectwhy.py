@@ -21,6 +21,7 @@ from typing import Any
 
 from injector.engine import eligibility, selection
 from kuberuntime.jsontypes import JsonObj
+from sidecarctl.cli.clusterread import namespace_labels
 from sidecarsets.pods import missed, podstate
 from sidecarsets.pods.projection import PodProjection, project
 from sidecarsets.rollout import rolloutsim, status
@@ -110,19 +111,16 @@ class Cluster:
     # (SidecarSet, namespace/pod) -> why the controller has not upgraded that outdated pod (yet)
     held: dict[tuple[str, str], str] = field(default_factory=dict)
 
+    # namespace name -> its labels, as `sidecarctl status` reads them (clusterread.namespace_labels)
+    labels: dict[str, dict[str, str]] = field(init=False)
+
     def __post_init__(self) -> None:
         self._by_name = {str((n.get("metadata") or {}).get("name")): n for n in self.namespaces}
+        self.labels = namespace_labels(self.namespaces)
 
     def namespace(self, name: str) -> JsonObj | None:
         """The namespace object; None when it was not read."""
         return self._by_name.get(name)
-
-    def labels_of(self, namespace: str) -> dict[str, str] | None:
-        """The labels of `namespace`; None when it was not read."""
-        obj = self._by_name.get(namespace)
-        if obj is None:
-            return None
-        return {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +334,7 @@ def _state(
             return MISSING, f"listed in {names.ANN_INJECTED_LIST} but sidecars are not in the pod"
         ns = cluster.namespace(pod.namespace) or {}
         return MISSING, missed.reason(missed.PodFacts.of(raw), ss, labelled_at=missed.label_time(ns))
-    if not counted(ss, pod, cluster.labels_of(pod.namespace)):
+    if not counted(ss, pod, cluster.labels.get(pod.namespace)):
         return PRESENT, "in the pod, but the controller does not count it: it does not select the pod now"
     key = f"{pod.namespace}/{pod.name}"
     if not podstate.is_updated(pod, sidecarset=ss.name, spec_hash=ss.hash):
@@ -354,7 +352,7 @@ def report(raw: Mapping[str, Any], cluster: Cluster, *, template_of: str | None 
     """Every SidecarSet of the cluster against one pod (or a workload's pod template)."""
     meta = raw.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
-    ns_labels = cluster.labels_of(namespace)
+    ns_labels = cluster.labels.get(namespace)
     gate, reasons = selection_reasons(
         raw,
         cluster.sidecarsets,
