@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from sidecarsets.spec import names
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane
+from tests.kube.controlplane import REPO, ControlPlane
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+
+
+def sidecarctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """The `sidecarctl` command line as a user runs it (a subprocess, without $KUBECONFIG); never raises on failure."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "sidecarctl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
 
 
 def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -28,8 +28,8 @@ import yaml
 
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, set_image, status_of, wait_condition
+from tests.e2e.helpers import sidecarctl as run_cli
 from tests.e2e.policysupport import policy_holding
-from tests.e2e.test_preview_e2e import sidecarctl as run_cli
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane

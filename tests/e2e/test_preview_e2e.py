@@ -18,9 +18,6 @@ are let become ready, and the rollout is resumed. `paused` changes no hash and n
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -37,13 +34,14 @@ from tests.e2e.helpers import (
     pods,
     ready,
     set_image,
+    sidecarctl,
     status_of,
     wait_injecting,
     wait_status,
 )
 from tests.kube.audit import audit_events
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import REPO, ControlPlane
+from tests.kube.controlplane import ControlPlane
 from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import RunningManager
@@ -66,19 +64,6 @@ STRATEGY = {
     "scatterStrategy": [{"key": "zone", "value": "*"}],
 }
 WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-
-
-def sidecarctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "sidecarctl.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=env,
-        check=False,
-    )
 
 
 def _when(event: dict[str, Any]) -> float:
