@@ -22,7 +22,7 @@ apiserver_version=$(sed -n 's#^replace k8s.io/apiserver => k8s.io/apiserver \(v[
 (cd "$work" && GOFLAGS=-mod=mod go mod download "k8s.io/apiserver@$apiserver_version")
 cp -r "$(go env GOMODCACHE)/k8s.io/apiserver@$apiserver_version" "$work/apiserver"
 chmod -R u+w "$work/apiserver"
-patch -d "$work/apiserver" -p1 < "$here/apiserver-policy-selector-cache.patch"
+patch -s -d "$work/apiserver" -p1 < "$here/apiserver-policy-selector-cache.patch" >&2  # stdout is the answer
 sed -i "s#^replace k8s.io/apiserver => .*#replace k8s.io/apiserver => ./apiserver#" "$work/go.mod"
 
 mkdir -p "$out"
