@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import copy
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -600,4 +602,8 @@ def run_main(main: Callable[[list[str]], int], argv: list[str]) -> int:
 
 
 def temp_dir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))
+    """A private directory, removed when the benchmark exits (its certificates and inputs are only
+    its own)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
