@@ -96,13 +96,40 @@ def test_many_groups_share_few_policies_and_each_keeps_its_own_code() -> None:
     assert sorted(m for g in p.policies for m in g.members) == sorted(s.name for s in sets)
     first = p.policies[0]
     spec = first.policy["spec"]
-    assert len(spec["mutations"]) == 1 and "variables.groups0 + " in spec["mutations"][0]["jsonPatch"]["expression"]
+    assert len(spec["mutations"]) == 1
+    assert "(0 in variables.chunks ? variables.groups0 : []) + " in spec["mutations"][0]["jsonPatch"]["expression"]
     [gates] = spec["matchConditions"]
     assert len(gates["expression"]) < 5000, "the groups' selectors as one set lookup, not one term each"
     assert {"groups0", "groups1", "candidates", "anns", "labels"} <= set(variables(first))
     assert len(variables(first)) <= 12 + len(first.groups), (
         "one variable per group: the API server builds one entry per variable per pod"
     )
+
+
+def test_the_mutation_reads_only_the_variables_that_hold_a_candidate_group() -> None:
+    sets = [ss(f"team-{k:03}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(40)]
+    [g] = planned(*sets).policies
+    found = variables(g)
+    held = {k: found[f"groups{k}"] for k in range(len(found)) if f"groups{k}" in found}
+    assert len(held) > 1, "several groups per variable, several variables"
+    # `chunks` maps each candidate group index to the one variable holding that group's code.
+    prefix, _, rest = found["chunks"].partition(".map(j, ")
+    assert prefix == "variables.candidates"
+    chunk_of = orjson.loads(rest.removesuffix("[j])"))
+    assert len(chunk_of) == len(sets)
+    for j, k in enumerate(chunk_of):
+        assert f"({j} in variables.candidates ? (" in held[k], (j, k)
+        assert all(f"({j} in variables.candidates ? (" not in v for o, v in held.items() if o != k), (j, k)
+    mutation = g.policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+    assert "variables.groups" not in mutation.replace(
+        " + ".join(f"({k} in variables.chunks ? variables.groups{k} : [])" for k in held), ""
+    ), "every variable behind its guard, none read unguarded"
+
+
+def test_one_variable_of_groups_needs_no_guard() -> None:
+    [g] = planned(ss("mesh")).policies
+    assert "chunks" not in variables(g)
+    assert g.policy["spec"]["mutations"][0]["jsonPatch"]["expression"].startswith("(variables.groups0)")
 
 
 def test_packing_keeps_groups_where_they_were() -> None:
