@@ -113,19 +113,20 @@ def _metric(url: str, name: str, **labels: str) -> float:
     return total
 
 
-def _profile(cp: Any, seconds: float, out: Path) -> None:
-    """kube-apiserver's CPU profile over the next `seconds`, saved to `out` (runs in a thread)."""
+def _profile(cp: Any, seconds: float, out: Path, *, what: str = "profile") -> None:
+    """kube-apiserver's CPU profile over the next `seconds` (or `what`="heap": its live heap after a
+    collection), saved to `out` (runs in a thread)."""
     pki = cp.workdir / "pki"
     ctx = ssl.create_default_context(cafile=str(pki / "serving-ca.crt"))
     ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    url = f"{cp.url}/debug/pprof/profile?seconds={int(seconds)}"
-    with urllib.request.urlopen(url, context=ctx, timeout=seconds + 30) as resp:
+    query = "gc=1" if what == "heap" else f"seconds={int(seconds)}"
+    with urllib.request.urlopen(f"{cp.url}/debug/pprof/{what}?{query}", context=ctx, timeout=seconds + 30) as resp:
         out.write_bytes(resp.read())
 
 
-def _top(profile: Path, lines: int = 25) -> str:
+def _top(profile: Path, lines: int = 25, *, options: tuple[str, ...] = ("-cum", "-focus=admission")) -> str:
     proc = subprocess.run(
-        ["go", "tool", "pprof", "-top", "-cum", "-focus=admission", f"-nodecount={lines}", str(profile)],
+        ["go", "tool", "pprof", "-top", *options, f"-nodecount={lines}", str(profile)],
         capture_output=True,
         text=True,
         check=False,
@@ -196,13 +197,30 @@ def _sizes(c: common.Cluster) -> tuple[int, int, int, int | None]:
 
 
 def _measure(
-    c: common.Cluster, bodies: dict[str, JsonObj], probe_url: str, args: argparse.Namespace, n: int
+    c: common.Cluster, bodies: dict[str, JsonObj], probe_url: str, args: argparse.Namespace, n: int, *, fill: bool
 ) -> dict[str, Figures]:
     figures = {k: Figures() for k in KINDS}
     apiserver = c.cp.procs["kube-apiserver"].pid
     kubeconfig_path = str(c.cp.kubeconfig)
     for kind in KINDS:  # warm-up
         run_load(kubeconfig_path, NAMESPACES[kind], bodies[kind], 1.0, args.clients)
+    if fill:
+        # kube-apiserver's watch cache keeps the last pod events (up to 102,400) until newer ones
+        # overwrite them: the first stage would otherwise be measured with an emptier heap than every
+        # later one, which holds the previous stages' pods (its heap profile: 94 MB before the first
+        # stage, 1 GB before a second of N=1,000, 462 MB of it pods, 177 MB the compiled policies),
+        # and the garbage collector's cost per pod grows with the heap. So first as many pods as a
+        # stage creates, created and deleted.
+        run_load(
+            kubeconfig_path,
+            NAMESPACES["stored"],
+            bodies["stored"],
+            args.seconds * args.rounds * len(KINDS),
+            args.clients,
+        )
+        c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES['stored']}/pods"))
+    if args.profile is not None:
+        _profile(c.cp, 0, args.profile / f"apiserver-n{n}-heap.pprof", what="heap")
     for r in range(args.rounds):
         for kind in KINDS if r % 2 == 0 else tuple(reversed(KINDS)):
             calls = _metric(probe_url, "sidecarctl_admissions_total", webhook="inject")
@@ -235,7 +253,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=common.positive_int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds of load per kind and round")
     parser.add_argument("--clients", type=common.positive_int, default=8)
-    parser.add_argument("--profile", type=Path, default=None, help="save kube-apiserver CPU profiles here")
+    parser.add_argument("--profile", type=Path, default=None, help="save kube-apiserver CPU and heap profiles here")
     args = parser.parse_args(argv)
     stages = [int(s) for s in args.stages.split(",")]
     if stages != sorted(set(stages)) or stages[0] < 1:
@@ -298,7 +316,7 @@ def main(argv: list[str]) -> int:
                     "policy": team_pod(f"p{n // 2}"),
                     "webhook": team_pod(f"w{n // 2}"),
                 }
-                figures = _measure(c, bodies, follower.probe_url, args, n)
+                figures = _measure(c, bodies, follower.probe_url, args, n, fill=not results)
             finally:
                 follower.terminate()
             results.append(Stage(n, live, by_policy, *sizes, figures))
@@ -308,6 +326,9 @@ def main(argv: list[str]) -> int:
                     prof = args.profile / f"apiserver-n{n}-{kind}.pprof"
                     if prof.exists():
                         print(f"\n-- kube-apiserver CPU, N={n}, {kind} pods (top) --\n{_top(prof)}")
+                heap = args.profile / f"apiserver-n{n}-heap.pprof"
+                top = _top(heap, 15, options=("-sample_index=inuse_space", "-cum"))
+                print(f"\n-- kube-apiserver live heap when measuring starts, N={n} (top) --\n{top}")
     _report(results)
     return 0
 
