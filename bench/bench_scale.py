@@ -210,15 +210,10 @@ def _measure(
         # later one, which holds the previous stages' pods (its heap profile: 94 MB before the first
         # stage, 1 GB before a second of N=1,000, 462 MB of it pods, 177 MB the compiled policies),
         # and the garbage collector's cost per pod grows with the heap. So first as many pods as a
-        # stage creates, created and deleted.
-        run_load(
-            kubeconfig_path,
-            NAMESPACES["stored"],
-            bodies["stored"],
-            args.seconds * args.rounds * len(KINDS),
-            args.clients,
-        )
-        c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES['stored']}/pods"))
+        # stage creates, created and deleted as a stage does.
+        for _ in range(args.rounds * len(KINDS)):  # deleted as often as a stage deletes them
+            run_load(kubeconfig_path, NAMESPACES["stored"], bodies["stored"], args.seconds, args.clients)
+            c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES['stored']}/pods"))
     if args.profile is not None:
         _profile(c.cp, 0, args.profile / f"apiserver-n{n}-heap.pprof", what="heap")
     for r in range(args.rounds):
