@@ -60,6 +60,8 @@ MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{nam
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{names.DEFAULT_MANAGER_NAMESPACE}/leases/sidecarctl-controller"
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
 NAMESPACES = {"stored": "s-stored", "unselected": "s-inject", "policy": "s-inject", "webhook": "s-inject"}
+# kube-apiserver's largest watch cache (k8s.io/apiserver storage/cacher: defaultUpperBoundCapacity).
+WATCH_CACHE_EVENTS = 100 * 1024
 PROFILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pprof")
 
 
@@ -205,14 +207,17 @@ def _measure(
     for kind in KINDS:  # warm-up
         run_load(kubeconfig_path, NAMESPACES[kind], bodies[kind], 1.0, args.clients)
     if fill:
-        # kube-apiserver's watch cache keeps the last pod events (up to 102,400) until newer ones
-        # overwrite them: the first stage would otherwise be measured with an emptier heap than every
-        # later one, which holds the previous stages' pods (its heap profile: 94 MB before the first
-        # stage, 1 GB before a second of N=1,000, 462 MB of it pods, 177 MB the compiled policies),
-        # and the garbage collector's cost per pod grows with the heap. So first as many pods as a
-        # stage creates, created and deleted as a stage does.
-        for _ in range(args.rounds * len(KINDS)):  # deleted as often as a stage deletes them
-            run_load(kubeconfig_path, NAMESPACES["stored"], bodies["stored"], args.seconds, args.clients)
+        # kube-apiserver's watch cache keeps the last pod events until newer ones overwrite them, in a
+        # ring it doubles (up to 102,400 events) while its oldest event is under 75 s old: the first
+        # stage would otherwise be measured with an emptier heap than every later one, which holds
+        # the previous stages' pods (its heap profile: 94 MB before the first stage, 1 GB before a
+        # second of N=1,000, 462 MB of it pods, 177 MB the compiled policies), and the garbage
+        # collector's cost per pod grows with the heap. So first enough pods to fill the ring,
+        # created and deleted as a stage does.
+        created = 0
+        while created < WATCH_CACHE_EVENTS // 2:
+            result = run_load(kubeconfig_path, NAMESPACES["stored"], bodies["stored"], args.seconds, args.clients)
+            created += len(result["latencies"])
             c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES['stored']}/pods"))
     if args.profile is not None:
         _profile(c.cp, 0, args.profile / f"apiserver-n{n}-heap.pprof", what="heap")
