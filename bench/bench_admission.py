@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
 import ctypes
 import http.client
@@ -218,35 +217,28 @@ async def empty_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]
     await send({"type": "http.response.body", "body": EMPTY_RESPONSE})
 
 
-def serve(kind: str, bind: str, cert_dir: str, workers: int = 1) -> None:
+def serve(kind: str, bind: str, cert_dir: str, workers: int = 1, channel: int | None = None) -> None:
     """Child process: serve one app the way the manager serves its webhook port, until SIGTERM.
 
-    With `workers` > 1 that many processes serve, each with its own socket of one SO_REUSEPORT
-    group, Listener and app, as `sidecarctl run` runs its admission workers (and with the same
-    allocator settings the supervisor gives them).
+    With `workers` > 1 this process only accepts and hands each connection to the worker holding
+    the fewest (sidecarctl.manager.handoff), and that many worker processes serve, each with its
+    own Listener and app, as `sidecarctl run` runs its admission workers (and with the same
+    allocator settings the supervisor gives them). A worker is this function with `channel`.
     """
     from certwatcher.reloader import CertReloader
     from injector.http.budget import ByteBudget
     from injector.http.server import Limits, Listener  # the manager's own listener, so the comparison is exact
-    from sidecarctl.manager.probes import bind_group
-
-    socks = bind_group(bind, workers)
-    sock = socks[0]
-    children: list[int] = []
-    for i in range(1, workers):
-        pid = os.fork()
-        if pid == 0:
-            children = []
-            sock = socks[i]
-            _die_with_parent()
-            break
-        children.append(pid)
+    from sidecarctl.manager.handoff import WorkerChannel
+    from sidecarctl.manager.probes import listen
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if workers > 1:
+            await _dispatch(kind, bind, cert_dir, workers, stop)
+            return
         reloader = CertReloader(cert_dir)
         reloader.reload_now()
         app: Any = empty_app
@@ -256,17 +248,34 @@ def serve(kind: str, bind: str, cert_dir: str, workers: int = 1) -> None:
             app = create_webhook_app(build_store(), WebhookSettings(), limits)
         elif kind == "webhook-noreplay":
             app = create_webhook_app(build_store(), WebhookSettings(replay=None), limits)
-        await Listener(app, sock, reloader.front_context, Limits()).serve(stop)
+        source = WorkerChannel(channel) if channel is not None else listen(bind)
+        await Listener(app, source, reloader.front_context, Limits()).serve(stop)
 
+    asyncio.run(main())
+
+
+async def _dispatch(kind: str, bind: str, cert_dir: str, workers: int, stop: asyncio.Event) -> None:
+    """The supervisor's part: the port, and `workers` processes it hands connections to."""
+    from sidecarctl.manager.handoff import Dispatcher
+    from sidecarctl.manager.probes import bind_only
+
+    dispatcher = Dispatcher(bind_only(bind))
+    procs = []
+    for i in range(workers):
+        theirs = dispatcher.attach(i)
+        args = [sys.executable, __file__, "--serve", kind, "--cert-dir", cert_dir, "--channel", str(theirs.fileno())]
+        procs.append(subprocess.Popen(args, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent))
+        theirs.close()
+    task = asyncio.create_task(dispatcher.serve())
     try:
-        asyncio.run(main())
+        await stop.wait()
     finally:
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        for pid in children:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait()
 
 
 def _die_with_parent() -> None:
@@ -546,7 +555,8 @@ def distinct_template() -> tuple[bytes, bytes]:
 
 
 def run_distinct(seconds: int, connections: int, workers: int) -> tuple[list[list[object]], list[str]]:
-    """c) every pod distinct, `workers` processes on one SO_REUSEPORT port, against the empty endpoint served alike."""
+    """c) every pod distinct, `workers` processes behind one port (as --webhook-workers), against the
+    empty endpoint served alike."""
     from tests.kube.managerharness import write_cert_dir
 
     if shutil.which("wrk") is None:
@@ -607,9 +617,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--serve", choices=APPS, help=argparse.SUPPRESS)
     parser.add_argument("--bind", help=argparse.SUPPRESS)
     parser.add_argument("--cert-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--channel", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.bind, args.cert_dir, args.workers)
+        serve(args.serve, args.bind, args.cert_dir, 1 if args.channel is not None else args.workers, args.channel)
         return 0
 
     common.print_machine("bench_admission: /inject with a 3-container, 120-env-var pod and 3 matching SidecarSets")
@@ -639,7 +650,7 @@ def main(argv: list[str]) -> int:
     for note in notes:
         print(f"note: {note}")
     print(
-        f"\nc) HTTPS on 127.0.0.1, the manager's Listener in {args.workers} processes on one SO_REUSEPORT port (as "
+        f"\nc) HTTPS on 127.0.0.1, the manager's Listener in {args.workers} processes behind one port (as "
         f"--webhook-workers {args.workers}), {args.connections} keep-alive connections, every pod distinct:\n",
         flush=True,
     )

@@ -25,7 +25,8 @@ load the 2 cores unevenly; what is measured is admission. `--profile DIR` saves 
 kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints its top entries.
 
 Printed per stage: pods/s (median of rounds), p50/p99 create latency, kube-apiserver CPU per pod,
-the policies and bindings (count, bytes), the webhook's matchConditions (bytes) and how many
+the policies and bindings (count, bytes), the webhook's matchConditions (bytes), the manager's own
+time per webhook call (its admission histogram: body received to response built) and how many
 policy-served pods called the webhook; then the goals of the scale issue against N=1.
 """
 
@@ -85,6 +86,7 @@ class Figures:
     latencies: list[float] = field(default_factory=list)
     apiserver_ms: list[float] = field(default_factory=list)
     webhook_calls: int = 0
+    handler_ms: list[float] = field(default_factory=list)  # the manager's time per webhook call
     paths: dict[str, int] = field(default_factory=dict)
     errors: int = 0
 
@@ -224,6 +226,7 @@ def _measure(
     for r in range(args.rounds):
         for kind in KINDS if r % 2 == 0 else tuple(reversed(KINDS)):
             calls = _metric(probe_url, "sidecarctl_admissions_total", webhook="inject")
+            handled = _metric(probe_url, "sidecarctl_admission_duration_seconds_sum", webhook="inject")
             before = common.process_cpu(apiserver)
             profiler: Future[None] | None = None
             if args.profile is not None and r == 0:
@@ -239,7 +242,11 @@ def _measure(
             f.latencies += result["latencies"]
             f.apiserver_ms.append(1000 * cpu / max(count, 1))
             f.errors += result["error_count"]
-            f.webhook_calls += int(_metric(probe_url, "sidecarctl_admissions_total", webhook="inject") - calls)
+            round_calls = int(_metric(probe_url, "sidecarctl_admissions_total", webhook="inject") - calls)
+            f.webhook_calls += round_calls
+            if round_calls:
+                handled = _metric(probe_url, "sidecarctl_admission_duration_seconds_sum", webhook="inject") - handled
+                f.handler_ms.append(1000 * handled / round_calls)
             for by, k in result["injected_by"].items():
                 f.paths[by] = f.paths.get(by, 0) + k
             print(f"  N={n} round {r + 1} {kind:8} {count / result['elapsed']:6.0f} pods/s", flush=True)
@@ -371,6 +378,8 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 f"{statistics.median(f.rates):.0f} ({1000 * common.percentile(lat, 50):.0f}/"
                 f"{1000 * common.percentile(lat, 99):.0f} ms, {statistics.median(f.apiserver_ms):.1f} ms CPU)"
             )
+        handler = s.figures["webhook"].handler_ms
+        row.append(f"{statistics.median(handler):.2f}" if handler else "-")
         row.append(s.figures["policy"].webhook_calls)
         row.append(sum(f.errors for f in s.figures.values()))
         rows.append(row)
@@ -386,6 +395,7 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 "unselected",
                 "policy-served",
                 "webhook-served",
+                "manager ms per webhook call",
                 "webhook calls by policy pods",
                 "errors",
             ),

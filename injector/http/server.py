@@ -34,8 +34,7 @@ from hypercorn.config import Config
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from injector.http.metrics import CONNECTIONS_CLOSED, OPEN_CONNECTIONS
-
-LISTEN_BACKLOG = 1024  # connections the kernel queues for a listener before accept
+from injector.http.sources import ConnectionSource, ListeningSocket
 
 log = logging.getLogger("injector.server")
 
@@ -150,7 +149,7 @@ def _closed(reason: str) -> None:
     CONNECTIONS_CLOSED.labels(reason).inc()
 
 
-async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+async def readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     """Until the peer has sent something (or closed): no buffer is allocated while waiting."""
     ready: asyncio.Future[None] = loop.create_future()
     fd = sock.fileno()
@@ -226,11 +225,13 @@ class _Writer(asyncio.StreamWriter):
 
 
 class Listener:
-    """Serves `app` over TLS on an already listening socket (possibly shared with other processes)."""
+    """Serves `app` over TLS on the connections of a listening socket or of another source."""
 
-    def __init__(self, app: ASGIApp, sock: socket.socket, context: ssl.SSLContext, limits: Limits) -> None:
+    def __init__(
+        self, app: ASGIApp, source: socket.socket | ConnectionSource, context: ssl.SSLContext, limits: Limits
+    ) -> None:
         self.app = app
-        self.sock = sock
+        self.source = ListeningSocket(source) if isinstance(source, socket.socket) else source
         self.context = context
         self.limits = limits
         self.config = Config()
@@ -247,14 +248,13 @@ class Listener:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Listen and accept until `stop`; then let open requests finish within the graceful timeout.
+        """Accept until `stop`; then let open requests finish within the graceful timeout.
 
-        Listening here, not where the socket is bound, is what keeps a worker of an SO_REUSEPORT
-        group out of the kernel's choice until it is ready to answer (sidecarctl.manager.probes.bind_group);
-        on a socket that already listens it only sets the backlog.
+        The source starts here, not where it is made: a socket listens (on one that already
+        listens, this only sets the backlog), and a worker tells the supervisor it may be handed
+        connections, only once the caller is ready to answer.
         """
-        self.sock.listen(LISTEN_BACKLOG)
-        self.sock.setblocking(False)
+        self.source.start()
         accept = asyncio.create_task(self._accept_loop(), name="accept")
         sweep = asyncio.create_task(self._sweep(), name="header-deadlines")
         try:
@@ -272,16 +272,16 @@ class Listener:
             await asyncio.gather(sweep, return_exceptions=True)
 
     async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(self.sock)
+                conn = await self.source.accept()
             except OSError as e:  # out of file descriptors, or the socket went away
                 log.warning("webhook listener: accept failed: %s", e)
                 await asyncio.sleep(0.1)
                 continue
             if self.connections >= self.limits.max_connections:
                 conn.close()
+                self.source.closed()
                 _closed("max_connections")
                 continue
             self.connections += 1
@@ -301,7 +301,7 @@ class Listener:
             # records (headers, body) waits for the client's delayed ACK, ~40 ms per request.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                await asyncio.wait_for(_readable(loop, conn), self.limits.handshake_timeout)
+                await asyncio.wait_for(readable(loop, conn), self.limits.handshake_timeout)
             except TimeoutError:
                 _closed("handshake_timeout")
                 return
@@ -324,6 +324,7 @@ class Listener:
                 conn.close()
             self.connections -= 1
             OPEN_CONNECTIONS.dec()
+            self.source.closed()
 
     async def _serve_tls(self, conn: socket.socket, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         reader = asyncio.StreamReader(limit=2**16, loop=loop)

@@ -1,8 +1,9 @@
 """A child process of `sidecarctl run`: the control role, or one admission worker.
 
 Started by the supervisor with its options in SIDECARCTL_CHILD_OPTIONS and, for a worker, the
-listening socket as an inherited fd. It reports readiness in a status file the supervisor's
-/readyz reads, and ends on SIGTERM (draining) or when the supervisor dies (PR_SET_PDEATHSIG).
+channel its connections arrive on as an inherited fd (sidecarctl.manager.handoff). It reports
+readiness in a status file the supervisor's /readyz reads, and ends on SIGTERM (draining) or when
+the supervisor dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sidecarctl-child")
     parser.add_argument("role", choices=["control", "webhook"])
     parser.add_argument("--name", default="control")
-    parser.add_argument("--fd", type=int)
+    parser.add_argument("--channel", type=int)
     args = parser.parse_args(argv)
     _die_with_parent()
     logs.setup(os.environ.get("SIDECARCTL_LOG_LEVEL", "info"), os.environ.get("SIDECARCTL_LOG_FORMAT", "json"))
@@ -85,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             gc.set_threshold(100_000, 50, 100)
             role: ControlRole | WebhookRole = ControlRole(opts, cert_dir)
         else:
+            from sidecarctl.manager.handoff import WorkerChannel
             from sidecarctl.manager.webhook import WebhookRole
 
-            role = WebhookRole(opts, cert_dir, sock=socket.socket(fileno=args.fd))
+            role = WebhookRole(opts, cert_dir, source=WorkerChannel(args.channel))
         reporter = asyncio.create_task(_report(run_dir / f"{args.name}.status", role.readiness, stop))
         try:
             await role.run(stop)

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from injector.http.server import LISTEN_BACKLOG
+from injector.http.sources import LISTEN_BACKLOG
 from kuberuntime.authn import Verdict
 
 Check = Callable[[], Awaitable[tuple[bool, str]]]
@@ -105,7 +105,8 @@ async def tls_self_check(bind: str, ca_pem: bytes) -> tuple[bool, str]:
     return True, "ok"
 
 
-def _bound(bind: str, *, reuse_port: bool) -> socket.socket:
+def bind_only(bind: str) -> socket.socket:
+    """A TCP socket bound to `host:port` (the port may be 0), not yet listening."""
     host, _, port = bind.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -113,16 +114,13 @@ def _bound(bind: str, *, reuse_port: bool) -> socket.socket:
     # sockets accepted from this one inherit it.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, int(port)))
-    sock.set_inheritable(True)
     return sock
 
 
 def listen(bind: str, *, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """A listening TCP socket for `host:port` (the port may be 0)."""
-    sock = _bound(bind, reuse_port=False)
+    sock = bind_only(bind)
     sock.listen(backlog)
     return sock
 
@@ -131,24 +129,3 @@ def bound_address(bind: str, sock: socket.socket) -> str:
     """`bind` with the port the kernel chose when it asked for port 0."""
     host = bind.rpartition(":")[0]
     return f"{host}:{sock.getsockname()[1]}"
-
-
-def bind_reuseport(bind: str) -> socket.socket:
-    """A socket bound to `bind` with SO_REUSEPORT, not yet listening: one of a `bind_group`."""
-    return _bound(bind, reuse_port=True)
-
-
-def bind_group(bind: str, count: int) -> list[socket.socket]:
-    """`count` sockets bound to one port, one per admission worker, which each listens when ready.
-
-    Why not one shared listening socket: the API server keeps a few long-lived connections per
-    webhook, opened in a burst, and with a shared socket the first worker to wake accepts the whole
-    burst (measured: 16 of 16 connections on one of two workers, the other idle). With SO_REUSEPORT
-    the kernel hashes each new connection to one listening socket of the group, so the workers
-    share them. A socket that is bound but not listening gets none: a worker that has not yet
-    listed its SidecarSets and namespaces is sent no connection (`injector.http.server.Listener.serve`
-    listens).
-    """
-    first = bind_reuseport(bind)
-    same_port = bound_address(bind, first)
-    return [first, *(bind_reuseport(same_port) for _ in range(count - 1))]

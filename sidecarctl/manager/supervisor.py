@@ -4,8 +4,9 @@ Why processes: the pod webhook is fail-closed, so while it cannot answer no pod 
 labelled namespace. In one process, a request that parses or validates for seconds would delay
 every other admission, the Lease renewal and the watches. Here the control role (leader election,
 controller, certificates, caBundle) has a process of its own, and admission is served by
-`--webhook-workers` processes, each on its own socket of one SO_REUSEPORT group on the webhook
-port, so the kernel spreads connections over them and throughput grows with cores.
+`--webhook-workers` processes, so throughput grows with cores. The supervisor accepts on the
+webhook port and hands each connection to the ready worker holding the fewest
+(sidecarctl.manager.handoff); requests then go straight to that worker.
 
 The supervisor binds the ports, serves the probes and /metrics (every process's metrics, through
 prometheus-client's multiprocess files), restarts a child that dies, and on SIGTERM asks the
@@ -41,10 +42,10 @@ from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.authn import DelegatedAuth
 from kuberuntime.backoff import Backoff
 from kuberuntime.clock import first_of
+from sidecarctl.manager.handoff import Dispatcher
 from sidecarctl.manager.options import ManagerOptions
 from sidecarctl.manager.probes import (
-    bind_group,
-    bind_reuseport,
+    bind_only,
     bound_address,
     create_metrics_app,
     create_probe_app,
@@ -92,7 +93,7 @@ def usable_cpus() -> int:
 class Child:
     name: str
     args: list[str]
-    slot: int | None = None  # the admission worker's socket in Supervisor.socks
+    slot: int | None = None  # the admission worker's place in Supervisor.dispatcher
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     down_since: float | None = None
@@ -117,8 +118,9 @@ class Supervisor:
         else:
             raise ValueError("either --cert-dir or --self-signed is required")
         self.workers = opts.serving.webhook_workers or usable_cpus()
-        self.socks: list[socket.socket | None] = list(bind_group(opts.serving.webhook_bind, self.workers))
-        self.webhook_address = bound_address(opts.serving.webhook_bind, self._socket(0))
+        self.webhook_sock = bind_only(opts.serving.webhook_bind)
+        self.webhook_address = bound_address(opts.serving.webhook_bind, self.webhook_sock)
+        self.dispatcher = Dispatcher(self.webhook_sock)
         flat = {**opts.flat(), "cert_dir": str(self.cert_dir)}
         self.env = {
             **os.environ,
@@ -141,32 +143,24 @@ class Supervisor:
         self.metrics_sock = listen(serving.metrics_bind) if serving.metrics_bind else None
 
     # -- children --------------------------------------------------------------------------------
-    def _socket(self, slot: int) -> socket.socket:
-        sock = self.socks[slot]
-        assert sock is not None
-        return sock
-
     def _start(self, child: Child) -> None:
         args = child.args
-        fds: tuple[int, ...] = ()
+        channel: socket.socket | None = None
         if child.slot is not None:
-            if self.socks[child.slot] is None:
-                try:
-                    self.socks[child.slot] = bind_reuseport(self.webhook_address)
-                except OSError as e:
-                    child.next_start = time.monotonic() + child.backoff.next()
-                    log.warning("%s: cannot bind %s again: %s", child.name, self.webhook_address, e)
-                    return
-            fds = (self._socket(child.slot).fileno(),)
-            args = [*args, f"--fd={fds[0]}"]
-        child.proc = subprocess.Popen(args, env=self.env, pass_fds=fds)
+            channel = self.dispatcher.attach(child.slot)
+            args = [*args, f"--channel={channel.fileno()}"]
+        try:
+            child.proc = subprocess.Popen(args, env=self.env, pass_fds=() if channel is None else (channel.fileno(),))
+        finally:
+            if channel is not None:
+                channel.close()
         self._watch_exit(child)
         log.info("started %s (pid %d)", child.name, child.proc.pid)
 
     def _watch_exit(self, child: Child) -> None:
-        """Wake the supervision loop the moment `child` exits, not at its next 0.2 s poll: until a
-        dead worker's socket is closed, the connections the kernel hands it are reset. Without
-        pidfd_open (not Linux, or a kernel before 5.3) the poll alone notices."""
+        """Wake the supervision loop the moment `child` exits, not at its next 0.2 s poll, so that
+        it is restarted without delay. Without pidfd_open (not Linux, or a kernel before 5.3) the
+        poll alone notices."""
         assert child.proc is not None
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is None:
@@ -185,25 +179,13 @@ class Supervisor:
         os.close(child.pidfd)
         child.pidfd = None
 
-    def _release_socket(self, child: Child) -> None:
-        """Close a dead worker's socket so the kernel sends new connections to the live workers.
-
-        Kept open, it would go on receiving its share of connections with nobody to accept them
-        until the restart (up to the backoff's 10 s cap when a worker crash-loops). The restarted
-        worker gets a new socket, bound here and listened on once it has its first lists. With one
-        worker the socket is kept: there is no other to take over, and the port stays ours.
-        """
-        if child.slot is None or len(self.socks) < 2:
-            return
-        sock, self.socks[child.slot] = self.socks[child.slot], None
-        if sock is not None:
-            sock.close()
-
     def _reap(self, child: Child, now: float) -> None:
         if child.proc is None or child.proc.poll() is None:
             return
         code = child.proc.returncode
-        self._release_socket(child)
+        if child.slot is not None:
+            # Usually done already: the dispatcher reads the end of its channel when it dies.
+            self.dispatcher.detach(child.slot)
         self._unwatch_exit(child)
         mark_process_dead(child.proc.pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
         (self.run_dir / f"{child.name}.status").unlink(missing_ok=True)
@@ -307,17 +289,21 @@ class Supervisor:
             asyncio.create_task(self._supervise(stop), name="supervise"),
             asyncio.create_task(serve_plain(probes, self.opts.serving.probe_bind, stop), name="probes"),
         ]
+        dispatch = asyncio.create_task(self.dispatcher.serve(), name="dispatch")
         if self.metrics_sock is not None:
             tasks.append(asyncio.create_task(self._serve_metrics(stop), name="metrics"))
         try:
             await stop.wait()
         finally:
+            # New connections are refused from here on; the open ones are the workers' to drain.
+            dispatch.cancel()
+            await asyncio.gather(dispatch, return_exceptions=True)
+            self.webhook_sock.close()
             await self._drain()
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for sock in self.socks:
-                if sock is not None:
-                    sock.close()
+            for slot in list(self.dispatcher.workers):
+                self.dispatcher.detach(slot)
             # Its children are gone: their status files, metrics and any self-signed key with them,
             # so a host that restarts the manager does not collect one directory per run.
             shutil.rmtree(self.run_dir, ignore_errors=True)

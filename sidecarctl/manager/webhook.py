@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from injector.http.budget import ByteBudget
 from injector.http.decisions import WebhookSettings
 from injector.http.namespaces import NamespaceLookup
 from injector.http.server import Limits, Listener
+from injector.http.sources import ConnectionSource
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
@@ -47,7 +47,7 @@ class WebhookRole:
         cert_dir: Path,
         *,
         client: kubeapi.KubeClient | None = None,
-        sock: socket.socket | None = None,
+        source: ConnectionSource | None = None,
     ) -> None:
         self.opts = opts
         self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
@@ -90,7 +90,7 @@ class WebhookRole:
             budget=ByteBudget(budgets.body_budget_mib * 1024 * 1024),
         )
         self.app = create_webhook_app(self.store, settings, body)
-        self.sock = sock
+        self.source = source  # None: a socket of its own on --webhook-bind
         self.listener: Listener | None = None
 
     @property
@@ -141,8 +141,8 @@ class WebhookRole:
         tasks.append(asyncio.create_task(self.reloader.run(stop), name="cert-reloader"))
         try:
             if await self._first_lists(stop):
-                sock = self.sock if self.sock is not None else listen(self.opts.serving.webhook_bind)
-                self.listener = Listener(self.app, sock, self.reloader.front_context, self.limits)
+                source = self.source or listen(self.opts.serving.webhook_bind)
+                self.listener = Listener(self.app, source, self.reloader.front_context, self.limits)
                 await self.listener.serve(stop)
         finally:
             stop.set()

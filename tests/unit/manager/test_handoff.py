@@ -1,0 +1,166 @@
+"""The webhook port's connections handed from the supervisor to the admission workers: only to
+ready workers, to the one holding the fewest, never to one that has gone."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from sidecarctl.manager.handoff import Dispatcher, WorkerChannel
+from sidecarctl.manager.probes import bind_only
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.dispatcher = Dispatcher(bind_only("127.0.0.1:0"))
+        self.port = self.dispatcher.sock.getsockname()[1]
+        self.channels: dict[int, WorkerChannel] = {}
+        self.clients: list[socket.socket] = []
+
+    def worker(self, slot: int) -> WorkerChannel:
+        theirs = self.dispatcher.attach(slot)
+        self.channels[slot] = WorkerChannel(theirs.detach())
+        return self.channels[slot]
+
+    async def connect(self, count: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(count):
+            client = socket.socket()
+            client.setblocking(False)
+            await loop.sock_connect(client, ("127.0.0.1", self.port))
+            self.clients.append(client)
+
+    async def taken(self, slot: int, within: float = 2.0) -> list[socket.socket]:
+        """The connections handed to `slot`'s worker until none arrives for 0.2 s."""
+        got: list[socket.socket] = []
+        while True:
+            try:
+                got.append(await asyncio.wait_for(self.channels[slot].accept(), 0.2 if got else within))
+            except TimeoutError:
+                return got
+
+
+def scenario(body: Callable[[Harness], Awaitable[None]]) -> None:
+    """Run `body` against a dispatcher that serves, in a loop of its own."""
+
+    async def main() -> None:
+        h = Harness()
+        task = asyncio.create_task(h.dispatcher.serve())
+        try:
+            await body(h)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            for slot in list(h.dispatcher.workers):
+                h.dispatcher.detach(slot)
+            for c in h.clients:
+                c.close()
+            h.dispatcher.sock.close()
+
+    asyncio.run(main())
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(what)
+
+
+def peer_port(conn: socket.socket) -> int:
+    return int(conn.getpeername()[1])
+
+
+def test_nothing_listens_until_a_worker_is_ready() -> None:
+    async def body(harness: Harness) -> None:
+        harness.worker(0)
+        await asyncio.sleep(0.1)
+        with pytest.raises(ConnectionRefusedError):
+            await harness.connect(1)
+        harness.channels[0].start()
+        await until(lambda: harness.dispatcher.open_connections() == {0: 0}, "worker 0 never counted as ready")
+        await asyncio.sleep(0.05)
+        await harness.connect(1)
+        taken = await harness.taken(0)
+        assert [peer_port(c) for c in taken] == [harness.clients[0].getsockname()[1]]
+
+    scenario(body)
+
+
+def test_connections_split_evenly_and_only_over_ready_workers() -> None:
+    async def body(harness: Harness) -> None:
+        for slot in range(3):
+            harness.worker(slot)
+        harness.channels[0].start()
+        harness.channels[2].start()  # worker 1 has not listed its SidecarSets yet
+        await until(lambda: set(harness.dispatcher.open_connections()) == {0, 2}, "workers 0 and 2 not ready")
+        await harness.connect(16)
+        counts = {slot: len(await harness.taken(slot, within=0.5)) for slot in range(3)}
+        assert counts == {0: 8, 1: 0, 2: 8}
+        assert harness.dispatcher.open_connections() == {0: 8, 2: 8}
+
+    scenario(body)
+
+
+def test_a_worker_that_closes_connections_gets_the_next_ones() -> None:
+    async def body(harness: Harness) -> None:
+        for slot in range(2):
+            harness.worker(slot)
+            harness.channels[slot].start()
+        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        await harness.connect(8)
+        held = {slot: await harness.taken(slot) for slot in range(2)}
+        assert [len(held[0]), len(held[1])] == [4, 4]
+        for conn in held[1][:3]:  # three of worker 1's connections end
+            conn.close()
+            harness.channels[1].closed()
+        await until(lambda: harness.dispatcher.open_connections() == {0: 4, 1: 1}, "closes not counted")
+        await harness.connect(4)
+        # Three to worker 1 until both hold four, then the tie goes to the worker whose turn it is.
+        assert (len(await harness.taken(0)), len(await harness.taken(1))) == (1, 3)
+        assert harness.dispatcher.open_connections() == {0: 5, 1: 4}
+
+    scenario(body)
+
+
+def test_a_worker_that_dies_is_handed_nothing_more() -> None:
+    async def body(harness: Harness) -> None:
+        for slot in range(2):
+            harness.worker(slot)
+            harness.channels[slot].start()
+        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        harness.channels[0].sock.close()  # its process exits: the kernel closes its end
+        await until(lambda: 0 not in harness.dispatcher.workers, "the dead worker was not detached")
+        await harness.connect(6)
+        assert len(await harness.taken(1)) == 6
+
+    scenario(body)
+
+
+def test_with_no_ready_worker_left_a_connection_is_closed_at_once() -> None:
+    async def body(harness: Harness) -> None:
+        harness.worker(0)
+        harness.channels[0].start()
+        await until(lambda: harness.dispatcher.open_connections() == {0: 0}, "worker 0 not ready")
+        harness.channels[0].sock.close()
+        await until(lambda: not harness.dispatcher.workers, "the dead worker was not detached")
+        await harness.connect(1)
+        loop = asyncio.get_running_loop()
+        received = await asyncio.wait_for(loop.sock_recv(harness.clients[0], 1), 2.0)
+        assert received == b""  # closed by the supervisor, not left hanging in a queue
+
+    scenario(body)
+
+
+def test_the_worker_side_raises_once_the_supervisor_is_gone() -> None:
+    async def body(harness: Harness) -> None:
+        channel = harness.worker(0)
+        harness.dispatcher.detach(0)
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(channel.accept(), 2.0)
+
+    scenario(body)
