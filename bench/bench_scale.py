@@ -26,7 +26,8 @@ kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints
 
 Printed per stage: pods/s (median of rounds), p50/p99 create latency, kube-apiserver CPU per pod,
 the policies and bindings (count, bytes), the webhook's matchConditions (bytes), the manager's own
-time per webhook call (its admission histogram: body received to response built) and how many
+time per webhook call (its admission histogram: body received to response built) with the
+connections each admission worker held after each webhook round, and how many
 policy-served pods called the webhook; then the goals of the scale issue against N=1.
 """
 
@@ -87,6 +88,7 @@ class Figures:
     apiserver_ms: list[float] = field(default_factory=list)
     webhook_calls: int = 0
     handler_ms: list[float] = field(default_factory=list)  # the manager's time per webhook call
+    splits: list[str] = field(default_factory=list)  # connections per admission worker after a round
     paths: dict[str, int] = field(default_factory=dict)
     errors: int = 0
 
@@ -115,6 +117,18 @@ def _metric(url: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def _per_worker(url: str) -> str:
+    """The webhook connections each admission worker holds, from the supervisor's gauge: "5/4"."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts = [
+        line.rpartition(" ")[2].removesuffix(".0")
+        for line in text.splitlines()
+        if line.startswith("sidecarctl_webhook_worker_connections{")
+    ]
+    return "/".join(counts) or "-"
 
 
 def _profile(cp: Any, seconds: float, out: Path, *, what: str = "profile") -> None:
@@ -247,6 +261,7 @@ def _measure(
             if round_calls:
                 handled = _metric(probe_url, "sidecarctl_admission_duration_seconds_sum", webhook="inject") - handled
                 f.handler_ms.append(1000 * handled / round_calls)
+                f.splits.append(_per_worker(probe_url))
             for by, k in result["injected_by"].items():
                 f.paths[by] = f.paths.get(by, 0) + k
             print(f"  N={n} round {r + 1} {kind:8} {count / result['elapsed']:6.0f} pods/s", flush=True)
@@ -379,7 +394,8 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 f"{1000 * common.percentile(lat, 99):.0f} ms, {statistics.median(f.apiserver_ms):.1f} ms CPU)"
             )
         handler = s.figures["webhook"].handler_ms
-        row.append(f"{statistics.median(handler):.2f}" if handler else "-")
+        splits = ", ".join(s.figures["webhook"].splits)
+        row.append(f"{statistics.median(handler):.2f} ({splits})" if handler else "-")
         row.append(s.figures["policy"].webhook_calls)
         row.append(sum(f.errors for f in s.figures.values()))
         rows.append(row)
@@ -395,7 +411,7 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 "unselected",
                 "policy-served",
                 "webhook-served",
-                "manager ms per webhook call",
+                "manager ms per webhook call (connections per worker)",
                 "webhook calls by policy pods",
                 "errors",
             ),

@@ -22,6 +22,7 @@ import copy
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -588,9 +589,16 @@ def cluster() -> Iterator[Cluster]:
 
 
 def run_main(main: Callable[[list[str]], int], argv: list[str]) -> int:
-    """Exit with a one-line reason instead of a traceback when the environment lets the run down."""
+    """Exit with a one-line reason instead of a traceback when the environment lets the run down.
+
+    SIGTERM unwinds like Ctrl-C, so the managers and control planes a benchmark started are stopped
+    by its own `finally` blocks and context managers rather than left running."""
     from tests.kube.controlplane import ControlPlaneError
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         return main(argv)
     except KeyboardInterrupt:

@@ -31,7 +31,8 @@ ADMISSION_LATENCY = Histogram(
 CONNECTIONS_CLOSED = Counter(
     "sidecarctl_webhook_connections_closed_total",
     "Webhook connections closed by a bound, by reason (max_connections, max_tls_connections, handshake_timeout, "
-    "handshake_failed, header_timeout, peer_gone, error).",
+    "handshake_failed, header_timeout, peer_gone, error; rebalanced: ended after a response so that its client "
+    "reconnects to a worker holding fewer).",
     ["reason"],
 )
 OPEN_CONNECTIONS = Gauge(

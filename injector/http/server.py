@@ -31,8 +31,9 @@ from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
+from injector.http.guard import Guard, GuardedReader, guarded_app
 from injector.http.metrics import CONNECTIONS_CLOSED, OPEN_CONNECTIONS
 from injector.http.sources import ConnectionSource, ListeningSocket
 
@@ -64,85 +65,6 @@ class Limits:
         for name in ("handshake_timeout", "header_timeout", "keep_alive_timeout", "tls_shutdown_timeout"):
             if not 0 < getattr(self, name) <= 600:
                 raise ValueError(f"{name} must be between 0 and 600 seconds")
-
-
-class _Guard:
-    """One HTTP/1.1 connection's header deadline: from a request's first bytes to its headers.
-
-    Bytes that arrive while a request's body is being read belong to that request; bytes that
-    arrive with no request in progress start the next one, and its headers are due in `timeout`.
-    """
-
-    __slots__ = ("active", "deadline", "pending", "reading_body", "timeout", "transport")
-
-    def __init__(self, timeout: float, transport: asyncio.Transport) -> None:
-        self.timeout = timeout
-        self.transport = transport
-        self.deadline: float | None = None
-        self.active = 0
-        self.pending = False
-        self.reading_body = False
-
-    def data(self, now: float) -> None:
-        if self.reading_body:
-            return
-        self.pending = True
-        if self.active == 0 and self.deadline is None:
-            self.deadline = now + self.timeout
-
-    def started(self) -> None:
-        self.active += 1
-        self.pending = False
-        self.reading_body = True
-        self.deadline = None
-
-    def body_complete(self) -> None:
-        self.reading_body = False
-
-    def finished(self, now: float) -> None:
-        self.active -= 1
-        self.reading_body = False
-        if self.active == 0 and self.pending:
-            self.deadline = now + self.timeout
-
-
-class _GuardedReader:
-    """The StreamReader hypercorn reads from, telling the guard when bytes arrive."""
-
-    def __init__(self, reader: asyncio.StreamReader, guard: _Guard, loop: asyncio.AbstractEventLoop) -> None:
-        self._reader = reader
-        self._guard = guard
-        self._loop = loop
-
-    async def read(self, n: int = -1) -> bytes:
-        data = await self._reader.read(n)
-        if data:
-            self._guard.data(self._loop.time())
-        return data
-
-    def at_eof(self) -> bool:
-        return self._reader.at_eof()
-
-
-def _guarded_app(app: ASGIApp, guard: _Guard, loop: asyncio.AbstractEventLoop) -> ASGIApp:
-    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        guard.started()
-
-        async def tell_body(message: Any = None) -> Any:
-            message = await receive()
-            if message.get("type") != "http.request" or not message.get("more_body"):
-                guard.body_complete()
-            return message
-
-        try:
-            await app(scope, tell_body, send)
-        finally:
-            guard.finished(loop.time())
-
-    return guarded
 
 
 def _closed(reason: str) -> None:
@@ -244,8 +166,22 @@ class Listener:
         self.worker = WorkerContext(None)
         self.connections = 0
         self._tls = asyncio.Semaphore(limits.max_tls_connections)
-        self._guards: set[_Guard] = set()
+        self._guards: set[Guard] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._shed = 0  # HTTP/1.1 connections to end after their next response
+
+    def shed_one(self) -> None:
+        """End one HTTP/1.1 connection after its next response (`Connection: close`, so its client
+        never sends on it again): the supervisor asks this of a worker holding more connections
+        than another, and the client's next connection goes to the one with fewer."""
+        self._shed += 1
+
+    def _closing(self) -> bool:
+        if self._shed <= 0:
+            return False
+        self._shed -= 1
+        _closed("rebalanced")
+        return True
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Accept until `stop`; then let open requests finish within the graceful timeout.
@@ -254,7 +190,7 @@ class Listener:
         listens, this only sets the backlog), and a worker tells the supervisor it may be handed
         connections, only once the caller is ready to answer.
         """
-        self.source.start()
+        self.source.start(self.shed_one)
         accept = asyncio.create_task(self._accept_loop(), name="accept")
         sweep = asyncio.create_task(self._sweep(), name="header-deadlines")
         try:
@@ -348,14 +284,14 @@ class Listener:
         writer = _Writer(transport, protocol, reader, loop)
         ssl_object = writer.get_extra_info("ssl_object")
         http2 = ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
-        guard: _Guard | None = None
+        guard: Guard | None = None
         app = self.app
         source: Any = reader
         if not http2:
-            guard = _Guard(self.limits.header_timeout, transport)
+            guard = Guard(self.limits.header_timeout, transport)
             self._guards.add(guard)
-            app = _guarded_app(self.app, guard, loop)
-            source = _GuardedReader(reader, guard, loop)
+            app = guarded_app(self.app, guard, loop, self._closing)
+            source = GuardedReader(reader, guard, loop)
         serving = asyncio.ensure_future(
             TCPServer(ASGIWrapper(cast(Any, app)), loop, self.config, self.worker, {}, source, writer)
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from typing import Protocol
 
 LISTEN_BACKLOG = 1024  # connections the kernel queues for a listener before accept
@@ -18,8 +19,9 @@ class ConnectionSource(Protocol):
     """Where a Listener's connections come from: a socket of its own, or a channel they are handed
     over by another process (sidecarctl.manager.handoff)."""
 
-    def start(self) -> None:
-        """The listener is ready to serve: from now on it may be given connections."""
+    def start(self, shed: Callable[[], None]) -> None:
+        """The listener is ready to serve: from now on it may be given connections. `shed` asks it
+        to end one of its connections after that connection's next response."""
 
     async def accept(self) -> socket.socket: ...
 
@@ -33,7 +35,7 @@ class ListeningSocket:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
-    def start(self) -> None:
+    def start(self, shed: Callable[[], None]) -> None:
         self.sock.listen(LISTEN_BACKLOG)
         self.sock.setblocking(False)
 

@@ -22,20 +22,27 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from injector.http.server import readable
 from injector.http.sources import LISTEN_BACKLOG
 
 log = logging.getLogger("sidecarctl.handoff")
 
-READY, CLOSED, CONNECTION = b"r", b"x", b"c"
-_MESSAGES = 256  # messages read per wake-up of a channel
+READY, CLOSED, CONNECTION, SHED = b"r", b"x", b"c", b"s"
+_READ = 4096  # bytes (messages) read per wake-up of a channel
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
-    """A Unix socket pair that keeps message boundaries, so one fd travels with one byte."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    """A Unix stream socket pair; every message is one byte, a handed connection's fd attached to
+    its byte (the kernel never gives one read the fds of two sends). Not SOCK_SEQPACKET: its queue
+    holds net.unix.max_dgram_qlen messages (10 by default), and a burst of closes or connections
+    beyond that was lost."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)
     ours.set_inheritable(False)
     theirs.set_inheritable(True)
@@ -47,14 +54,17 @@ class _Worker:
     channel: socket.socket
     ready: bool = False
     open: int = 0  # connections handed to it and not yet reported closed
+    shedding: bool = False  # asked to end one connection, and none has ended since
 
 
 class Dispatcher:
     """The supervisor's side: accepts on the webhook port and hands connections out."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, rebalance_every: float = 1.0) -> None:
         self.sock = sock  # bound; it listens once a worker is ready
+        self.rebalance_every = rebalance_every
         self.workers: dict[int, _Worker] = {}
+        self._uneven = False  # at the last look, one worker held two more than another
         self._turn = 0
         self._ready = asyncio.Event()
         self._refusing = False
@@ -83,23 +93,45 @@ class Dispatcher:
         return {slot: w.open for slot, w in self.workers.items() if w.ready}
 
     def _read(self, slot: int, worker: _Worker) -> None:
-        for _ in range(_MESSAGES):
-            try:
-                message = worker.channel.recv(16)
-            except BlockingIOError:
-                return
-            except OSError:
-                message = b""
-            if not message:  # the worker exited: its end is closed
-                if self.workers.get(slot) is worker:
-                    self.detach(slot)
-                return
-            if message == READY:
-                log.info("admission worker %d is ready: it is handed connections from now on", slot)
-                worker.ready = True
-                self._ready.set()
-            elif message == CLOSED:
-                worker.open = max(0, worker.open - 1)
+        try:
+            messages = worker.channel.recv(_READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            messages = b""
+        if not messages:  # the worker exited: its end is closed
+            if self.workers.get(slot) is worker:
+                self.detach(slot)
+            return
+        if READY[0] in messages and not worker.ready:
+            log.info("admission worker %d is ready: it is handed connections from now on", slot)
+            worker.ready = True
+            self._ready.set()
+        closed = messages.count(CLOSED)
+        if closed:
+            worker.open = max(0, worker.open - closed)
+            worker.shedding = False
+
+    def rebalance(self) -> None:
+        """Ask the worker holding the most connections to end one when it has held two more than
+        another at two looks in a row. Handing out to the fewest keeps the split even as
+        connections open, but the client closes them as it likes (kube-apiserver closes idle ones
+        past its pool's size: 7/7 became 2/6 in the scale benchmark), and nothing else would move
+        them back. Two looks, `rebalance_every` apart, because a count is briefly high while a
+        connection its client has closed is still being shut down."""
+        ready = sorted((w.open, slot) for slot, w in self.workers.items() if w.ready)
+        uneven, self._uneven = self._uneven, len(ready) > 1 and ready[-1][0] - ready[0][0] >= 2
+        if not (uneven and self._uneven):
+            return
+        worker = self.workers[ready[-1][1]]
+        if worker.shedding:
+            return
+        try:
+            worker.channel.send(SHED)
+        except OSError as e:
+            log.debug("admission worker %d not asked to shed a connection: %s", ready[-1][1], e)
+            return
+        worker.shedding = True
 
     def _pick(self, skip: set[int]) -> int | None:
         """The ready worker with the fewest connections; among equals, the next in turn."""
@@ -139,14 +171,42 @@ class Dispatcher:
         self.sock.listen(LISTEN_BACKLOG)
         self.sock.setblocking(False)
         loop = asyncio.get_running_loop()
+        rebalancing = asyncio.create_task(self._rebalancing())
+        try:
+            while True:
+                try:
+                    conn, _ = await loop.sock_accept(self.sock)
+                except OSError as e:  # out of file descriptors
+                    log.warning("webhook port: accept failed: %s", e)
+                    await asyncio.sleep(0.1)
+                    continue
+                self.hand(conn)
+        finally:
+            rebalancing.cancel()
+            await asyncio.gather(rebalancing, return_exceptions=True)
+
+    async def _rebalancing(self) -> None:
         while True:
-            try:
-                conn, _ = await loop.sock_accept(self.sock)
-            except OSError as e:  # out of file descriptors
-                log.warning("webhook port: accept failed: %s", e)
-                await asyncio.sleep(0.1)
-                continue
-            self.hand(conn)
+            await asyncio.sleep(self.rebalance_every)
+            self.rebalance()
+
+
+class ConnectionsCollector(Collector):
+    """`sidecarctl_webhook_worker_connections{worker}`: the connections each ready worker holds, as
+    the supervisor counts them (an uneven split shows here first)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "sidecarctl_webhook_worker_connections",
+            "Webhook connections each ready admission worker holds, as handed out by the supervisor.",
+            labels=["worker"],
+        )
+        for slot, count in sorted(self.dispatcher.open_connections().items()):
+            family.add_metric([str(slot)], count)
+        yield family
 
 
 class WorkerChannel:
@@ -156,8 +216,10 @@ class WorkerChannel:
     def __init__(self, fd: int) -> None:
         self.sock = socket.socket(fileno=fd)
         self.sock.setblocking(False)
+        self._shed: Callable[[], None] | None = None
 
-    def start(self) -> None:
+    def start(self, shed: Callable[[], None]) -> None:
+        self._shed = shed
         self._send(READY)
 
     def closed(self) -> None:
@@ -167,7 +229,7 @@ class WorkerChannel:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                message, fds, _, _ = socket.recv_fds(self.sock, 16, 4)
+                message, fds, _, _ = socket.recv_fds(self.sock, 1, 4)
             except BlockingIOError:
                 await readable(loop, self.sock)
                 continue
@@ -177,6 +239,8 @@ class WorkerChannel:
                 for extra in fds[1:]:
                     socket.socket(fileno=extra).close()
                 return socket.socket(fileno=fds[0])
+            if message == SHED and self._shed is not None:
+                self._shed()
 
     def _send(self, message: bytes) -> None:
         try:

@@ -42,7 +42,7 @@ from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.authn import DelegatedAuth
 from kuberuntime.backoff import Backoff
 from kuberuntime.clock import first_of
-from sidecarctl.manager.handoff import Dispatcher
+from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
 from sidecarctl.manager.options import ManagerOptions
 from sidecarctl.manager.probes import (
     bind_only,
@@ -137,6 +137,7 @@ class Supervisor:
         self._exited = asyncio.Event()  # a child exited (set from its pidfd)
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=str(self.metrics_dir))  # type: ignore[no-untyped-call]
+        self.registry.register(ConnectionsCollector(self.dispatcher))
         serving = opts.serving
         if serving.metrics_secure and not serving.metrics_bind:
             raise ValueError("--metrics-secure needs --metrics-bind (for example 0.0.0.0:8443)")

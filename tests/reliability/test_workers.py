@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,23 @@ def ready_since(m: ManagerProcess, since: float) -> list[float]:
     return found
 
 
+def handed_out(m: ManagerProcess) -> list[int]:
+    """The connections each worker holds, as the supervisor counts them (its gauge)."""
+    with urllib.request.urlopen(m.probe_url + "/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return [int(float(line.split()[-1])) for line in lines if line.startswith("sidecarctl_webhook_worker_connections{")]
+
+
+def wait_all_closed(m: ManagerProcess) -> None:
+    """Until every connection a client has closed is closed by its worker too: an idle one whose
+    client went away ends after a 0.5 s grace (injector.http.server.LOST_GRACE), and until then
+    it counts for its worker, so connections opened at once would be split by stale counts."""
+    deadline = time.monotonic() + 5
+    while any(handed_out(m)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(handed_out(m)), f"connections still counted 5 s after their clients closed: {handed_out(m)}"
+
+
 def open_connections(m: ManagerProcess, cluster: Cluster, ns: str, count: int) -> list[WebhookClient]:
     """`count` keep-alive connections, each of which has had one pod injected."""
     clients = []
@@ -150,6 +168,7 @@ def test_connections_split_evenly_over_the_workers_and_a_killed_worker_is_replac
 ) -> None:
     ns, warm = ready_to_inject(cluster, manager)
     warm.close()
+    wait_all_closed(manager)
     workers = webhook_workers(manager)
     assert len(workers) == 2, f"expected two admission workers, found {workers}"
 
@@ -160,6 +179,7 @@ def test_connections_split_evenly_over_the_workers_and_a_killed_worker_is_replac
     # The supervisor hands each connection to the worker holding the fewest: 12 and 12, or 13 and
     # 11 when its own readiness check held one for a moment.
     assert max(spread_before.values()) - min(spread_before.values()) <= 2, f"connections per worker: {spread_before}"
+    assert sorted(handed_out(manager)) == sorted(spread_before.values()), "the supervisor's counts are off"
 
     # From now on a process that starts waits LIST_HOLD seconds for its first list of SidecarSets.
     proxy.delay_lists("sidecarsets", LIST_HOLD)
@@ -192,6 +212,7 @@ def test_connections_split_evenly_over_the_workers_and_a_killed_worker_is_replac
     served_at = ready[0] - killed_at
     assert proxy.delayed_lists >= 1, "the replacement's SidecarSet list was not held: the test proved nothing"
 
+    wait_all_closed(manager)
     clients = open_connections(manager, cluster, ns, CONNECTIONS)
     spread_after = connections_per_worker(manager, {survivor, replacement})
     for c in clients:

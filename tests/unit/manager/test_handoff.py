@@ -4,18 +4,24 @@ ready workers, to the one holding the fewest, never to one that has gone."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from sidecarctl.manager.handoff import Dispatcher, WorkerChannel
+from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher, WorkerChannel
 from sidecarctl.manager.probes import bind_only
 
 
+def no_shed() -> None:
+    """A worker's shed request where a test does not look at it."""
+
+
 class Harness:
-    def __init__(self) -> None:
-        self.dispatcher = Dispatcher(bind_only("127.0.0.1:0"))
+    def __init__(self, rebalance_every: float) -> None:
+        self.dispatcher = Dispatcher(bind_only("127.0.0.1:0"), rebalance_every=rebalance_every)
         self.port = self.dispatcher.sock.getsockname()[1]
         self.channels: dict[int, WorkerChannel] = {}
         self.clients: list[socket.socket] = []
@@ -43,11 +49,11 @@ class Harness:
                 return got
 
 
-def scenario(body: Callable[[Harness], Awaitable[None]]) -> None:
+def scenario(body: Callable[[Harness], Awaitable[None]], rebalance_every: float = 0.05) -> None:
     """Run `body` against a dispatcher that serves, in a loop of its own."""
 
     async def main() -> None:
-        h = Harness()
+        h = Harness(rebalance_every)
         task = asyncio.create_task(h.dispatcher.serve())
         try:
             await body(h)
@@ -81,7 +87,7 @@ def test_nothing_listens_until_a_worker_is_ready() -> None:
         await asyncio.sleep(0.1)
         with pytest.raises(ConnectionRefusedError):
             await harness.connect(1)
-        harness.channels[0].start()
+        harness.channels[0].start(no_shed)
         await until(lambda: harness.dispatcher.open_connections() == {0: 0}, "worker 0 never counted as ready")
         await asyncio.sleep(0.05)
         await harness.connect(1)
@@ -95,13 +101,19 @@ def test_connections_split_evenly_and_only_over_ready_workers() -> None:
     async def body(harness: Harness) -> None:
         for slot in range(3):
             harness.worker(slot)
-        harness.channels[0].start()
-        harness.channels[2].start()  # worker 1 has not listed its SidecarSets yet
+        harness.channels[0].start(no_shed)
+        harness.channels[2].start(no_shed)  # worker 1 has not listed its SidecarSets yet
         await until(lambda: set(harness.dispatcher.open_connections()) == {0, 2}, "workers 0 and 2 not ready")
         await harness.connect(16)
         counts = {slot: len(await harness.taken(slot, within=0.5)) for slot in range(3)}
         assert counts == {0: 8, 1: 0, 2: 8}
         assert harness.dispatcher.open_connections() == {0: 8, 2: 8}
+        registry = CollectorRegistry()
+        registry.register(ConnectionsCollector(harness.dispatcher))
+        exposed = generate_latest(registry).decode()
+        assert 'sidecarctl_webhook_worker_connections{worker="0"} 8.0' in exposed
+        assert 'sidecarctl_webhook_worker_connections{worker="2"} 8.0' in exposed
+        assert 'worker="1"' not in exposed  # not ready: it holds nothing and is not counted
 
     scenario(body)
 
@@ -110,7 +122,7 @@ def test_a_worker_that_closes_connections_gets_the_next_ones() -> None:
     async def body(harness: Harness) -> None:
         for slot in range(2):
             harness.worker(slot)
-            harness.channels[slot].start()
+            harness.channels[slot].start(no_shed)
         await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
         await harness.connect(8)
         held = {slot: await harness.taken(slot) for slot in range(2)}
@@ -131,7 +143,7 @@ def test_a_worker_that_dies_is_handed_nothing_more() -> None:
     async def body(harness: Harness) -> None:
         for slot in range(2):
             harness.worker(slot)
-            harness.channels[slot].start()
+            harness.channels[slot].start(no_shed)
         await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
         harness.channels[0].sock.close()  # its process exits: the kernel closes its end
         await until(lambda: 0 not in harness.dispatcher.workers, "the dead worker was not detached")
@@ -144,7 +156,7 @@ def test_a_worker_that_dies_is_handed_nothing_more() -> None:
 def test_with_no_ready_worker_left_a_connection_is_closed_at_once() -> None:
     async def body(harness: Harness) -> None:
         harness.worker(0)
-        harness.channels[0].start()
+        harness.channels[0].start(no_shed)
         await until(lambda: harness.dispatcher.open_connections() == {0: 0}, "worker 0 not ready")
         harness.channels[0].sock.close()
         await until(lambda: not harness.dispatcher.workers, "the dead worker was not detached")
@@ -162,5 +174,84 @@ def test_the_worker_side_raises_once_the_supervisor_is_gone() -> None:
         harness.dispatcher.detach(0)
         with pytest.raises(ConnectionError):
             await asyncio.wait_for(channel.accept(), 2.0)
+
+    scenario(body)
+
+
+def count(into: dict[int, int], slot: int) -> None:
+    into[slot] += 1
+
+
+def test_the_worker_holding_two_more_is_asked_to_shed_one_at_a_time() -> None:
+    async def body(harness: Harness) -> None:
+        sheds = {0: 0, 1: 0}
+        for slot in range(2):
+            harness.worker(slot)
+            harness.channels[slot].start(functools.partial(count, sheds, slot))
+        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        await harness.connect(8)
+        held = {slot: await harness.taken(slot) for slot in range(2)}
+        assert [len(held[0]), len(held[1])] == [4, 4]
+        # The client closes three of worker 0's connections (kube-apiserver trims its idle pool).
+        for conn in held[0][:3]:
+            conn.close()
+            harness.channels[0].closed()
+        await until(lambda: harness.dispatcher.open_connections() == {0: 1, 1: 4}, "closes not counted")
+        listening = asyncio.create_task(harness.channels[1].accept())  # reads what the supervisor sends
+        await until(lambda: sheds[1] == 1, "worker 1 was not asked to shed a connection")
+        await asyncio.sleep(0.3)
+        assert sheds == {0: 0, 1: 1}  # one at a time: the next only once it has ended one
+        held[1][0].close()
+        harness.channels[1].closed()
+        await until(lambda: sheds[1] == 2, "worker 1 was not asked again while it held two more")
+        held[1][1].close()
+        harness.channels[1].closed()
+        await until(lambda: harness.dispatcher.open_connections() == {0: 1, 1: 2}, "closes not counted")
+        await asyncio.sleep(0.3)
+        assert sheds == {0: 0, 1: 2}  # 1 and 2: even enough
+        listening.cancel()
+
+    scenario(body)
+
+
+def test_a_split_uneven_at_one_look_only_is_left_alone() -> None:
+    async def body(harness: Harness) -> None:
+        sheds = {0: 0, 1: 0}
+        for slot in range(2):
+            harness.worker(slot)
+            harness.channels[slot].start(functools.partial(count, sheds, slot))
+        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        listening = asyncio.create_task(harness.channels[1].accept())
+        workers = harness.dispatcher.workers
+
+        async def look(held: tuple[int, int]) -> None:
+            workers[0].open, workers[1].open = held
+            harness.dispatcher.rebalance()
+            await asyncio.sleep(0.1)
+
+        await look((0, 2))  # a close not yet reported makes a count high for a moment
+        await look((1, 2))
+        await look((0, 2))
+        assert sheds == {0: 0, 1: 0}
+        await look((0, 2))  # uneven at two looks in a row
+        assert sheds == {0: 0, 1: 1}
+        listening.cancel()
+
+    scenario(body, rebalance_every=3600.0)  # looks are taken by hand here
+
+
+def test_a_burst_of_connections_and_of_closes_loses_none() -> None:
+    async def body(harness: Harness) -> None:
+        harness.worker(0)
+        harness.channels[0].start(no_shed)
+        await until(lambda: harness.dispatcher.open_connections() == {0: 0}, "worker 0 not ready")
+        await harness.connect(40)  # all handed before the worker reads one
+        await until(lambda: harness.dispatcher.open_connections() == {0: 40}, "not all 40 handed")
+        taken = await harness.taken(0)
+        assert len(taken) == 40
+        for conn in taken:  # all end at once: 40 reports queued before the supervisor reads one
+            conn.close()
+            harness.channels[0].closed()
+        await until(lambda: harness.dispatcher.open_connections() == {0: 0}, "closes lost")
 
     scenario(body)
