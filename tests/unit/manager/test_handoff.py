@@ -15,6 +15,10 @@ from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher, WorkerC
 from sidecarctl.manager.probes import bind_only
 
 
+def tally(into: dict[int, int], slot: int) -> None:
+    into[slot] += 1
+
+
 def no_shed() -> None:
     """A worker's shed request where a test does not look at it."""
 
@@ -30,6 +34,14 @@ class Harness:
         theirs = self.dispatcher.attach(slot)
         self.channels[slot] = WorkerChannel(theirs.detach())
         return self.channels[slot]
+
+    async def ready(self, count: int, sheds: dict[int, int] | None = None) -> None:
+        """`count` workers that have said READY; with `sheds`, each counts there the connections it
+        is asked to shed."""
+        for slot in range(count):
+            self.worker(slot)
+            self.channels[slot].start(no_shed if sheds is None else functools.partial(tally, sheds, slot))
+        await until(lambda: len(self.dispatcher.open_connections()) == count, "workers not ready")
 
     async def connect(self, count: int) -> None:
         loop = asyncio.get_running_loop()
@@ -120,10 +132,7 @@ def test_connections_split_evenly_and_only_over_ready_workers() -> None:
 
 def test_a_worker_that_closes_connections_gets_the_next_ones() -> None:
     async def body(harness: Harness) -> None:
-        for slot in range(2):
-            harness.worker(slot)
-            harness.channels[slot].start(no_shed)
-        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        await harness.ready(2)
         await harness.connect(8)
         held = {slot: await harness.taken(slot) for slot in range(2)}
         assert [len(held[0]), len(held[1])] == [4, 4]
@@ -141,10 +150,7 @@ def test_a_worker_that_closes_connections_gets_the_next_ones() -> None:
 
 def test_a_worker_that_dies_is_handed_nothing_more() -> None:
     async def body(harness: Harness) -> None:
-        for slot in range(2):
-            harness.worker(slot)
-            harness.channels[slot].start(no_shed)
-        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        await harness.ready(2)
         harness.channels[0].sock.close()  # its process exits: the kernel closes its end
         await until(lambda: 0 not in harness.dispatcher.workers, "the dead worker was not detached")
         await harness.connect(6)
@@ -178,17 +184,10 @@ def test_the_worker_side_raises_once_the_supervisor_is_gone() -> None:
     scenario(body)
 
 
-def count(into: dict[int, int], slot: int) -> None:
-    into[slot] += 1
-
-
 def test_the_worker_holding_two_more_is_asked_to_shed_one_at_a_time() -> None:
     async def body(harness: Harness) -> None:
         sheds = {0: 0, 1: 0}
-        for slot in range(2):
-            harness.worker(slot)
-            harness.channels[slot].start(functools.partial(count, sheds, slot))
-        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        await harness.ready(2, sheds)
         await harness.connect(8)
         held = {slot: await harness.taken(slot) for slot in range(2)}
         assert [len(held[0]), len(held[1])] == [4, 4]
@@ -217,10 +216,7 @@ def test_the_worker_holding_two_more_is_asked_to_shed_one_at_a_time() -> None:
 def test_a_split_uneven_at_one_look_only_is_left_alone() -> None:
     async def body(harness: Harness) -> None:
         sheds = {0: 0, 1: 0}
-        for slot in range(2):
-            harness.worker(slot)
-            harness.channels[slot].start(functools.partial(count, sheds, slot))
-        await until(lambda: len(harness.dispatcher.open_connections()) == 2, "workers not ready")
+        await harness.ready(2, sheds)
         listening = asyncio.create_task(harness.channels[1].accept())
         workers = harness.dispatcher.workers
 
