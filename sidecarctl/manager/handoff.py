@@ -38,10 +38,9 @@ _READ = 4096  # bytes (messages) read per wake-up of a channel
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
-    """A Unix stream socket pair; every message is one byte, a handed connection's fd attached to
-    its byte (the kernel never gives one read the fds of two sends). Not SOCK_SEQPACKET: its queue
-    holds net.unix.max_dgram_qlen messages (10 by default), and a burst of closes or connections
-    beyond that was lost."""
+    """A Unix stream socket pair. Every message is one byte, and a handed connection's fd travels
+    with its byte: a one-byte read gets exactly the fds sent with that byte. The send buffer holds
+    a few hundred such messages; past that a send fails and the connection goes to another worker."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)
     ours.set_inheritable(False)
