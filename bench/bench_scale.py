@@ -105,12 +105,16 @@ class Stage:
     figures: dict[str, Figures]
 
 
+def _scrape(url: str) -> list[str]:
+    """The lines of the manager's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return list(resp.read().decode().splitlines())
+
+
 def _metric(url: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples with these labels, from the manager's /metrics."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     total = 0.0
-    for line in text.splitlines():
+    for line in _scrape(url):
         if not line.startswith(name + "{"):
             continue
         head, _, value = line.rpartition(" ")
@@ -121,11 +125,9 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
 def _per_worker(url: str) -> str:
     """The webhook connections each admission worker holds, from the supervisor's gauge: "5/4"."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     counts = [
         line.rpartition(" ")[2].removesuffix(".0")
-        for line in text.splitlines()
+        for line in _scrape(url)
         if line.startswith("sidecarctl_webhook_worker_connections{")
     ]
     return "/".join(counts) or "-"

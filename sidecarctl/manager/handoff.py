@@ -3,7 +3,7 @@
 Why: the API server keeps a few long-lived keep-alive connections to a webhook and sends every
 admission over them, so how connections are split decides how the load is split. With one
 SO_REUSEPORT socket per worker the kernel hashed each connection to a worker: 10 connections split
-9/1, 4/6 or 2/8 from one burst to the next (measured on the scale benchmark's API server), and the
+4/6, and 11 split 9/2 once they had idled out and were reopened (the scale benchmark), and the
 worker holding most of them queued requests while the other idled. Here the supervisor accepts on
 one socket and passes each connection (SCM_RIGHTS over a Unix socket pair per worker) to the ready
 worker holding the fewest, ties taken in turn, so connections split within one of even, as
@@ -43,8 +43,6 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     a few hundred such messages; past that a send fails and the connection goes to another worker."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)
-    ours.set_inheritable(False)
-    theirs.set_inheritable(True)
     return ours, theirs
 
 
@@ -86,6 +84,11 @@ class Dispatcher:
         with contextlib.suppress(RuntimeError, ValueError):
             asyncio.get_running_loop().remove_reader(worker.channel.fileno())
         worker.channel.close()
+
+    def close(self) -> None:
+        """Forget every worker (they have exited); the listening socket is the caller's."""
+        for slot in list(self.workers):
+            self.detach(slot)
 
     def open_connections(self) -> dict[int, int]:
         """Connections each ready worker holds, by slot."""

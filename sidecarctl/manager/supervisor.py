@@ -303,8 +303,7 @@ class Supervisor:
             await self._drain()
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for slot in list(self.dispatcher.workers):
-                self.dispatcher.detach(slot)
+            self.dispatcher.close()
             # Its children are gone: their status files, metrics and any self-signed key with them,
             # so a host that restarts the manager does not collect one directory per run.
             shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -72,8 +72,7 @@ def scenario(body: Callable[[Harness], Awaitable[None]], rebalance_every: float 
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            for slot in list(h.dispatcher.workers):
-                h.dispatcher.detach(slot)
+            h.dispatcher.close()
             for c in h.clients:
                 c.close()
             h.dispatcher.sock.close()
