@@ -26,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.authn import DelegatedAuth
 from kuberuntime.backoff import Backoff
 from kuberuntime.clock import first_of
+from sidecarctl.manager import rundir
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
 from sidecarctl.manager.options import ManagerOptions
 from sidecarctl.manager.probes import (
@@ -107,7 +107,8 @@ class Supervisor:
         self.opts = opts
         # Fail here, in one line, rather than in children restarted forever.
         kubeconfig.load_config(opts.kubeconfig)
-        self.run_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-run-"))
+        # Locked while this process or a child lives; what a killed manager left is removed here.
+        self.run_dir, self.run_lock = rundir.create()
         self.metrics_dir = self.run_dir / "metrics"
         self.metrics_dir.mkdir()
         if opts.tls.cert_dir:
@@ -151,7 +152,9 @@ class Supervisor:
             channel = self.dispatcher.attach(child.slot)
             args = [*args, f"--channel={channel.fileno()}"]
         try:
-            child.proc = subprocess.Popen(args, env=self.env, pass_fds=() if channel is None else (channel.fileno(),))
+            # The run directory's lock goes to every child: it stays locked while any of them lives.
+            fds = (self.run_lock,) if channel is None else (self.run_lock, channel.fileno())
+            child.proc = subprocess.Popen(args, env=self.env, pass_fds=fds)
         finally:
             if channel is not None:
                 channel.close()
@@ -307,6 +310,7 @@ class Supervisor:
             # Its children are gone: their status files, metrics and any self-signed key with them,
             # so a host that restarts the manager does not collect one directory per run.
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            os.close(self.run_lock)
             log.info("manager stopped")
 
 
