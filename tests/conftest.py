@@ -8,6 +8,7 @@ as a failure: those tiers must really run there.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -49,6 +50,26 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         report.longrepr = f"{tier} test skipped under CI=true (not allowed): {report.longrepr}"
     return report
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytests_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every temporary file or directory the tiers make, in this process and in the processes they
+    start (certificates, manager logs and run directories, control plane data), goes under pytest's
+    base temporary directory, of which pytest keeps the last three runs: a failed run can still be
+    read afterwards, and runs do not pile up in /tmp (a full run made about 80 entries there)."""
+    where = tmp_path_factory.mktemp("tmp", numbered=False)
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = str(where)
+    os.environ["TMPDIR"] = str(where)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved[0]
+        if saved[1] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -71,8 +72,11 @@ class TLSServer:
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._task is not None:
-            await asyncio.wait_for(self._task, timeout=10)
+        try:
+            if self._task is not None:
+                await asyncio.wait_for(self._task, timeout=10)
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def labeling_app(label: str, value: str) -> Starlette:
