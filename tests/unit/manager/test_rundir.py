@@ -42,8 +42,8 @@ def test_a_child_holding_the_lock_keeps_the_directory_after_its_supervisor_is_go
 
 def test_directories_without_a_lock_file_are_left_alone(tmp_path: Path) -> None:
     being_created = tmp_path / f"{rundir.PREFIX}abc"
-    (being_created / f".{rundir.LOCK}").parent.mkdir()
-    (being_created / f".{rundir.LOCK}").write_bytes(b"")
+    being_created.mkdir()
+    (being_created / f".{rundir.LOCK}").write_bytes(b"")  # not yet renamed to its name
     other = tmp_path / "sidecarctl-certs-xyz"
     other.mkdir()
 
