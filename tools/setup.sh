@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, once: the venv with pinned Python deps, the test
-# control plane binaries (built from Go modules into ~/.cache/sidecarctl, or $KUBEBUILDER_ASSETS),
+# control plane binaries of every supported Kubernetes minor (built from Go modules into
+# ~/.cache/sidecarctl),
 # and as root what the real-node tier needs (tools/setup-node.sh: Debian packages, kubelet, images).
 # Sourced by tools/test.sh and tools/demo.sh; safe to run again (it does nothing when up to date).
 set -euo pipefail
@@ -31,7 +32,10 @@ if [[ ! -e "$stamp" ]]; then
   .venv/bin/pip install -q --no-index --find-links "$house" -c constraints.txt -e '.[dev]'
   touch "$stamp"
 fi
-bash tools/build-control-plane.sh >/dev/null
+# Every supported Kubernetes minor (tools/k8sbin/v*): the newest for every tier, the others for the versions tier.
+for version in $(bash tools/build-control-plane.sh --list); do
+  bash tools/build-control-plane.sh --version "$version" >/dev/null
+done
 # OpenKruise v1.9.1's own code as a process, for the Kruise differential tier (tests/kruise).
 bash tools/build-kruise-oracle.sh >/dev/null
 # Prometheus and promtool, for the alert rules' tests and the Prometheus e2e test.

@@ -17,7 +17,7 @@ out="$cache_root/k8s/patched-selector-cache"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-cp "$here/../k8sbin/go.mod" "$here/../k8sbin/go.sum" "$work/"
+cp "$here/../k8sbin/v1.37.2/go.mod" "$here/../k8sbin/v1.37.2/go.sum" "$work/"
 apiserver_version=$(sed -n 's#^replace k8s.io/apiserver => k8s.io/apiserver \(v[0-9.]*\)$#\1#p' "$work/go.mod")
 (cd "$work" && GOFLAGS=-mod=mod go mod download "k8s.io/apiserver@$apiserver_version")
 cp -r "$(go env GOMODCACHE)/k8s.io/apiserver@$apiserver_version" "$work/apiserver"
