@@ -41,3 +41,16 @@ WORKQUEUE_RETRIES = Counter(
     "Keys queued again with backoff after their handler failed, by work queue.",
     ["name"],
 )
+API_SERVED = Gauge(
+    "sidecarctl_api_served",
+    "1 while the API server serves this optional resource (group version, resource), 0 while it does not, as "
+    "discovery last listed it.",
+    ["group_version", "resource"],
+    multiprocess_mode="livemax",
+)
+APISERVER_INFO = Gauge(
+    "sidecarctl_apiserver_info",
+    "1, labelled with the version (gitVersion) the API server reported when discovery last read it.",
+    ["git_version"],
+    multiprocess_mode="livemax",
+)
