@@ -1,7 +1,8 @@
-"""Whether this API server enforces MutatingAdmissionPolicies, found by trying one.
+"""Which MutatingAdmissionPolicy API this API server serves, and whether it enforces it, found by trying one.
 
 Discovery answers whether the API exists (Kubernetes 1.36 and later serve
-`admissionregistration.k8s.io/v1` policies), but not whether they are enforced: with the
+`admissionregistration.k8s.io/v1` policies; 1.34 and 1.35 only a beta, off unless turned on), but
+not whether they are enforced: with the
 MutatingAdmissionPolicy admission plugin disabled, discovery is unchanged and policies are stored
 and silently ignored, so narrowing the webhook would admit pods without their sidecars. The
 canary settles it: a policy that only mutates ConfigMaps labelled `sidecarctl.io/policy-probe` in
@@ -15,20 +16,45 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from injector.policy.generate import MANAGED_BY, POLICY_API, covers
 from kuberuntime import api
+from kuberuntime.discovery import Served
 from kuberuntime.jsontypes import JsonObj
 
 log = logging.getLogger(__name__)
 
-GROUP_VERSION = "/apis/admissionregistration.k8s.io/v1"
-POLICIES = f"{GROUP_VERSION}/mutatingadmissionpolicies"
-BINDINGS = f"{GROUP_VERSION}/mutatingadmissionpolicybindings"
+POLICY_RESOURCES = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+
+
+@dataclass(frozen=True)
+class PolicyApi:
+    """One version of the MutatingAdmissionPolicy API, and where its objects live."""
+
+    group_version: str
+
+    @property
+    def policies(self) -> str:
+        return f"/apis/{self.group_version}/mutatingadmissionpolicies"
+
+    @property
+    def bindings(self) -> str:
+        return f"/apis/{self.group_version}/mutatingadmissionpolicybindings"
+
+    def served_by(self, served: Served) -> bool:
+        return all(served.has(self.group_version, r) for r in POLICY_RESOURCES)
+
+
+V1 = PolicyApi(POLICY_API)
+# The versions discovery is asked about; only v1 is used (see `served_api`).
+GROUP_VERSIONS = (V1.group_version, "admissionregistration.k8s.io/v1beta1")
+GROUP_VERSION = f"/apis/{V1.group_version}"
+POLICIES = V1.policies
+BINDINGS = V1.bindings
 CANARY = "sidecarctl-canary"
 PROBE_LABEL = "sidecarctl.io/policy-probe"
-NOT_SERVED = "this API server does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes older than 1.36)"
 NOT_ENFORCED = (
     "this API server stores MutatingAdmissionPolicies but does not enforce them "
     "(the MutatingAdmissionPolicy admission plugin is disabled)"
@@ -88,27 +114,40 @@ async def _put(client: api.Client, path: str, body: JsonObj) -> None:
         await client.update(f"{path}/{name}", replacement)
 
 
+def served_api(served: Served) -> PolicyApi | None:
+    """The policy API to use on this server: v1 where discovery lists it, else none.
+
+    1.34 and 1.35 serve `v1beta1` when an administrator turns it on; it is not used (the
+    supported-versions page in docs/ says why), so there the webhook serves every SidecarSet."""
+    return V1 if V1.served_by(served) else None
+
+
+def not_served(served: Served) -> str:
+    """The PolicyInjection condition's message on a server without the policy API used."""
+    version = served.git_version or "of unknown version"
+    beta = GROUP_VERSIONS[1]
+    also = f"; its {beta} beta is not used" if all(served.has(beta, r) for r in POLICY_RESOURCES) else ""
+    return (
+        f"this API server (Kubernetes {version}) does not serve MutatingAdmissionPolicy "
+        f"{V1.group_version} (GA from Kubernetes 1.36){also}"
+    )
+
+
 class Probe(Protocol):
     async def check(self) -> str | None:
-        """None when policies are enforced, else the reason they cannot be used."""
+        """None when the policies discovery lists are enforced, else the reason they cannot be used."""
 
 
 class SupportProbe:
-    """`await probe.check()`: None when policies are enforced, else the reason they cannot be used."""
+    """`await probe.check()`: None when the served policies are enforced, else the reason they cannot be used.
+
+    Asked only once discovery lists the API (`served_api`)."""
 
     def __init__(self, client: api.Client, *, namespace: str, timeout: float = 6.0, interval: float = 0.25) -> None:
         self.client = client
         self.namespace = namespace
         self.timeout = timeout
         self.interval = interval
-
-    async def served(self) -> bool:
-        try:
-            listing = await self.client.get(GROUP_VERSION)
-        except api.NotFound:
-            return False
-        resources = {r.get("name") for r in listing.get("resources") or [] if isinstance(r, dict)}
-        return {"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} <= resources
 
     async def _owner(self) -> list[JsonObj]:
         """The manager's Namespace owns the canary: uninstalling (deleting it) removes the pair."""
@@ -142,8 +181,6 @@ class SupportProbe:
             await asyncio.sleep(self.interval)
 
     async def check(self) -> str | None:
-        if not await self.served():
-            return NOT_SERVED
         if not await self.enforced():
             return NOT_ENFORCED
         return None

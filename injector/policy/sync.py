@@ -12,6 +12,10 @@ policy). In between, those pods go through the webhook as well; it finds them ei
 current hash (and leaves them) or not, or at an older hash (and injects the current one), so every pod gets one
 complete set. The same order moves a SidecarSet from a policy to the webhook: the webhook is widened before the
 policy goes. Until support is known (injector.policy.support) nothing is narrowed: the webhook serves all.
+
+Whether the API is served at all comes from discovery, which the composition root reads and reads again
+(`set_served`): an API server without it (Kubernetes before 1.36) gets no policy, no watch of policies, and a
+webhook that serves every pod; one upgraded to serve it is probed and used from the next pass.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from injector.policy import desired, selecting
 from injector.policy import plan as planning
 from injector.policy.generate import Generated, covers
 from injector.policy.stored import LastWritten, changed_members, members, name_of, older
-from injector.policy.support import BINDINGS, CANARY, POLICIES, Probe, SupportProbe
+from injector.policy.support import CANARY, V1, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
@@ -87,6 +91,13 @@ class PolicySync:
         self.mwc: JsonObj | None = None
         self.unsupported: str | None = None
         self.supported_known = mode is planning.Mode.WEBHOOK
+        # What discovery says (`set_served`): the policy API to use, or why there is none. Until it
+        # has said anything, support is not checked and the webhook serves every pod.
+        self.policy_api: PolicyApi | None = None
+        self.not_served = "discovery not read yet"
+        self.discovered = False
+        self.recheck = False
+        self.checked_at = -RECHECK_SECONDS
         self.routes: dict[str, planning.Route] = {}
         self.refused: dict[tuple[str, str], str] = {}  # (SidecarSet, hash) -> the API server's refusal
         self.narrow_at: float | None = None  # when the widened webhook may be narrowed again
@@ -128,13 +139,27 @@ class PolicySync:
             self.mwc = None if kind == "DELETED" else new
             self.dirty.set()
 
+    def set_served(self, policy_api: PolicyApi | None, why_not: str = "") -> None:
+        """What discovery lists: the policy API to use (its watches already synced into `policies`
+        and `bindings`), or None and why. A change is checked on the next pass."""
+        if self.discovered and (policy_api, why_not) == (self.policy_api, self.not_served):
+            return
+        if policy_api != self.policy_api:
+            self.policies.clear()  # another API's objects, or none: the new watches fill them
+            self.bindings.clear()
+        self.policy_api, self.not_served, self.discovered = policy_api, why_not, True
+        self.recheck = True
+        self.dirty.set()
+
+    @property
+    def _api(self) -> PolicyApi:
+        """Where our policies live; v1 when none is served (then there is nothing to write or delete)."""
+        return self.policy_api or V1
+
     # -- the loop --------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        checked = -RECHECK_SECONDS
         while not stop.is_set():
-            if self.mode is not planning.Mode.WEBHOOK and self.monotonic() - checked >= RECHECK_SECONDS:
-                await self._check_support()
-                checked = self.monotonic()
+            await self.check_support_if_due()
             self.dirty.clear()
             try:
                 await self.sync_once()
@@ -151,7 +176,19 @@ class PolicySync:
             timeout = RECHECK_SECONDS if self.narrow_at is None else self.narrow_at - self.monotonic()
             await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
 
+    async def check_support_if_due(self) -> None:
+        """Probe support when discovery changed, or every RECHECK_SECONDS (an admission plugin turned on)."""
+        if self.mode is planning.Mode.WEBHOOK or not self.discovered:
+            return
+        if self.recheck or self.monotonic() - self.checked_at >= RECHECK_SECONDS:
+            self.recheck = False
+            await self._check_support()
+            self.checked_at = self.monotonic()
+
     async def _check_support(self) -> None:
+        if self.policy_api is None:  # said once per process by whoever reads discovery, not per pass here
+            self.unsupported, self.supported_known = self.not_served, True
+            return
         try:
             why = await self.probe.check()
         except api.ApiError as e:
@@ -214,9 +251,9 @@ class PolicySync:
             refused |= not stored
             self._settle_after_write(sizes[g.name], started)
         for name in stale_bindings:
-            await self._delete(f"{BINDINGS}/{name}")
+            await self._delete(f"{self._api.bindings}/{name}")
         for name in stale_policies:
-            await self._delete(f"{POLICIES}/{name}")
+            await self._delete(f"{self._api.policies}/{name}")
         if refused:
             self.dirty.set()  # plan again with those SidecarSets on the webhook
             return
@@ -291,9 +328,9 @@ class PolicySync:
         started = self.monotonic()
         try:
             if not covers(policy, self.policies.get(g.name)):
-                await self._put(POLICIES, policy, self.policies.get(g.name), self.policies)
+                await self._put(self._api.policies, policy, self.policies.get(g.name), self.policies)
             if not covers(binding, self.bindings.get(g.name)):
-                await self._put(BINDINGS, binding, self.bindings.get(g.name), self.bindings)
+                await self._put(self._api.bindings, binding, self.bindings.get(g.name), self.bindings)
         except api.Invalid as e:
             message = f"the API server refused its MutatingAdmissionPolicy: {e.message[:300]}"
             log.warning("policy %s refused, its SidecarSets stay on the webhook: %s", g.name, e.message[:300])

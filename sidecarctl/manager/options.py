@@ -132,9 +132,17 @@ class WatchOptions:
         "a stream silent 10 s past that is restarted",
     )
 
+    discovery_interval: float = opt(
+        30.0,
+        "seconds between reads of the API server's discovery: an API it starts serving (an upgraded "
+        "control plane, a beta turned on) is used, and one it stops serving is left, within this time",
+    )
+
     def __post_init__(self) -> None:
         if self.watch_timeout < 1:
             raise ValueError(f"--watch-timeout {self.watch_timeout}: at least 1 second")
+        if self.discovery_interval <= 0:
+            raise ValueError(f"--discovery-interval {self.discovery_interval}: more than 0 seconds")
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ class Controller(PodWrites):
         self._deadline_check: dict[str, float] = {}
         # SidecarSet -> (its spec and revisions, as seen, -> the without-image hashes it resizes from)
         self._resizable: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
+        # Whether the API server serves pods/resize (discovery, kept by the composition root).
+        self.resize_served = True
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -241,6 +243,7 @@ class Controller(PodWrites):
             verdicts=verdicts,
             held_back=self.failures.held_back(),
             resizable=self._resizable_from(ss),
+            resize_refusal=None if self.resize_served else resize.NOT_SERVED,
         )
         await self._mark_upgradable(ss, matched, set(plan.not_upgradable), dict(plan.reasons))
         if plan.not_upgradable:

@@ -118,6 +118,7 @@ def plan_upgrade(
     verdicts: podstate.Verdicts | None = None,
     held_back: Collection[tuple[str, str]] = (),
     resizable: Collection[str] = frozenset(),
+    resize_refusal: str | None = None,
 ) -> Plan:
     """The next step of the rollout over `matched` (pods with distinct namespace/name).
 
@@ -125,7 +126,8 @@ def plan_upgrade(
     status was just computed from the same pods. Pods in `held_back` (namespace, name) are not
     planned this time (their patch keeps failing and they wait out a backoff); the others go on.
     `resizable` holds the without-image hashes of the specs that differ from this one only in
-    images and resources (`resize.resizable_hashes`): pods injected from them are resized in place.
+    images and resources (`resize.resizable_hashes`): pods injected from them are resized in place,
+    unless `resize_refusal` says why no pod can be (the API server does not serve `pods/resize`).
     """
     name, strategy, total = ss.name, ss.update_strategy, len(matched)
     m = _max_unavailable(strategy.max_unavailable, total)
@@ -155,7 +157,7 @@ def plan_upgrade(
     stopped = _stopped(ss)
     if stopped is not None:
         return stop(*stopped)
-    candidates, stuck, waiting, resizes = _candidates(ss, matched, verdicts, resizable, reasons)
+    candidates, stuck, waiting, resizes = _candidates(ss, matched, verdicts, resizable, reasons, resize_refusal)
     stuck = tuple(sorted({*stuck, *reasons}))
     if held_back:
         candidates = [p for p in candidates if p.key not in held_back]
@@ -210,6 +212,7 @@ def _candidates(
     verdicts: podstate.Verdicts,
     resizable: Collection[str],
     reasons: dict[tuple[str, str], str],
+    resize_refusal: str | None = None,
 ) -> tuple[list[PodProjection], tuple[tuple[str, str], ...], int, dict[tuple[str, str], resize.ResizeDecision]]:
     """(pods that may be upgraded now, pods that cannot be upgraded in place, pods still upgrading,
     the resize of each candidate that needs one).
@@ -234,7 +237,8 @@ def _candidates(
             not_upgradable.append(pod.key)
             continue
         if entry.hash != ss.hash_without_image:
-            decision = resize.decide(ss, pod)
+            unserved = None if resize_refusal is None else resize.ResizeDecision(refusal=resize_refusal)
+            decision = unserved or resize.decide(ss, pod)
             if decision.refusal:
                 not_upgradable.append(pod.key)
                 reasons[pod.key] = decision.refusal

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from sidecarsets.rollout.planner import PodUpgrade
 
 NOT_REQUIRED = "NotRequired"
+# Where discovery lists the subresource (Kubernetes 1.33 and later, unless InPlacePodVerticalScaling is
+# turned off before 1.35, where it went GA): without it a resources change is not rolled to running pods.
+RESIZE_SUBRESOURCE = ("v1", "pods/resize")
+NOT_SERVED = "this API server does not serve pods/resize (InPlacePodVerticalScaling is off): recreate the pod"
 
 
 @dataclass(frozen=True)

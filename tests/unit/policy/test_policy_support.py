@@ -10,8 +10,9 @@ import orjson
 
 from injector.http import admission, decisions
 from injector.policy import servable
-from injector.policy.support import BINDINGS, CANARY, GROUP_VERSION, NOT_ENFORCED, NOT_SERVED, POLICIES, SupportProbe
+from injector.policy.support import BINDINGS, CANARY, NOT_ENFORCED, POLICIES, V1, SupportProbe, not_served, served_api
 from kuberuntime import api
+from kuberuntime.discovery import Served
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.manager import preflight
 from sidecarctl.manager.options import ManagerOptions
@@ -23,7 +24,6 @@ from tests.kube import builders
 from tests.kube.fakeapi import FakeApiServer
 
 NS = "sidecarctl-system"
-DISCOVERY = {"resources": [{"name": "mutatingadmissionpolicies"}, {"name": "mutatingadmissionpolicybindings"}]}
 
 
 class Mutating(FakeApiServer):
@@ -52,7 +52,6 @@ def probe(api: FakeApiServer) -> str | None:
 
 def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
     api = Mutating(enforced=True)
-    api.put(GROUP_VERSION, DISCOVERY)
     ns = api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
     assert probe(api) is None
     assert f"{POLICIES}/{CANARY}" in api.objects and f"{BINDINGS}/{CANARY}" in api.objects
@@ -72,13 +71,24 @@ def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
 
 def test_a_server_that_stores_but_ignores_policies_is_not_trusted() -> None:
     api = Mutating(enforced=False)
-    api.put(GROUP_VERSION, DISCOVERY)
     api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
     assert probe(api) == NOT_ENFORCED
 
 
-def test_a_server_without_the_api_says_so() -> None:
-    assert probe(Mutating(enforced=True)) == NOT_SERVED
+def _served(version: str, *group_versions: str) -> Served:
+    resources = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+    return Served(version, frozenset((gv, r) for gv in group_versions for r in resources))
+
+
+def test_only_the_v1_api_is_used_and_a_server_without_it_is_named_with_its_version() -> None:
+    assert served_api(_served("v1.36.3", "admissionregistration.k8s.io/v1")) == V1
+    assert served_api(_served("v1.34.4")) is None
+    beta = _served("v1.35.4", "admissionregistration.k8s.io/v1beta1")
+    assert served_api(beta) is None
+    assert "Kubernetes v1.34.4" in not_served(_served("v1.34.4")) and "beta" not in not_served(_served("v1.34.4"))
+    assert "v1beta1 beta is not used" in not_served(beta)
+    half = Served("v1.36.3", frozenset({("admissionregistration.k8s.io/v1", "mutatingadmissionpolicies")}))
+    assert served_api(half) is None, "policies without bindings cannot inject"
 
 
 def hot_object(name: str = "hot") -> JsonObj:
@@ -122,8 +132,16 @@ def test_policy_mode_validation_refuses_what_only_the_webhook_serves() -> None:
     assert _verdict(builders.sidecarset("plain"), policy_only=True)["allowed"] is True
 
 
+def _discovery(api: FakeApiServer, version: str, *group_versions: str) -> None:
+    api.put("/version", {"gitVersion": version})
+    for gv in group_versions:
+        resources = [{"name": "mutatingadmissionpolicies"}, {"name": "mutatingadmissionpolicybindings"}]
+        api.put(f"/apis/{gv}", {"resources": resources})
+
+
 def test_policy_mode_does_not_start_while_an_unservable_sidecarset_exists() -> None:
     api = FakeApiServer()
+    _discovery(api, "v1.37.2", "admissionregistration.k8s.io/v1")
     api.put(f"{SS_PATH}/plain", builders.sidecarset("plain"))
     opts = ManagerOptions.build(injection="policy", namespace=NS)
     assert asyncio.run(preflight.policy_mode_problem(opts, api)) is None
@@ -132,6 +150,18 @@ def test_policy_mode_does_not_start_while_an_unservable_sidecarset_exists() -> N
     assert problem is not None and "hot:" in problem and "HotUpgrade" in problem and "--injection=auto" in problem
     auto = ManagerOptions.build(injection="auto", namespace=NS)
     assert asyncio.run(preflight.policy_mode_problem(auto, api)) is None
+
+
+def test_policy_mode_does_not_start_on_a_server_without_the_policy_api() -> None:
+    """Kubernetes 1.34 with the beta turned on: still refused, in one line that names the version
+    and the modes that work there."""
+    api = FakeApiServer()
+    _discovery(api, "v1.34.4", "admissionregistration.k8s.io/v1beta1")
+    api.put(f"{SS_PATH}/plain", builders.sidecarset("plain"))
+    problem = asyncio.run(preflight.policy_mode_problem(ManagerOptions.build(injection="policy", namespace=NS), api))
+    assert problem is not None and "\n" not in problem
+    assert "Kubernetes v1.34.4" in problem and "--injection=auto or --injection=webhook" in problem
+    assert asyncio.run(preflight.policy_mode_problem(ManagerOptions.build(injection="auto", namespace=NS), api)) is None
 
 
 def test_the_condition_keeps_its_transition_time_while_its_status_holds() -> None:

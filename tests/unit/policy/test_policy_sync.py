@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from injector.policy.bundle import NAME_PREFIX
 from injector.policy.desired import ANN_GENERATED_AT
 from injector.policy.plan import Mode, Path, Why
-from injector.policy.support import BINDINGS, CANARY, POLICIES
+from injector.policy.support import BINDINGS, CANARY, POLICIES, V1
 from injector.policy.sync import CONDITION_NAME, MWC_PATH, PolicySync
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
@@ -58,6 +58,7 @@ class Rig:
             monotonic=lambda: self.now,
         )
         self.api.listeners.append(self._deliver)
+        self.sync.set_served(V1)  # discovery lists the v1 API (a server of 1.36 or later)
         self.api.put(
             MWC,
             {
@@ -88,8 +89,7 @@ class Rig:
 
     def run(self) -> None:
         async def go() -> None:
-            if not self.sync.supported_known:
-                await self.sync._check_support()
+            await self.sync.check_support_if_due()
             await self.sync.sync_once()
 
         asyncio.run(go())
@@ -560,3 +560,50 @@ def test_the_condition_grows_too_long_then_the_webhook_is_not_narrowed(
     rig.run()
     assert rig.ours() is None
     assert rig.policy(P0) is not None
+
+
+def test_a_server_without_the_policy_api_gets_no_policy_and_no_probe() -> None:
+    """Kubernetes 1.34 and 1.35 (without the beta turned on) list no MutatingAdmissionPolicy v1: the
+    sync never probes, writes no policy and no condition, and every route says why."""
+    rig = Rig()
+    rig.sync.set_served(None, "this API server (Kubernetes v1.34.4) does not serve it")
+    rig.add("mesh")
+    rig.run()
+    assert rig.sync.probe.calls == 0  # type: ignore[attr-defined]
+    assert not rig.api.writes("create", POLICIES) and rig.policy(CANARY) is None
+    assert rig.ours() is None, "the webhook serves every pod"
+    route = rig.sync.routes["mesh"]
+    assert (route.path, route.why) == (Path.WEBHOOK, Why.UNSUPPORTED)
+    assert "v1.34.4" in route.message
+
+
+def test_the_policy_api_appearing_under_a_running_sync_is_probed_and_used() -> None:
+    """A control plane upgraded to 1.36 under a running manager: discovery lists the API, the next
+    pass probes it and writes the policy, and the webhook is narrowed; it going away again (a
+    rollback) sends everything back to the webhook."""
+    rig = Rig()
+    rig.sync.set_served(None, "not served")
+    rig.add("mesh")
+    rig.run()
+    assert rig.policy(P0) is None and rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+    rig.sync.set_served(V1)
+    assert rig.sync.dirty.is_set()
+    rig.run()
+    assert rig.sync.probe.calls == 1  # type: ignore[attr-defined]
+    assert rig.policy(P0) is not None
+    rig.now += 10
+    rig.run()
+    assert rig.sync.routes["mesh"].path is Path.POLICY
+    rig.sync.set_served(None, "not served any more")
+    rig.run()
+    assert rig.ours() is None
+    assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+
+
+def test_before_discovery_is_read_nothing_is_probed_and_the_webhook_serves_all() -> None:
+    rig = Rig()
+    rig.sync.discovered = False
+    rig.add("mesh")
+    rig.run()
+    assert rig.sync.probe.calls == 0  # type: ignore[attr-defined]
+    assert rig.sync.routes["mesh"].why is Why.PENDING and rig.ours() is None
