@@ -28,15 +28,25 @@ POOL_SIZE = 64
 class KubeClient:
     """One aiohttp session per process; every call has a finite timeout."""
 
-    def __init__(self, config: ClusterConfig, *, timeout: float = 30.0, user_agent: str = "sidecarctl") -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        timeout: float = 30.0,
+        user_agent: str = "sidecarctl",
+        fresh_connections: bool = False,
+    ) -> None:
+        """`fresh_connections`: one TCP connection per request, so that behind a load balancer (the
+        `kubernetes` Service) requests land on any kube-apiserver, not the one a kept connection reached."""
         self.config = config
         self.timeout = timeout
         self._user_agent = user_agent
+        self._fresh = fresh_connections
         self._session: aiohttp.ClientSession | None = None
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context or False, limit=POOL_SIZE)
+            conn = aiohttp.TCPConnector(ssl=self.config.ssl_context or False, limit=POOL_SIZE, force_close=self._fresh)
             self._session = aiohttp.ClientSession(connector=conn, json_serialize=lambda o: orjson.dumps(o).decode())
         return self._session
 

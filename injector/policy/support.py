@@ -9,6 +9,14 @@ canary settles it: a policy that only mutates ConfigMaps labelled `sidecarctl.io
 the manager's namespace, and a dry-run create of one such ConfigMap that must come back mutated.
 A new policy takes up to about a second to be enforced (the API server recompiles its policies on
 a one-second tick), so the probe retries for a few seconds.
+
+Every kube-apiserver must enforce them, not one: during an upgrade from 1.35 to 1.36 an HA control
+plane runs both minors, discovery through the load balancer may list the API, and a pod the older
+one admits would skip the webhook (narrowed for policy-served pods) and get no policy either. So once
+the canary mutates, the probe wants `agreeing` more answers in a row that are mutated too, each on a
+new connection (the `kubernetes` Service spreads connections over every kube-apiserver); a single
+plain answer starts the count again, and a server that never mutates keeps it from ever completing.
+With one old server of three, 20 answers in a row all miss it with probability (2/3)^20, 0.03 %.
 """
 
 from __future__ import annotations
@@ -56,8 +64,9 @@ BINDINGS = V1.bindings
 CANARY = "sidecarctl-canary"
 PROBE_LABEL = "sidecarctl.io/policy-probe"
 NOT_ENFORCED = (
-    "this API server stores MutatingAdmissionPolicies but does not enforce them "
-    "(the MutatingAdmissionPolicy admission plugin is disabled)"
+    "this API server stores MutatingAdmissionPolicies but not every kube-apiserver enforces them "
+    "(one of an older minor during a control plane upgrade, or the MutatingAdmissionPolicy admission plugin "
+    "disabled)"
 )
 
 
@@ -143,11 +152,20 @@ class SupportProbe:
 
     Asked only once discovery lists the API (`served_api`)."""
 
-    def __init__(self, client: api.Client, *, namespace: str, timeout: float = 6.0, interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        client: api.Client,
+        *,
+        namespace: str,
+        timeout: float = 15.0,
+        interval: float = 0.25,
+        agreeing: int = 20,
+    ) -> None:
         self.client = client
         self.namespace = namespace
         self.timeout = timeout
         self.interval = interval
+        self.agreeing = agreeing
 
     async def _owner(self) -> list[JsonObj]:
         """The manager's Namespace owns the canary: uninstalling (deleting it) removes the pair."""
@@ -172,10 +190,15 @@ class SupportProbe:
         }
         path = f"/api/v1/namespaces/{self.namespace}/configmaps"
         deadline = time.monotonic() + self.timeout
+        in_a_row = 0
         while True:
             got = await self.client.create(path, probe, params={"dryRun": "All"})
             if (got.get("data") or {}).get("served") == "true":
-                return True
+                in_a_row += 1
+                if in_a_row > self.agreeing:
+                    return True
+                continue
+            in_a_row = 0
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(self.interval)

@@ -170,6 +170,9 @@ class ControlRole:
         self.opts = opts
         self.cert_dir = cert_dir
         self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
+        # The policy canary asks each time on a new connection, to reach every kube-apiserver behind
+        # the `kubernetes` Service (injector.policy.support).
+        self.probe_client = kubeapi.KubeClient(self.client.config, fresh_connections=True)
         # Events about cluster-scoped SidecarSets live in `default`, where `kubectl describe` looks.
         self.recorder = EventRecorder(self.client)
         self.issuer: SelfSignedIssuer | None = None
@@ -285,6 +288,7 @@ class ControlRole:
             webhook_config=self.opts.ca_bundle.mutating_config,
             settle=self.opts.injection.policy_settle,
             may_write=may_write,
+            probe=support.SupportProbe(self.probe_client, namespace=self.opts.namespace),
         )
 
     def _term_informers(
@@ -449,6 +453,7 @@ class ControlRole:
         await asyncio.gather(*pending, return_exceptions=True)
         stopper.cancel()
         await self.client.close()
+        await self.probe_client.close()
 
     async def _retry(self, what: str, fn: Callable[[], Awaitable[Any]], stop: asyncio.Event) -> None:
         backoff = Backoff(base=0.5, cap=30.0)

@@ -69,6 +69,29 @@ def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
     assert [w for w in api.writes()[writes:] if "admissionpolicies" in w or "policybindings" in w] == []
 
 
+class OneOfThree(Mutating):
+    """Three kube-apiservers behind a load balancer, one of which (an older minor) never mutates."""
+
+    def __init__(self) -> None:
+        super().__init__(enforced=True)
+        self.answers = 0
+
+    async def create(self, path: str, body: JsonObj, *, params: Any = None) -> JsonObj:
+        if path.endswith("/configmaps") and (params or {}).get("dryRun") == "All":
+            self.answers += 1
+            self.enforced = self.answers % 3 != 0
+        return await super().create(path, body, params=params)
+
+
+def test_one_kube_apiserver_that_does_not_enforce_keeps_policies_off() -> None:
+    """An HA control plane part way through an upgrade to the first minor with the API: answers from
+    the new servers mutate, the old one's do not; the probe never gets its run of agreeing answers."""
+    api = OneOfThree()
+    api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
+    assert probe(api) == NOT_ENFORCED
+    assert api.answers > 6, "a plain answer starts the count again: it kept asking until its time was up"
+
+
 def test_a_server_that_stores_but_ignores_policies_is_not_trusted() -> None:
     api = Mutating(enforced=False)
     api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
