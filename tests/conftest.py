@@ -7,8 +7,10 @@ as a failure: those tiers must really run there.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -49,7 +51,32 @@ def pytest_runtest_makereport(
     if IN_CI and report.skipped and tier is not None and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"{tier} test skipped under CI=true (not allowed): {report.longrepr}"
+    if item.get_closest_marker("versions") is not None and (report.when == "call" or report.outcome != "passed"):
+        _VERSIONS_OUTCOMES[item.nodeid] = report.outcome
     return report
+
+
+# The outcome of each test of the versions tier run by this process (a failed setup or teardown
+# counts as failed); written out at the end when SIDECARCTL_VERSIONS_REPORT names a file.
+_VERSIONS_OUTCOMES: dict[str, str] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Append this run's versions-tier counts, with the Kubernetes version it ran against, to the file
+    SIDECARCTL_VERSIONS_REPORT names: tools/test.sh prints them minor by minor at the end."""
+    target = os.environ.get("SIDECARCTL_VERSIONS_REPORT")
+    if not target or not _VERSIONS_OUTCOMES or hasattr(session.config, "workerinput"):
+        return
+    from tests.kube.controlplane import ControlPlaneError, binaries_dir, binary_version
+
+    try:
+        version = binary_version(binaries_dir())
+    except (ControlPlaneError, OSError) as e:
+        version = f"unknown ({e})"
+    counts = Counter(_VERSIONS_OUTCOMES.values())
+    line = {"kubernetes": version, **{k: counts.get(k, 0) for k in ("passed", "failed", "skipped")}}
+    with open(target, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -43,7 +43,30 @@ else
   rest=(tests/kruise tests/e2e tests/node tests/reliability)
 fi
 status=0
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+export SIDECARCTL_VERSIONS_REPORT=$report
 # Exit status 5 is "no test selected" (say `-k` picked tests of one run only): not a failure.
 .venv/bin/pytest -n auto tests/unit tests/http "${ignored[@]}" "$@" || { rc=$?; [[ $rc -eq 5 ]] || status=$rc; }
 .venv/bin/pytest "${timed[@]}" "${rest[@]}" "$@" || { rc=$?; [[ $rc -eq 5 ]] || status=$rc; }
+if [[ $quick -eq 0 ]]; then
+  # The versions tier: the e2e tests marked `versions` against every older supported minor (the run
+  # above ran them, with every other tier, against the newest). One minor at a time, like the rest.
+  newest=$(bash tools/build-control-plane.sh --list | tail -n 1)
+  for version in $(bash tools/build-control-plane.sh --list); do
+    [[ $version == "$newest" ]] && continue
+    echo "== versions tier: Kubernetes $version"
+    SIDECARCTL_K8S_VERSION=$version .venv/bin/pytest -m versions tests/e2e "$@" || {
+      rc=$?
+      [[ $rc -eq 5 ]] || status=$rc
+    }
+  done
+  # Every supported minor ran the tier, with nothing failed or skipped (or the run fails); a run
+  # narrowed by -k or -m only prints what ran.
+  narrowed=()
+  for arg in "$@"; do
+    case "$arg" in -k* | -m*) narrowed=(--narrowed) ;; esac
+  done
+  .venv/bin/python tools/versions_report.py "$report" "${narrowed[@]}" || { [[ $status -ne 0 ]] || status=1; }
+fi
 exit $status

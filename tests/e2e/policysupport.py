@@ -22,6 +22,7 @@ from typing import Any
 
 from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets.spec import names
+from tests.kube.balancer import Balancer
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, free_port
 from tests.kube.loop import BackgroundLoop
@@ -52,6 +53,7 @@ class PrivateCluster:
     cert_dir: Path
     extra: tuple[str, ...]
     manager: ManagerProcess | None = None
+    balancer: Balancer | None = None  # in front of every kube-apiserver, when there are several
 
     def start_manager(self) -> ManagerProcess:
         m = start_process(
@@ -60,6 +62,7 @@ class PrivateCluster:
             identity=f"policy-{self.injection}",
             webhook_port=self.port,
             extra=(f"--injection={self.injection}", "--log-format=text", *self.extra),
+            kubeconfig=None if self.balancer is None else self.cp.kubeconfig_for(self.balancer.url),
         )
         try:
             wait_ready(m, timeout=40)
@@ -148,16 +151,25 @@ def private_cluster(
     injection: str,
     extra: tuple[str, ...] = (),
     controller_manager: bool = False,
+    apiserver_flags: tuple[str, ...] = (),
+    peers: tuple[Path, ...] = (),
 ) -> Iterator[PrivateCluster]:
     """A control plane of its own (with kube-controller-manager if asked: ReplicaSets, disruption
-    budgets) and `sidecarctl run --injection=<injection>` leading it."""
-    cp = ControlPlane(bin_dir=bin_dir, controller_manager=controller_manager).start()
+    budgets; and more kube-apiserver flags if given) and `sidecarctl run --injection=<injection>` leading it.
+
+    `peers`: binary directories of more kube-apiservers to run on the same etcd (an HA control plane,
+    of one minor or of several, as during an upgrade); the manager then talks to all of them through
+    a load balancer (`cluster.balancer`), as it does through the `kubernetes` Service."""
+    cp = ControlPlane(bin_dir=bin_dir, controller_manager=controller_manager, apiserver_flags=apiserver_flags).start()
     client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
     port = free_port()
     cert_dir = Path(tempfile.mkdtemp(prefix=f"sidecarctl-{injection}-certs-"))
     write_cert_dir(cert_dir)
     cluster = PrivateCluster(cp, Kube(aloop, client), client, injection, port, cert_dir, extra)
     try:
+        if peers:
+            ports = [cp.port] + [int(cp.add_apiserver(peer).rsplit(":", 1)[1]) for peer in peers]
+            cluster.balancer = Balancer(aloop, ports).start()
         _install(cluster.kube, f"https://127.0.0.1:{port}")
         cluster.start_manager()
         eventually(lambda: bundle_synced(cluster.kube), timeout=20, what="caBundle synced")
@@ -165,6 +177,8 @@ def private_cluster(
     finally:
         if cluster.manager is not None:
             cluster.manager.kill()
+        if cluster.balancer is not None:
+            cluster.balancer.stop()
         aloop.run(client.close())
         cp.stop()
 

@@ -25,6 +25,8 @@ from tests.kube.managerharness import MANAGER_NS, RunningManager
 
 CR_PATH = f"/apis/apps/v1/namespaces/{MANAGER_NS}/controllerrevisions"
 
+pytestmark = pytest.mark.versions
+
 
 def _rejected(kube: Kube, body: dict[str, Any]) -> str:
     with pytest.raises(api.ApiError) as err:

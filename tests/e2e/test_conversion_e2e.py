@@ -91,6 +91,7 @@ def cleanup(kube: Kube) -> Iterator[list[str]]:
 # Both versions through the session's manager
 
 
+@pytest.mark.versions
 def test_a_v1alpha1_object_reads_back_as_v1beta1(kube: Kube, manager: RunningManager, cleanup: list[str]) -> None:
     name = unique("alpha")
     body = make_sidecarset(name, unique("app"), namespace="shop")
@@ -113,6 +114,7 @@ def test_a_v1alpha1_object_reads_back_as_v1beta1(kube: Kube, manager: RunningMan
     )
 
 
+@pytest.mark.versions
 def test_a_v1beta1_object_reads_back_as_written_and_as_v1alpha1(
     kube: Kube, manager: RunningManager, cleanup: list[str]
 ) -> None:
@@ -134,6 +136,7 @@ def test_a_v1beta1_object_reads_back_as_written_and_as_v1alpha1(
     assert alpha["metadata"]["annotations"] == {names.ANN_CONVERSION_VERSION_LABEL: "a-plain-label-here"}
 
 
+@pytest.mark.versions
 def test_a_v1beta1_sidecarset_is_served_like_any_other(
     kube: Kube, manager: RunningManager, injected_ns: str, cleanup: list[str]
 ) -> None:
@@ -158,6 +161,7 @@ def test_a_v1beta1_sidecarset_is_served_like_any_other(
     assert kube.get(f"{SS_PATH}/{name}")["spec"]["containers"][0]["image"] == "proxy:2"
 
 
+@pytest.mark.versions
 def test_validation_takes_v1beta1_and_names_its_fields(kube: Kube, manager: RunningManager) -> None:
     bad = beta_sidecarset(unique("bad"), unique("app"), specificNamespace={"namespace": "Not_A_Namespace"})
     with pytest.raises(api.ApiError) as refused:
@@ -181,6 +185,7 @@ def test_validation_takes_v1beta1_and_names_its_fields(kube: Kube, manager: Runn
     assert "namespaceSelector and specificNamespace are mutually exclusive" in refused.value.message
 
 
+@pytest.mark.versions
 def test_kubectl_gets_both_versions(
     control_plane: ControlPlane, kube: Kube, manager: RunningManager, cleanup: list[str]
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, wait_injecting
@@ -17,6 +18,8 @@ from tests.kube.client import Kube
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import RunningManager
 from tests.kube.webhook import labeling_webhook
+
+pytestmark = pytest.mark.versions
 
 
 def _names(items: list[dict[str, Any]] | None) -> list[str]:

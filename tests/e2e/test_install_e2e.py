@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, kubectl, make_sidecarset
-from tests.kube import builders
+from tests.kube import builders, helm
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
@@ -205,6 +205,7 @@ def fresh(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Fresh]
         cp.stop()
 
 
+@pytest.mark.versions
 def test_api_server_accepts_config_default(fresh: Fresh) -> None:
     lines = dry_run_apply(fresh.cp, "-k", str(CONFIG / "default"))
     assert len(lines) == len(render(CONFIG / "default"))
@@ -261,6 +262,7 @@ def cert_manager_standin(fresh: Fresh) -> Iterator[None]:
             kube.delete(f"{CRD_PATH}/{obj['metadata']['name']}")
 
 
+@pytest.mark.versions
 def test_api_server_accepts_config_certmanager(fresh: Fresh, cert_manager_standin: None) -> None:
     def attempt() -> list[str] | None:
         # Discovery of the new group can lag its Established condition by a moment.
@@ -335,6 +337,7 @@ def demo_namespace(control_plane: ControlPlane, kube: Kube) -> Iterator[str]:
         kube.delete(f"/api/v1/namespaces/{name}")
 
 
+@pytest.mark.versions
 def test_samples_are_accepted_by_the_api_server_and_the_validating_webhook(
     control_plane: ControlPlane, manager: RunningManager, demo_namespace: str
 ) -> None:
@@ -351,6 +354,7 @@ def test_samples_are_accepted_by_the_api_server_and_the_validating_webhook(
     assert _validations(manager) - before == 2, "both SidecarSets went through /validate-sidecarset"
 
 
+@pytest.mark.versions
 def test_kubectl_get_sidecarsets_shows_kruise_printer_columns(
     control_plane: ControlPlane, kube: Kube, manager: RunningManager
 ) -> None:
@@ -371,3 +375,49 @@ def test_kubectl_get_sidecarsets_shows_kruise_printer_columns(
         assert short.strip() == f"sidecarset.{names.GROUP}/{name}"
     finally:
         kube.delete(f"{SS_PATH}/{name}")
+
+
+def _helm(cp: ControlPlane, home: Path, *args: str) -> str:
+    """helm (the project's pinned build) against `cp`, with a HOME of its own."""
+    binary = helm.cached_binary("helm")
+    assert binary is not None, helm.missing_reason("helm")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        **{f"HELM_{d}_HOME": str(home / d) for d in ("CACHE", "CONFIG", "DATA")},
+    }
+    proc = subprocess.run(
+        [str(binary), f"--kubeconfig={cp.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.versions
+def test_kubectl_apply_and_helm_install_store_every_object_on_this_minor(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The two installs the README gives, for real (not a dry run), each on a fresh control plane of
+    this minor with its own kubectl: every object of `kubectl apply -k config/default` and of
+    `helm install sidecarctl charts/sidecarctl` is stored (no field this minor refuses, the CRD's
+    validation rules within its cost limits)."""
+    wanted = {key(o) for o in render(CONFIG / "default")}
+    with ControlPlane(bin_dir=control_plane.bin_dir, controller_manager=False) as cp:
+        out = ok(kubectl(cp, "apply", "-k", str(CONFIG / "default")))
+        assert len([line for line in out.splitlines() if line.strip()]) == len(wanted), out
+        for kind, namespace, name in wanted:
+            args = ["get", kind.lower(), name, "-o", "name", *(["-n", namespace] if namespace else [])]
+            ok(kubectl(cp, *args))
+    rendered = helm.helm_template()
+    with ControlPlane(bin_dir=control_plane.bin_dir, controller_manager=False) as cp:
+        _helm(cp, tmp_path, "install", "sidecarctl", str(helm.CHART), "--namespace", "default")
+        assert "STATUS: deployed" in _helm(cp, tmp_path, "status", "sidecarctl", "--namespace", "default")
+        for obj in rendered:
+            meta = obj["metadata"]
+            args = ["get", obj["kind"].lower(), meta["name"], "-o", "name"]
+            ok(kubectl(cp, *args, *(["-n", meta["namespace"]] if meta.get("namespace") else [])))

@@ -139,6 +139,7 @@ def levels(kube: Kube, manager: RunningManager) -> Iterator[dict[str, str]]:
         kube.delete(f"/api/v1/namespaces/{name}")
 
 
+@pytest.mark.versions
 def test_warnings_and_the_condition_agree_with_pod_security_admission_in_64_cases(
     kube: Kube, control_plane: ControlPlane, levels: dict[str, str]
 ) -> None:

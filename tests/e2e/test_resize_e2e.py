@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, create_ready_pods, pods, wait_injecting, wait_status
 from tests.kube.client import Kube, eventually
@@ -89,6 +91,7 @@ def _in_flight(kube: Kube, ns: str, app: str) -> Iterator[list[int]]:
         thread.join(timeout=10)
 
 
+@pytest.mark.versions
 def test_a_cpu_change_resizes_20_pods_in_place_within_max_unavailable(
     kube: Kube, injected_ns: str, kubelet: FakeKubelet, sidecarsets: Callable[..., dict[str, Any]]
 ) -> None:

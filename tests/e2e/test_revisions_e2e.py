@@ -51,6 +51,7 @@ def image_of(rev: dict[str, Any]) -> str:
     return image
 
 
+@pytest.mark.versions
 def test_twelve_applies_keep_five_revisions_and_rollback_reuses_one(
     aloop: BackgroundLoop, kube: Kube, kube_client: kubeapi.KubeClient, namespace: str, ss_name: str, apply: Apply
 ) -> None:

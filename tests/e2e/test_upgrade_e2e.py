@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 
 from sidecarsets.spec import names
 from tests.e2e.helpers import (
@@ -45,6 +46,7 @@ def _updated(pod: dict[str, Any], image: str) -> bool:
     return image_of(pod, "proxy") == image
 
 
+@pytest.mark.versions
 def test_bad_image_stops_at_max_unavailable_and_fixing_it_completes(
     kube: Kube, injected_ns: str, kubelet: FakeKubelet, sidecarsets: Callable[..., dict[str, Any]]
 ) -> None:
@@ -195,6 +197,7 @@ def test_patch_pod_metadata_is_reapplied_by_the_upgrade(
         assert annotations["mesh.example/added"] == "yes"
 
 
+@pytest.mark.versions
 def test_a_native_sidecar_is_rolled_in_place(
     kube: Kube, injected_ns: str, kubelet: FakeKubelet, sidecarsets: Callable[..., dict[str, Any]]
 ) -> None:

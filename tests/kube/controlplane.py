@@ -39,12 +39,33 @@ class ControlPlaneError(RuntimeError):
     """The control plane could not be provisioned or started; the message says why and what to do."""
 
 
-def binaries_dir() -> Path:
-    """Directory with etcd and kube-apiserver: $KUBEBUILDER_ASSETS, or the per-machine build cache."""
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+def binaries_dir(version: str | None = None) -> Path:
+    """Directory with etcd and kube-apiserver of `version` (a supported minor such as "1.34", or its
+    exact version): by default the one SIDECARCTL_K8S_VERSION names, else $KUBEBUILDER_ASSETS, else the
+    newest supported version; built into the per-machine cache the first time."""
+    args = ["bash", str(BUILD_SCRIPT), *(["--version", version] if version else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise ControlPlaneError(proc.stderr.strip() or f"{BUILD_SCRIPT} failed with exit code {proc.returncode}")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def supported_versions() -> list[str]:
+    """The Kubernetes versions the project supports and tests, oldest first (`build-control-plane.sh --list`)."""
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--list"], capture_output=True, text=True, check=True)
+    return proc.stdout.split()
+
+
+def binary_version(bin_dir: Path) -> str:
+    """The gitVersion kube-apiserver in `bin_dir` was built as ("v1.34.4")."""
+    out = subprocess.run([str(bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[-1]
+
+
+def minor_of(version: str) -> tuple[int, int]:
+    """(1, 34) of "v1.34.4" or "1.34"."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
 
 
 _HANDED_OUT: set[int] = set()
@@ -100,6 +121,7 @@ class ControlPlane:
         aggregator_routing: bool = False,
         node_lifecycle: bool = False,
         term_timeout: float = 10.0,
+        apiserver_flags: tuple[str, ...] = (),
     ):
         """The defaults serve the tiers without nodes. A real node (tests/kube/node.py) needs more:
 
@@ -112,8 +134,13 @@ class ControlPlane:
           taint and the scheduler never places a pod on it.
         - `term_timeout`: how long each process may take after SIGTERM before SIGKILL. After serving a
           real kubelet, kube-apiserver 1.37 takes the whole 10 s to exit; nothing of it is kept.
+        - `apiserver_flags`: more kube-apiserver flags (a feature gate, a runtime-config), after ours.
         """
         self.bin_dir = bin_dir or binaries_dir()
+        self.version = binary_version(self.bin_dir)  # "v1.34.4"
+        self.apiserver_flags = apiserver_flags
+        self.etcd_url = ""
+        self.peers: dict[int, str] = {}  # more kube-apiservers on the same etcd (`add_apiserver`): port -> version
         self.bind_address = bind_address
         self.aggregator_routing = aggregator_routing
         self.node_lifecycle = node_lifecycle
@@ -224,9 +251,9 @@ class ControlPlane:
         """GET `path` as the admin user: (status, body), also for 4xx/5xx answers."""
         return self._get(path)
 
-    def _get(self, path: str) -> tuple[int, bytes]:
+    def _get(self, path: str, *, base: str = "") -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(self.url + path, context=self._admin_ssl(), timeout=5) as r:
+            with urllib.request.urlopen((base or self.url) + path, context=self._admin_ssl(), timeout=5) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -246,7 +273,7 @@ class ControlPlane:
     def _start_once(self) -> None:
         pki = self.workdir / "pki"
         etcd_port, peer_port = free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        etcd_url = self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         data = self.workdir / f"etcd-{etcd_port}"
         self._spawn(
             "etcd",
@@ -301,6 +328,7 @@ class ControlPlane:
             # A node's name resolves nowhere here: logs, exec and port-forward go to its InternalIP.
             "--kubelet-preferred-address-types=InternalIP",
             "--v=0",
+            *self.apiserver_flags,
         ]
         self._spawn("kube-apiserver", self._apiserver_args)
         self._wait("kube-apiserver", lambda: self._get("/readyz")[0] == 200, 60)
@@ -330,13 +358,50 @@ class ControlPlane:
 
             self._wait("kube-controller-manager", sa_ready, 60)
 
-    def restart_apiserver(self, *, down: float = 0.0, timeout: float = 60.0) -> tuple[float, float]:
+    def add_apiserver(self, bin_dir: Path, *, timeout: float = 60.0) -> str:
+        """Start one more kube-apiserver (of the version in `bin_dir`) on the same etcd, certificates,
+        service-account keys and flags, on a port of its own, as an HA control plane has; returns its URL.
+
+        It is stopped with the rest. `kubeconfig_for(url)` gives a kubeconfig that talks to it."""
+        port = free_port()
+        args = [str(bin_dir / "kube-apiserver"), *self._apiserver_args[1:]]
+        args = [f"--secure-port={port}" if a.startswith("--secure-port=") else a for a in args]
+        args = [a for a in args if not a.startswith("--audit-log-path=")] + [
+            f"--audit-log-path={self.workdir / f'audit-{port}.log'}"
+        ]
+        name = f"kube-apiserver-{port}"
+        self._spawn(name, args)
+        url = f"https://{self.bind_address}:{port}"
+        self._wait(name, lambda: self._get("/readyz", base=url)[0] == 200, timeout)
+        self.peers[port] = binary_version(bin_dir)
+        return url
+
+    def remove_apiserver(self, port: int) -> None:
+        """Stop the kube-apiserver `add_apiserver` started on `port` (SIGTERM, as a rolling upgrade does)."""
+        self._stop_one(self.procs.pop(f"kube-apiserver-{port}"))
+        self.peers.pop(port)
+
+    def kubeconfig_for(self, url: str) -> Path:
+        """A copy of the admin kubeconfig that talks to the kube-apiserver at `url`."""
+        cfg = yaml.safe_load(self.kubeconfig.read_text())
+        cfg["clusters"][0]["cluster"]["server"] = url
+        path = self.workdir / f"admin-{url.rsplit(':', 1)[-1]}.kubeconfig"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def restart_apiserver(
+        self, *, down: float = 0.0, timeout: float = 60.0, bin_dir: Path | None = None
+    ) -> tuple[float, float]:
         """Stop kube-apiserver (SIGTERM, as a rolling update does), wait `down` seconds, start it again
-        with the same flags, port, certificates and etcd, and wait until it is ready.
+        with the same flags, port, certificates and etcd, and wait until it is ready. With `bin_dir`,
+        the one started is that version's: the control plane upgraded (or rolled back) in place.
 
         Returns the monotonic times at which it had stopped and was ready again. Its log and the audit
         log are appended to, so a test reads both lives of the API server in one file each.
         """
+        if bin_dir is not None:
+            self._apiserver_args[0] = str(bin_dir / "kube-apiserver")
+            self.version = binary_version(bin_dir)
         self._stop_one(self.procs.pop("kube-apiserver"))
         stopped = time.monotonic()
         if down > 0:

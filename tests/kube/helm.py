@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.kube.controlplane import BUILD_SCRIPT, REPO, ControlPlaneError, binaries_dir
+from tests.kube.controlplane import BUILD_SCRIPT, REPO, ControlPlaneError, binaries_dir, supported_versions
 
 CHART = REPO / "charts" / "sidecarctl"
 CONFIG = REPO / "config"
@@ -22,8 +22,11 @@ Obj = dict[str, Any]
 
 
 def cache_dir() -> Path:
-    """The build cache directory, without building anything (`build-control-plane.sh --dir`)."""
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--dir"], capture_output=True, text=True, check=True)
+    """The newest version's build cache directory, where helm is built with the node binaries,
+    without building anything (`build-control-plane.sh --dir`)."""
+    newest = supported_versions()[-1]
+    args = ["bash", str(BUILD_SCRIPT), "--dir", "--version", newest]
+    proc = subprocess.run(args, capture_output=True, text=True, check=True)
     return Path(proc.stdout.strip())
 
 

@@ -215,7 +215,9 @@ def start_process(
     webhook_port: int | None = None,
     lease_duration: int = 15,
     extra: tuple[str, ...] = (),
+    kubeconfig: Path | None = None,
 ) -> ManagerProcess:
+    """`sidecarctl run` against `cp` (or through `kubeconfig`, say one naming a load balancer)."""
     webhook_port = webhook_port or free_port()
     probe_port = free_port()
     log = Path(tempfile.mkstemp(prefix=f"sidecarctl-{identity}-", suffix=".log")[1])
@@ -224,7 +226,7 @@ def start_process(
         "-m",
         "sidecarctl.cli.main",
         "run",
-        f"--kubeconfig={cp.kubeconfig}",
+        f"--kubeconfig={kubeconfig or cp.kubeconfig}",
         f"--namespace={MANAGER_NS}",
         f"--webhook-bind=127.0.0.1:{webhook_port}",
         f"--probe-bind=127.0.0.1:{probe_port}",
