@@ -8,6 +8,11 @@ refreshed on a timer: whoever depends on one subscribes to changes instead of as
 
 Discovery is a handful of small GETs (`/version` and one resource list per group version asked
 for), so polling every half minute costs the API server nothing measurable.
+
+During a control plane upgrade the kube-apiservers behind the load balancer are of two minors, and
+each read may reach either: a resource the newer one serves comes and goes from read to read. So a
+resource that appears counts only once `settle` reads in a row have listed it, and one that a read
+does not list is gone at once: the view errs on the side of what every server serves.
 """
 
 from __future__ import annotations
@@ -80,19 +85,31 @@ class DiscoveryWatch:
         group_versions: Iterable[str],
         *,
         interval: float = 30.0,
+        settle: int = 3,
         on_change: Callable[[Served | None, Served], None] | None = None,
     ) -> None:
         self.client = client
         self.group_versions = tuple(group_versions)
         self.interval = interval
+        self.settle = settle
         self.on_change = on_change
         self.current: Served | None = None
+        self._listed: dict[tuple[str, str], int] = {}  # resource -> reads in a row that listed it
         self._lock = asyncio.Lock()
+
+    def _settled(self, read_now: Served) -> Served:
+        """`read_now` with the resources the view did not hold yet kept out until `settle` reads in a
+        row have listed them (the first read is taken as it is)."""
+        self._listed = {r: self._listed.get(r, 0) + 1 for r in read_now.resources}
+        if self.current is None:
+            return read_now
+        kept = {r for r in read_now.resources if r in self.current.resources or self._listed[r] >= self.settle}
+        return Served(read_now.git_version, frozenset(kept))
 
     async def refresh(self) -> Served:
         """Read discovery now; raises the API or network error when it cannot be read."""
         async with self._lock:
-            served = await read(self.client, self.group_versions)
+            served = self._settled(await read(self.client, self.group_versions))
             old, self.current = self.current, served
             if served != old and self.on_change is not None:
                 try:

@@ -193,8 +193,8 @@ async def gather(
 
 
 def policy_members(policies: list[JsonObj]) -> dict[str, str]:
-    """SidecarSet -> the MutatingAdmissionPolicy of ours that holds it (injector.policy.stored)."""
-    from injector.policy import stored
+    """SidecarSet -> the MutatingAdmissionPolicy of ours that holds it (injector.policysync.stored)."""
+    from injector.policysync import stored
 
     return {member: stored.name_of(p) for p in reversed(policies) for member in stored.members(p)}
 

@@ -8,10 +8,8 @@ idempotent and bounded, so replicas do not fight). Only the Lease holder runs th
 each leadership term starts from nothing: fresh watches and a fresh controller, so a replica that
 loses the Lease and wins it back never plans from what it saw before.
 
-The optional APIs (MutatingAdmissionPolicy v1, `pods/resize`) are found by discovery, read before the
-first term and again every `--discovery-interval`. The controller never waits for them: their watches
-start only while they are served (a watch of an unserved resource fails with 404 for ever), and a
-change under a running term (an upgraded control plane) starts or stops them in that term.
+Discovery is read before the first term and every `--discovery-interval`; each term follows it
+(sidecarctl.manager.optionalapis), so nothing here waits on an API the server does not serve.
 """
 
 from __future__ import annotations
@@ -28,8 +26,9 @@ from certwatcher.reloader import CertReloader
 from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
 from certwatcher.tls import ServingPair
 from injector.policy import plan as policy_plan
-from injector.policy import support
-from injector.policy.sync import MANAGED_SELECTOR, MWC_PATH, PolicySync
+from injector.policysync import support
+from injector.policysync.narrowing import MWC_PATH
+from injector.policysync.sync import PolicySync
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.backoff import Backoff
 from kuberuntime.clock import first_of, sleep_or_stop
@@ -38,14 +37,14 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import LeaderElector
-from kuberuntime.metrics import API_SERVED, APISERVER_INFO, IS_LEADER
+from kuberuntime.metrics import IS_LEADER
+from sidecarctl.manager import optionalapis
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller import metrics as ss_metrics
 from sidecarsets.controller.controller import SS_PATH, Controller
 from sidecarsets.controller.missedscan import MissedScan
 from sidecarsets.controller.podsecurity import PodSecurityView
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.rollout.resize import RESIZE_SUBRESOURCE
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.store import namespace_labels
@@ -53,13 +52,6 @@ from sidecarsets.store import namespace_labels
 log = logging.getLogger("sidecarctl.control")
 
 Handler = Callable[[str, Any, Any], None]
-
-# The optional resources whose availability is exported (sidecarctl_api_served) and acted on.
-OPTIONAL = (
-    *((gv, r) for gv in support.GROUP_VERSIONS for r in support.POLICY_RESOURCES),
-    RESIZE_SUBRESOURCE,
-)
-DISCOVERED = tuple(dict.fromkeys(gv for gv, _ in OPTIONAL))
 
 
 def _identity(obj: JsonObj) -> JsonObj:
@@ -123,46 +115,18 @@ def _bundle_owners(opts: ManagerOptions) -> tuple[WebhookConfigRef, ...]:
 class Term:
     """One leadership term: its controller and the watches that feed it, discarded at its end.
 
-    `informers` are the watches every term needs; `policy_watches` those of the policy API, running
-    only while discovery lists it (`follow_discovery`)."""
+    `informers` are the watches every term needs; `apis` keeps those of the optional APIs, running
+    only while discovery lists them."""
 
     controller: Controller
     policies: PolicySync
     informers: list[Informer[Any]]
+    apis: optionalapis.OptionalApis
     missed: MissedScan | None = None
-    policy_watches: PolicyWatches | None = None
 
     @property
     def pod_informer(self) -> Informer[Any]:
         return self.informers[-1]
-
-
-class PolicyWatches:
-    """The watches of our policies and bindings in one served version of the API, fed to the sync."""
-
-    def __init__(self, client: kubeapi.KubeClient, api: support.PolicyApi, sync: PolicySync, timeout: int) -> None:
-        self.api = api
-        self.informers: list[Informer[JsonObj]] = [
-            Informer(client, path, name=name, transform=_identity, handler=handler, label_selector=MANAGED_SELECTOR)
-            for path, name, handler in (
-                (api.policies, "policies", sync.on_policy),
-                (api.bindings, "policybindings", sync.on_binding),
-            )
-        ]
-        for informer in self.informers:
-            informer.watch_timeout = timeout
-        self.stop = asyncio.Event()
-        self.tasks = [asyncio.create_task(i.run(self.stop), name=f"informer-{i.name}") for i in self.informers]
-
-    async def synced(self) -> None:
-        for informer in self.informers:
-            await informer.synced.wait()
-
-    async def close(self) -> None:
-        self.stop.set()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 class ControlRole:
@@ -170,8 +134,7 @@ class ControlRole:
         self.opts = opts
         self.cert_dir = cert_dir
         self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
-        # The policy canary asks each time on a new connection, to reach every kube-apiserver behind
-        # the `kubernetes` Service (injector.policy.support).
+        # The policy canary asks on new connections: every kube-apiserver behind the Service answers.
         self.probe_client = kubeapi.KubeClient(self.client.config, fresh_connections=True)
         # Events about cluster-scoped SidecarSets live in `default`, where `kubectl describe` looks.
         self.recorder = EventRecorder(self.client)
@@ -218,7 +181,7 @@ class ControlRole:
         self.term: Term | None = None
         self.leading = False
         self.discovery = DiscoveryWatch(
-            self.client, DISCOVERED, interval=opts.watches.discovery_interval, on_change=self._discovered
+            self.client, optionalapis.DISCOVERED, interval=opts.watches.discovery_interval, on_change=self._discovered
         )
         self.discovery_changed = asyncio.Event()
 
@@ -277,10 +240,11 @@ class ControlRole:
         informers = self._term_informers(controller, sync, ns_informer, rev_informer)
         for informer in informers:
             informer.watch_timeout = self.opts.watches.watch_timeout
-        return Term(controller, sync, informers, scan)
+        apis = optionalapis.OptionalApis(self.client, controller, sync, watch_timeout=self.opts.watches.watch_timeout)
+        return Term(controller, sync, informers, apis, scan)
 
     def _policy_sync(self, may_write: Callable[[], Awaitable[bool]] | None) -> PolicySync:
-        """The term's MutatingAdmissionPolicy sync (injector.policy.sync), writing only while `may_write`."""
+        """The term's MutatingAdmissionPolicy sync (injector.policysync.sync), writing only while `may_write`."""
         return PolicySync(
             self.client,
             mode=policy_plan.Mode(self.opts.injection.injection),
@@ -289,6 +253,7 @@ class ControlRole:
             settle=self.opts.injection.policy_settle,
             may_write=may_write,
             probe=support.SupportProbe(self.probe_client, namespace=self.opts.namespace),
+            unenforced_recheck=self.opts.watches.discovery_interval,
         )
 
     def _term_informers(
@@ -328,26 +293,11 @@ class ControlRole:
     def _discovered(self, old: Served | None, new: Served) -> None:
         """Discovery changed: export it, say what it changes for the manager (once per change, not
         per term), and wake the running term."""
-        if old is not None and old.git_version != new.git_version:
-            APISERVER_INFO.remove(old.git_version)
-        APISERVER_INFO.labels(new.git_version).set(1)
-        for gv, resource in OPTIONAL:
-            API_SERVED.labels(gv, resource).set(1 if new.has(gv, resource) else 0)
-        policy_api = support.served_api(new)
-        resize = new.has(*RESIZE_SUBRESOURCE)
-        if old is not None and (support.served_api(old), old.has(*RESIZE_SUBRESOURCE)) == (policy_api, resize):
-            return
-        if policy_api is None and self.opts.injection.injection != "webhook":
-            injection = f"injection as with --injection=webhook ({support.not_served(new)})"
-        else:
-            injection = f"--injection={self.opts.injection.injection}"
-        log.info(
-            "API server %s: %s; pods/resize %s",
-            new.git_version or "(no version)",
-            injection,
-            "served: sidecar resources change in place" if resize else "not served: resources changes are not rolled",
-        )
-        self.discovery_changed.set()
+        optionalapis.export(old, new)
+        said = optionalapis.describe(old, new, injection=self.opts.injection.injection)
+        if said is not None:
+            log.info("%s", said)
+            self.discovery_changed.set()
 
     async def _follow_discovery(self, term: Term, stop: asyncio.Event) -> None:
         """Keep the term's optional watches and switches in step with discovery, for the whole term."""
@@ -355,24 +305,8 @@ class ControlRole:
             self.discovery_changed.clear()
             served = self.discovery.current
             if served is not None:
-                await self._adopt(term, served, stop)
+                await term.apis.adopt(served, stop)
             await first_of(self.discovery_changed.wait(), stop.wait())
-
-    async def _adopt(self, term: Term, served: Served, stop: asyncio.Event) -> None:
-        term.controller.resize_served = served.has(*RESIZE_SUBRESOURCE)
-        wanted = support.served_api(served)
-        watching = None if term.policy_watches is None else term.policy_watches.api
-        if wanted != watching:
-            if term.policy_watches is not None:
-                await term.policy_watches.close()
-                term.policy_watches = None
-            if wanted is not None:
-                term.policy_watches = PolicyWatches(self.client, wanted, term.policies, self.opts.watches.watch_timeout)
-                # The sync compares with what is stored: it must see every existing policy first.
-                await first_of(term.policy_watches.synced(), stop.wait())
-                if stop.is_set():
-                    return
-        term.policies.set_served(wanted, "" if wanted is not None else support.not_served(served))
 
     async def _lead(self, lost: asyncio.Event) -> None:
         """Runs while this replica holds the Lease; everything it built is dropped when it ends."""
@@ -403,8 +337,7 @@ class ControlRole:
             for task in watches:
                 task.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
-            if term.policy_watches is not None:
-                await term.policy_watches.close()
+            await term.apis.close()
             self.term = None
             self.leading = False
             ss_metrics.forget()  # the next leader reports them; this replica's values would go stale

@@ -16,7 +16,8 @@ from typing import TypeVar
 
 import aiohttp
 
-from injector.policy import servable, support
+from injector.policy import servable
+from injector.policysync import support
 from kuberuntime import api, discovery, kubeapi, kubeconfig
 from kuberuntime.backoff import Backoff
 from sidecarctl.manager.options import ManagerOptions

@@ -230,7 +230,7 @@ def stored_pod(pod: dict[str, Any]) -> dict[str, Any]:
 def policy_holding(kube: Kube, sidecarset: str) -> str | None:
     """The name of the manager's MutatingAdmissionPolicy that injects `sidecarset`, if one does."""
     from injector.policy.generate import ANN_MEMBERS
-    from injector.policy.support import POLICIES
+    from injector.policysync.support import POLICIES
 
     listed = kube.get(POLICIES, labelSelector="app.kubernetes.io/managed-by=sidecarctl")
     for policy in listed["items"]:

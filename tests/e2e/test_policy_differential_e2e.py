@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from bench import common as bench_common
-from injector.policy.support import POLICIES
+from injector.policysync.support import POLICIES
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests import golden_cases

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from injector.http.metrics import ADMISSIONS
-from injector.policy.support import BINDINGS, POLICIES
-from injector.policy.sync import CONDITION_NAME
+from injector.policysync.narrowing import CONDITION_NAME
+from injector.policysync.support import BINDINGS, POLICIES
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, status_of, wait_condition
 from tests.e2e.policysupport import policy_holding

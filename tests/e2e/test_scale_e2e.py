@@ -19,7 +19,7 @@ import pytest
 
 from bench.bench_scale import team_pod, team_sidecarset
 from injector.policy import bundle, selecting
-from injector.policy.sync import CONDITION_NAME, MWC_PATH
+from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH
 from tests.e2e.policysupport import PrivateCluster, policy_holding, private_cluster, stored_pod, webhook_pod

@@ -67,6 +67,8 @@ class Balancer:
         self._pipes.add(task)
         try:
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            pass  # stopped: the balancer closes its connections
         finally:
             self._pipes.discard(task)
 

@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
-from injector.policy import stored
-from injector.policy.support import POLICIES
+from injector.policysync import stored
+from injector.policysync.support import POLICIES
 from sidecarsets.spec import names
 from tests.kube import images
 from tests.kube.adminrest import wait_for

@@ -3,12 +3,12 @@
 kuberuntime knows nothing of ours. Within sidecarsets the rooms import downwards only: values <-
 spec <- validation, pods <- rollout <- controller (which also reads validation's Pod Security
 checks), with the admission store and pins beside them
-reading the spec. Within injector: engine <- policy <- http and manifests, and none of them reads
-the SidecarSet controller or rollout. sidecarctl, the program, wires everything; its manager never
-imports its cli, and nothing in the product imports sidecarctl. bench/ and tools/ may use the
-product and the test helpers of tests/kube (the demo and the benchmarks drive the same control
-plane and fakes as the tests), and bench/ the Kruise oracle harness of tests/kruise (bench_kruise
-times Kruise's code through it), never a test module itself.
+reading the spec. Within injector: engine <- policy <- policysync, and policy <- http and
+manifests, none of them reading the SidecarSet controller or rollout. sidecarctl, the program,
+wires everything; its manager never imports its cli, and nothing in the product imports
+sidecarctl. bench/ and tools/ may use the product and the test helpers of tests/kube (the demo and
+the benchmarks drive the same control plane and fakes as the tests), and bench/ the Kruise oracle
+harness of tests/kruise (bench_kruise times Kruise's code through it), never a test module itself.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "injector": set(),
     "injector.engine": _SPEC,
     "injector.policy": {*_SPEC, "injector.engine"},
+    "injector.policysync": {*_SPEC, "injector.engine", "injector.policy"},
     "injector.http": {*_ADMISSION_READS, "injector.engine", "injector.policy"},
     "injector.manifests": {*_ADMISSION_READS, "injector.engine", "injector.policy"},
     "sidecarctl": set(),

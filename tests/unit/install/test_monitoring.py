@@ -38,7 +38,7 @@ import sidecarctl.manager.inprocess  # noqa: F401  (imports every role, so the r
 from certwatcher import files as certfiles
 from certwatcher import metrics as cert_metrics
 from injector.http import metrics as injector_metrics
-from injector.policy import stored as policy_metrics
+from injector.policysync import stored as policy_metrics
 from kuberuntime import metrics as runtime_metrics
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
 from sidecarsets.controller import metrics as sidecarset_metrics

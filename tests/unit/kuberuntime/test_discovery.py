@@ -36,7 +36,7 @@ def test_minor_is_none_for_a_version_in_another_form() -> None:
 def test_a_change_is_reported_once_with_the_old_and_new_view() -> None:
     fake = _server("v1.35.4", policies=False)
     changes: list[tuple[Served | None, Served]] = []
-    watch = DiscoveryWatch(fake, ["v1", MAP], on_change=lambda old, new: changes.append((old, new)))
+    watch = DiscoveryWatch(fake, ["v1", MAP], settle=1, on_change=lambda old, new: changes.append((old, new)))
     first = asyncio.run(watch.refresh())
     asyncio.run(watch.refresh())
     assert changes == [(None, first)], "an unchanged view is not reported again"
@@ -74,3 +74,17 @@ def test_a_handler_that_raises_does_not_stop_discovery() -> None:
 
     watch = DiscoveryWatch(_server("v1.37.2", policies=True), ["v1"], on_change=broken)
     assert asyncio.run(watch.refresh()).git_version == "v1.37.2"
+
+
+def test_a_resource_counts_only_once_reads_in_a_row_list_it_and_is_gone_at_the_first_that_does_not() -> None:
+    """Two minors behind one load balancer during an upgrade: reads alternate between them, and the
+    policy API the newer one serves never settles; once every read lists it, it does."""
+    old, new = _server("v1.35.4", policies=False), _server("v1.36.3", policies=True)
+    watch = DiscoveryWatch(old, ["v1", MAP], settle=3)
+    seen = []
+    for client in (old, new, new, old, new, new, new, new):
+        watch.client = client
+        seen.append(asyncio.run(watch.refresh()).has(MAP, "mutatingadmissionpolicies"))
+    assert seen == [False, False, False, False, False, False, True, True]
+    watch.client = old
+    assert not asyncio.run(watch.refresh()).has(MAP, "mutatingadmissionpolicies"), "gone at once"

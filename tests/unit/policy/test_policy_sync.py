@@ -15,10 +15,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from injector.policy.bundle import NAME_PREFIX
-from injector.policy.desired import ANN_GENERATED_AT
 from injector.policy.plan import Mode, Path, Why
-from injector.policy.support import BINDINGS, CANARY, POLICIES, V1
-from injector.policy.sync import CONDITION_NAME, MWC_PATH, PolicySync
+from injector.policysync.desired import ANN_GENERATED_AT
+from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
+from injector.policysync.support import BINDINGS, CANARY, POLICIES, V1
+from injector.policysync.sync import PolicySync
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller.controller import SS_PATH
@@ -476,7 +477,7 @@ def test_webhook_mode_removes_what_auto_left_and_the_condition() -> None:
     assert rig.ours() is not None
     webhook = Rig(mode=Mode.WEBHOOK)
     webhook.api = rig.api
-    webhook.sync.client = rig.api
+    webhook.sync.client = webhook.sync.narrowing.client = rig.api
     rig.api.listeners = [webhook._deliver]
     for path, obj in list(rig.api.objects.items()):
         webhook._deliver(path, None, obj)
@@ -552,9 +553,9 @@ def test_nothing_is_planned_until_support_is_known() -> None:
 def test_the_condition_grows_too_long_then_the_webhook_is_not_narrowed(
     mode: Mode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from injector.policy import sync as sync_module
+    from injector.policysync import narrowing
 
-    monkeypatch.setattr(sync_module, "MAX_CONDITION_CHARS", 50)
+    monkeypatch.setattr(narrowing, "MAX_CONDITION_CHARS", 50)
     rig = Rig(mode=mode)
     rig.add("mesh")
     rig.run()

@@ -11,7 +11,7 @@ narrows the webhook again only once the policy has had time to be enforced (`set
 policy). In between, those pods go through the webhook as well; it finds them either injected by the policy at the
 current hash (and leaves them) or not, or at an older hash (and injects the current one), so every pod gets one
 complete set. The same order moves a SidecarSet from a policy to the webhook: the webhook is widened before the
-policy goes. Until support is known (injector.policy.support) nothing is narrowed: the webhook serves all.
+policy goes. Until support is known (injector.policysync.support) nothing is narrowed: the webhook serves all.
 
 Whether the API is served at all comes from discovery, which the composition root reads and reads again
 (`set_served`): an API server without it (Kubernetes before 1.36) gets no policy, no watch of policies, and a
@@ -29,11 +29,13 @@ from collections.abc import Awaitable, Callable, Mapping
 import aiohttp
 import orjson
 
-from injector.policy import desired, selecting
 from injector.policy import plan as planning
+from injector.policy import selecting
 from injector.policy.generate import Generated, covers
-from injector.policy.stored import LastWritten, changed_members, members, name_of, older
-from injector.policy.support import CANARY, V1, PolicyApi, Probe, SupportProbe
+from injector.policysync import desired
+from injector.policysync.narrowing import Narrowing
+from injector.policysync.stored import LastWritten, changed_members, members, name_of, older
+from injector.policysync.support import CANARY, V1, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
@@ -42,12 +44,7 @@ from sidecarsets.spec.model import ModelError, SidecarSet
 
 log = logging.getLogger(__name__)
 
-MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-CONDITION_NAME = "sidecarctl-needs-webhook"
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=sidecarctl"
-# The API server refuses a matchCondition longer than 100,000 characters; past this the webhook is
-# left un-narrowed (it serves every pod: slower, never wrong).
-MAX_CONDITION_CHARS = selecting.MAX_CONDITION_CHARS
 RECHECK_SECONDS = 600.0
 # A large policy takes longer to compile: 200 containers (1.2 MB) were enforced 5.8 s after they were
 # stored, 100 (0.8 MB) after 4.3 s, on kube-apiserver 1.37 here. Five seconds per MB on top of `settle`.
@@ -67,6 +64,7 @@ class PolicySync:
         webhook_name: str = names.MUTATING_WEBHOOK_NAME,
         settle: float = 2.0,
         probe: Probe | None = None,
+        unenforced_recheck: float = 30.0,
         on_routes: Callable[[set[str]], None] | None = None,
         may_write: Callable[[], Awaitable[bool]] | None = None,
         clock: Callable[[], str] = now_rfc3339,
@@ -75,10 +73,11 @@ class PolicySync:
         self.client = client
         self.mode = mode
         self.manager_namespace = manager_namespace
-        self.webhook_config = webhook_config
-        self.webhook_name = webhook_name
+        self.narrowing = Narrowing(client, config=webhook_config, webhook=webhook_name)
         self.settle = settle
         self.probe: Probe = probe or SupportProbe(client, namespace=manager_namespace)
+        # Served but not enforced by every kube-apiserver (an upgrade under way): asked again this soon.
+        self.unenforced_recheck = unenforced_recheck
         self.on_routes = on_routes
         self.may_write = may_write
         self.clock = clock
@@ -88,7 +87,6 @@ class PolicySync:
         self.policies: dict[str, JsonObj] = {}  # our stored policies and bindings, as the watches see them
         self.bindings: dict[str, JsonObj] = {}
         self.written = LastWritten()
-        self.mwc: JsonObj | None = None
         self.unsupported: str | None = None
         self.supported_known = mode is planning.Mode.WEBHOOK
         # What discovery says (`set_served`): the policy API to use, or why there is none. Until it
@@ -105,7 +103,6 @@ class PolicySync:
         self.dirty = asyncio.Event()
         self.news = asyncio.Event()  # a SidecarSet changed: read while a policy is being written
         self.passes = 0
-        self.bad_conditions = 0
 
     # -- informer handlers ---------------------------------------------------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -135,8 +132,7 @@ class PolicySync:
         self._keep(self.bindings, kind, old, new)
 
     def on_webhook_config(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        if name_of(new or old) == self.webhook_config:
-            self.mwc = None if kind == "DELETED" else new
+        if self.narrowing.on_webhook_config(kind, old, new):
             self.dirty.set()
 
     def set_served(self, policy_api: PolicyApi | None, why_not: str = "") -> None:
@@ -144,8 +140,8 @@ class PolicySync:
         and `bindings`), or None and why. A change is checked on the next pass."""
         if self.discovered and (policy_api, why_not) == (self.policy_api, self.not_served):
             return
-        if policy_api != self.policy_api:
-            self.policies.clear()  # another API's objects, or none: the new watches fill them
+        if policy_api is None:  # its watches are gone (or not listed yet): theirs fill these again
+            self.policies.clear()
             self.bindings.clear()
         self.policy_api, self.not_served, self.discovered = policy_api, why_not, True
         self.recheck = True
@@ -173,14 +169,24 @@ class PolicySync:
                 log.exception("policy sync failed; retrying")
                 self.dirty.set()
                 await asyncio.sleep(5.0)
-            timeout = RECHECK_SECONDS if self.narrow_at is None else self.narrow_at - self.monotonic()
+            timeout = self._until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
             await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
 
+    def _recheck_every(self) -> float:
+        """RECHECK_SECONDS, or `unenforced_recheck` while not every kube-apiserver enforces the API served."""
+        waiting = self.policy_api is not None and self.supported_known and self.unsupported is not None
+        return self.unenforced_recheck if waiting else RECHECK_SECONDS
+
+    def _until_recheck(self) -> float:
+        if self.mode is planning.Mode.WEBHOOK or not self.discovered:
+            return RECHECK_SECONDS
+        return max(0.0, self.checked_at + self._recheck_every() - self.monotonic())
+
     async def check_support_if_due(self) -> None:
-        """Probe support when discovery changed, or every RECHECK_SECONDS (an admission plugin turned on)."""
+        """Probe support when discovery changed, or when `_recheck_every` has passed."""
         if self.mode is planning.Mode.WEBHOOK or not self.discovered:
             return
-        if self.recheck or self.monotonic() - self.checked_at >= RECHECK_SECONDS:
+        if self.recheck or self.monotonic() - self.checked_at >= self._recheck_every():
             self.recheck = False
             await self._check_support()
             self.checked_at = self.monotonic()
@@ -375,53 +381,11 @@ class PolicySync:
             await self.client.delete(path)
 
     async def _set_condition(self, expression: str) -> None:
-        """Our matchCondition on the pod webhook (others' conditions are kept); None removes it."""
-        if self.mwc is None:
-            return
-        hooks = self.mwc.get("webhooks") or []
-        index = next((i for i, h in enumerate(hooks) if h.get("name") == self.webhook_name), None)
-        if index is None:
-            return
-        if self.mode is planning.Mode.WEBHOOK or not self.supported_known or self.unsupported is not None:
-            wanted = None
-        elif len(expression) > MAX_CONDITION_CHARS:
-            log.warning("the webhook's condition would be %d characters; the webhook is not narrowed", len(expression))
-            wanted = None
-        else:
-            wanted = {"name": CONDITION_NAME, "expression": expression}
-        conditions = list(hooks[index].get("matchConditions") or [])
-        others = [c for c in conditions if c.get("name") != CONDITION_NAME]
-        new = others + ([wanted] if wanted else [])
-        if new == conditions:
-            return
-        rv = (self.mwc.get("metadata") or {}).get("resourceVersion")
-        ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
-        ops.append({"op": "add", "path": f"/webhooks/{index}/matchConditions", "value": new})
-        try:
-            self.mwc = await self.client.patch(f"{MWC_PATH}/{self.webhook_config}", ops, patch_type="json")
-        except api.Conflict:
-            self.dirty.set()  # written underneath (the caBundle sync shares the object): again on the next pass
-            return
-        except api.Invalid as e:
+        """Our matchCondition on the pod webhook (others' conditions are kept): none, so the webhook
+        serves every pod, unless policies are known to be enforced."""
+        serves_all = self.mode is planning.Mode.WEBHOOK or not self.supported_known or self.unsupported is not None
+        if not await self.narrowing.write(None if serves_all else expression):
             self.dirty.set()
-            if "test" in e.message or "resourceVersion" in e.message:
-                return  # the resourceVersion test failed: as a conflict
-            if wanted is None:
-                raise
-            # A condition the API server will not take (it should not happen): never narrow on a guess.
-            log.error("the API server refused the webhook condition (%s); the webhook is not narrowed", e.message[:300])
-            self.bad_conditions += 1
-            await self._set_condition_to(index, others, conditions)
-            return
-        log.info("webhook %s condition %s", self.webhook_name, "removed" if wanted is None else "set")
-
-    async def _set_condition_to(self, index: int, new: list[JsonObj], conditions: list[JsonObj]) -> None:
-        if new == conditions or self.mwc is None:
-            return
-        rv = (self.mwc.get("metadata") or {}).get("resourceVersion")
-        ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
-        ops.append({"op": "add", "path": f"/webhooks/{index}/matchConditions", "value": new})
-        self.mwc = await self.client.patch(f"{MWC_PATH}/{self.webhook_config}", ops, patch_type="json")
 
 
 def _news(planned: SidecarSet | None, now: SidecarSet) -> bool:

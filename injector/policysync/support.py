@@ -142,6 +142,12 @@ def not_served(served: Served) -> str:
     )
 
 
+NOT_LISTED = (
+    "discovery lists the MutatingAdmissionPolicy API but its objects cannot be listed yet (a kube-apiserver of "
+    "an older minor answers 404 during a control plane upgrade)"
+)
+
+
 class Probe(Protocol):
     async def check(self) -> str | None:
         """None when the policies discovery lists are enforced, else the reason they cannot be used."""

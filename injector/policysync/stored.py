@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import orjson
 from prometheus_client import Counter
 
-from injector.policy.desired import ANN_GENERATED_AT, STAMP
 from injector.policy.generate import ANN_MEMBERS
+from injector.policysync.desired import ANN_GENERATED_AT, STAMP
 from kuberuntime.jsontypes import JsonObj
 
 

@@ -1,0 +1,87 @@
+"""Our matchCondition on the pod webhook: written, replaced and removed without touching anyone else's.
+
+The policy sync decides what the condition says (injector.policy.plan: the pods only the webhook can
+serve, widened while a policy settles); this keeps it on `inject.sidecarctl.io` of the
+MutatingWebhookConfiguration, as the watch last saw that object. The caBundle sync writes the same
+object, so every patch tests the resourceVersion and a conflict is left for the next pass. A condition
+the API server refuses (it should not happen) is never half applied: the webhook is left un-narrowed,
+serving every pod, which is slower and never wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from injector.policy import selecting
+from injector.policysync.stored import name_of
+from kuberuntime import api
+from kuberuntime.jsontypes import JsonObj
+
+log = logging.getLogger(__name__)
+
+MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+CONDITION_NAME = "sidecarctl-needs-webhook"
+# The API server refuses a matchCondition longer than 100,000 characters; past this the webhook is
+# left un-narrowed (it serves every pod: slower, never wrong).
+MAX_CONDITION_CHARS = selecting.MAX_CONDITION_CHARS
+
+
+class Narrowing:
+    """`on_webhook_config` is the configuration's informer handler; `write` sets or removes our condition."""
+
+    def __init__(self, client: api.Client, *, config: str, webhook: str) -> None:
+        self.client = client
+        self.config = config
+        self.webhook = webhook
+        self.mwc: JsonObj | None = None
+        self.bad_conditions = 0
+
+    def on_webhook_config(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> bool:
+        """Keep the configuration as watched; True when it is ours (the caller passes again)."""
+        if name_of(new or old) != self.config:
+            return False
+        self.mwc = None if kind == "DELETED" else new
+        return True
+
+    async def write(self, expression: str | None) -> bool:
+        """Our condition as `expression` (None: none, the webhook serves every pod). False when the
+        configuration changed underneath (a conflict): the caller tries again on its next pass."""
+        if self.mwc is None:
+            return True
+        hooks = self.mwc.get("webhooks") or []
+        index = next((i for i, h in enumerate(hooks) if h.get("name") == self.webhook), None)
+        if index is None:
+            return True
+        if expression is not None and len(expression) > MAX_CONDITION_CHARS:
+            log.warning("the webhook's condition would be %d characters; the webhook is not narrowed", len(expression))
+            expression = None
+        wanted = None if expression is None else {"name": CONDITION_NAME, "expression": expression}
+        conditions = list(hooks[index].get("matchConditions") or [])
+        others = [c for c in conditions if c.get("name") != CONDITION_NAME]
+        new = others + ([wanted] if wanted else [])
+        if new == conditions:
+            return True
+        try:
+            await self._patch(index, new)
+        except api.Conflict:
+            return False  # written underneath (the caBundle sync shares the object): again on the next pass
+        except api.Invalid as e:
+            if "test" in e.message or "resourceVersion" in e.message:
+                return False  # the resourceVersion test failed: as a conflict
+            if wanted is None:
+                raise
+            # A condition the API server will not take (it should not happen): never narrow on a guess.
+            log.error("the API server refused the webhook condition (%s); the webhook is not narrowed", e.message[:300])
+            self.bad_conditions += 1
+            if others != conditions:
+                await self._patch(index, others)
+            return False
+        log.info("webhook %s condition %s", self.webhook, "removed" if wanted is None else "set")
+        return True
+
+    async def _patch(self, index: int, conditions: list[JsonObj]) -> None:
+        assert self.mwc is not None
+        rv = (self.mwc.get("metadata") or {}).get("resourceVersion")
+        ops: list[JsonObj] = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}] if rv else []
+        ops.append({"op": "add", "path": f"/webhooks/{index}/matchConditions", "value": conditions})
+        self.mwc = await self.client.patch(f"{MWC_PATH}/{self.config}", ops, patch_type="json")
