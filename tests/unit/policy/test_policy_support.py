@@ -10,7 +10,16 @@ import orjson
 
 from injector.http import admission, decisions
 from injector.policy import servable
-from injector.policy.support import BINDINGS, CANARY, NOT_ENFORCED, POLICIES, V1, SupportProbe, not_served, served_api
+from injector.policysync.support import (
+    BINDINGS,
+    CANARY,
+    NOT_ENFORCED,
+    POLICIES,
+    V1,
+    SupportProbe,
+    not_served,
+    served_api,
+)
 from kuberuntime import api
 from kuberuntime.discovery import Served
 from kuberuntime.jsontypes import JsonObj
