@@ -45,6 +45,8 @@ OPT_OUT: JsonObj = {"matchExpressions": [{"key": names.POD_INJECT_LABEL, "operat
 # enforce it, about 7 s for 60 groups here, and a client waits 30 s for a write.
 MAX_GROUPS = 60
 MAX_BYTES = 768 * 1024
+# The values of a policy's object selector; kube-apiserver parses them on every namespaced request.
+MAX_SELECTOR_VALUES = 120
 # The API server builds an entry for every variable of a policy on each evaluation, its condition's
 # too (1.3 µs each in its profile at 4 policies of 90), so groups share variables; but it compiles a
 # long expression slowly (40 groups: 27.5 s in 90,000-character variables, 5.7 s in 20,000, 3.5 s
@@ -82,15 +84,17 @@ def fold(local: Sequence[tuple[str, str]], body: str, *, prefix: str) -> str:
 
 def candidates(groups: Sequence[GroupParts]) -> str:
     """CEL: the indices of the groups that may select the pod, from constant maps keyed by a label
-    (or key) each group's selectors require (sidecarsets.spec.podindex): the mutation evaluates the
-    variable of those groups only, not one per group of the policy."""
+    (or key) each group's selectors require (sidecarsets.spec.podindex), chosen among the policy's
+    groups so that it tells them apart: the mutation evaluates the variable of those groups only,
+    not one per group of the policy."""
     by_label: dict[str, list[int]] = {}
     by_key: dict[str, list[int]] = {}
     loose: list[int] = []
+    chosen = podindex.Anchors(ss.selector for g in groups for ss in g.sidecarsets)
     for j, g in enumerate(groups):
         entries = []
         for ss in g.sidecarsets:
-            found = podindex.label_anchors(ss.selector)
+            found = chosen.of(ss.selector)
             if found is None:
                 loose.append(j)
                 break
@@ -111,22 +115,41 @@ def candidates(groups: Sequence[GroupParts]) -> str:
     return f"{loose} + ({lookup}).flatten()"
 
 
-def _one_key(groups: Sequence[GroupParts]) -> list[JsonObj]:
-    """When every group requires one value of the same label key (the usual `team: x`), that
-    requirement as an object selector: the API server then skips the policy for other pods before
-    any CEL (a selector costs it about a quarter of a condition's evaluation)."""
-    keys: set[str] = set()
-    values: set[str] = set()
+def _label_values(selector: Mapping[str, object] | None) -> dict[str, set[str]]:
+    """key -> the values a pod matching `selector` may have for it, for every key it requires a value of."""
+    found: dict[str, set[str]] = {}
+    for alternative in podindex.requirements(selector) or ():
+        if all(kind == "label" for kind, _, _ in alternative):
+            key = alternative[0][1]
+            values = {str(v) for _, _, v in alternative}
+            found[key] = found[key] & values if key in found else values
+    return found
+
+
+def _required_key(groups: Sequence[GroupParts]) -> list[JsonObj]:
+    """A label key every SidecarSet of the policy requires a value of, with the values they allow, as
+    an object selector: the API server then skips the policy for other pods before any CEL (a
+    selector costs it about a quarter of a condition's evaluation). Of several such keys (`team` and
+    `tier` in `{team: t7, tier: web}`), the one with the most values tells the groups apart; one with
+    more than MAX_SELECTOR_VALUES is left out, as the API server parses the values on every request."""
+    common: dict[str, set[str]] | None = None
     for g in groups:
         for ss in g.sidecarsets:
-            block = podindex.label_block(ss.selector)
-            if block is None:
+            mine = _label_values(ss.selector)
+            common = mine if common is None else {k: common[k] | mine[k] for k in common.keys() & mine.keys()}
+            if not common:
                 return []
-            keys.add(block[0])
-            values |= block[1]
-    if len(keys) != 1:
+    usable = {k: v for k, v in (common or {}).items() if len(v) <= MAX_SELECTOR_VALUES}
+    if not usable:
         return []
-    return [{"key": keys.pop(), "operator": "In", "values": sorted(values)}]
+    key = max(usable, key=lambda k: (len(usable[k]), k))
+    return [{"key": key, "operator": "In", "values": sorted(usable[key])}]
+
+
+def anchored(g: GroupParts) -> bool:
+    """Whether every SidecarSet of the group requires some pod label: one that does not makes its
+    policy's condition true for every pod, so such groups are kept in policies of their own."""
+    return all(podindex.label_anchors(ss.selector) is not None for ss in g.sidecarsets)
 
 
 def size(parts: GroupParts) -> int:
@@ -142,7 +165,9 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
     placed: set[str] = set()
 
     def fits(name: str, g: GroupParts) -> bool:
-        return len(bins.get(name, ())) < MAX_GROUPS and used.get(name, 0) + size(g) <= MAX_BYTES
+        held = bins.get(name, ())
+        same_kind = not held or anchored(held[0]) == anchored(g)
+        return same_kind and len(held) < MAX_GROUPS and used.get(name, 0) + size(g) <= MAX_BYTES
 
     def put(name: str, g: GroupParts) -> None:
         bins.setdefault(name, []).append(g)
@@ -155,10 +180,10 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
             home = max(sorted(set(votes)), key=votes.count)
             if home.startswith(NAME_PREFIX) and fits(home, g):
                 put(home, g)
-    index = 0
     for g in groups:
         if g.key in placed:
             continue
+        index = 0  # from the first: a policy of the other kind (anchored or not) may have been skipped
         while True:
             name = f"{NAME_PREFIX}{index}"
             if fits(name, g) or not bins.get(name):
@@ -222,7 +247,7 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
             "objectSelector": {
                 "matchExpressions": [
                     *OPT_OUT["matchExpressions"],
-                    *_one_key(groups),
+                    *_required_key(groups),
                 ]
             },
         },

@@ -146,8 +146,10 @@ class OverlapIndex:
         self.sidecarsets = list(sidecarsets)
         self._by_key: dict[str, dict[str, list[int]]] = {}
         self._anchor: list[tuple[str, frozenset[str]] | None] = []
+        # Anchored on the label that tells them apart (`team` in `{team: t7, tier: web}`, not `tier`).
+        self.chosen = podindex.Anchors(ss.selector for ss in self.sidecarsets)
         for i, ss in enumerate(self.sidecarsets):
-            anchor = podindex.label_block(ss.selector)
+            anchor = self.chosen.block(ss.selector)
             self._anchor.append(anchor)
             if anchor is not None:
                 for value in anchor[1]:
@@ -155,7 +157,7 @@ class OverlapIndex:
 
     def sharing(self, ss: SidecarSet) -> list[int]:
         """Indices of the SidecarSets that may share pods with `ss` (compared exactly)."""
-        anchor = podindex.label_block(ss.selector)
+        anchor = self.chosen.block(ss.selector)
         near: Iterable[int]
         if anchor is None:
             near = range(len(self.sidecarsets))

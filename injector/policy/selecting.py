@@ -34,16 +34,16 @@ def pods_selected(sidecarsets: Iterable[SidecarSet], *, approximate: bool = Fals
     """
     grouped: dict[str, set[str]] = {}
     keys: set[str] = set()
-    exact: list[str] = []
-    for ss in sidecarsets:
-        if ss.injection_paused or selectors.is_empty(ss.selector):
-            continue
+    exact: dict[tuple[str, str], tuple[set[str], list[str]]] = {}  # by anchor (kind, key): its values, the terms
+    active = [ss for ss in sidecarsets if not ss.injection_paused and not selectors.is_empty(ss.selector)]
+    chosen = podindex.Anchors(ss.selector for ss in active)
+    for ss in active:
         simple = _one_label(ss.selector or {}) if ss.namespace_selector is None else None
         if simple is not None:
             grouped.setdefault(simple[0], set()).update(simple[1])
             continue
+        found = chosen.of(ss.selector)
         if approximate:
-            found = podindex.label_anchors(ss.selector)
             if found is None:
                 return "true"
             for _, key, value in found:
@@ -55,18 +55,33 @@ def pods_selected(sidecarsets: Iterable[SidecarSet], *, approximate: bool = Fals
         term = cel.selector(ss.selector, "l")
         if ss.namespace_selector is not None and names_namespaces_only(ss):
             term += " && " + cel.selector(ss.namespace_selector, '{"kubernetes.io/metadata.name": request.namespace}')
-        exact.append(f"({term})")
+        anchor = ("", "") if not found else (found[0][0], found[0][1])
+        values, guarded = exact.setdefault(anchor, (set(), []))
+        values.update(str(v) for _, _, v in found or () if v is not None)
+        guarded.append(f"({term})")
     terms = [f"({cel.string(k)} in l)" for k in sorted(keys)]
-    for key in sorted(grouped):
-        values = sorted(grouped[key])
-        test = (
-            f"l[{cel.string(key)}] == {cel.string(values[0])}"
-            if len(values) == 1
-            else (f"l[{cel.string(key)}] in {cel.strings(values)}")
-        )
-        terms.append(f"({cel.string(key)} in l && {test})")
-    terms += exact
+    terms += [_in_test(key, grouped[key]) for key in sorted(grouped)]
+    for (kind, key), (values, guarded) in sorted(exact.items()):
+        # Many selectors of several labels (`{team: t7, tier: web}`) would each be evaluated for every
+        # pod; behind one test of the label they are anchored on, a pod without it costs one lookup.
+        body = " || ".join(guarded)
+        if not kind:
+            terms.append(body)
+        else:
+            guard = f"({cel.string(key)} in l)" if kind == "key" else _in_test(key, values)
+            terms.append(f"({guard} && ({body}))")
     return _BIND_LABELS % " || ".join(terms) if terms else "false"
+
+
+def _in_test(key: str, values: Iterable[str]) -> str:
+    """CEL: the pod has label `key` with one of `values` (a hash lookup in a constant list)."""
+    ordered = sorted(values)
+    test = (
+        f"l[{cel.string(key)}] == {cel.string(ordered[0])}"
+        if len(ordered) == 1
+        else f"l[{cel.string(key)}] in {cel.strings(ordered)}"
+    )
+    return f"({cel.string(key)} in l && {test})"
 
 
 def _one_label(selector: Mapping[str, object]) -> tuple[str, list[str]] | None:
