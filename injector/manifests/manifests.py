@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from injector.engine import eligibility, engine, envs, hotupgrade, patchapply
+from injector.engine import eligibility, engine, envs, patchapply
 from injector.manifests.manifestcontext import WORKLOAD_TEMPLATES, Context, ManifestError, Stats, TemplateKey
 from injector.manifests.manifestpins import EPOCH, pinned_sidecarsets, stamp
 from kuberuntime.jsontypes import JsonObj
@@ -274,7 +274,7 @@ def _note_replaced(pod: Mapping[str, Any], injected: Sequence[str], ctx: Context
                 continue
             init = list_key == "initContainers"
             for sc in ss.init_containers if init else ss.containers:
-                for taken in hotupgrade.pod_names(sc, init=init):  # a HotUpgrade pair takes two names
+                for taken in sc.names_in_pod:  # a HotUpgrade pair takes two names
                     if taken in own:
                         ctx.notes.add(
                             f"SidecarSet {ss.name}: its container {taken} replaces the pod's own container "

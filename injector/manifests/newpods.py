@@ -21,6 +21,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets import pins
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 from sidecarsets.store import Snapshot
 
 _BOOKKEEPING = (
@@ -160,7 +161,8 @@ def _sources(sidecarsets: Sequence[SidecarSet]) -> dict[str, str]:
         for c in (*ss.containers, *ss.init_containers):
             out[c.name] = ss.name
             if c.hot:
-                out[f"{c.name}-1"] = out[f"{c.name}-2"] = ss.name
+                for name in hot_pair(c.name):
+                    out[name] = ss.name
     return out
 
 

@@ -25,7 +25,7 @@ from sidecarctl.cli.clusterread import namespace_labels
 from sidecarsets.pods import missed, podstate
 from sidecarsets.pods.projection import PodProjection, project
 from sidecarsets.rollout import rolloutsim, status
-from sidecarsets.spec import hotsidecars, names, selectors
+from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
 
 # Reason codes (the JSON's `reasons[].code`), in the order the product applies the rules.
@@ -340,7 +340,7 @@ def _state(
     if not podstate.is_updated(pod, sidecarset=ss.name, spec_hash=ss.hash):
         return OUTDATED, cluster.held.get((ss.name, key), "its rollout could not be placed (pods not listed)")
     if pod.phase == "Running" and podstate.upgrade_in_flight(
-        pod, sidecarset=ss.name, containers=hotsidecars.physical_names(ss)
+        pod, sidecarset=ss.name, containers=ss.container_names_in_pod
     ):
         return UPGRADING, f"the new image is not reported running yet ({rolloutsim.not_ready_reason(ss, pod)})"
     if pod.phase != "Running":

@@ -264,7 +264,7 @@ def _ready(ss: SidecarSet, pod: PodProjection) -> bool:
 def _upgrade(
     ss: SidecarSet, pod: PodProjection, *, revision: str, now: str, resizing: resize.ResizeDecision | None = None
 ) -> PodUpgrade:
-    physical = hotsidecars.physical_names(ss)
+    physical = ss.container_names_in_pod
 
     def consistent(container: str) -> bool:
         return podstate.is_consistent(pod, sidecarset=ss.name, containers={container} & physical)
@@ -304,7 +304,7 @@ def _flips(
     containers put on the empty image (no maxUnavailable: the sidecar keeps serving throughout)."""
     if not hotsidecars.hot_sidecars(ss):
         return ()
-    physical = hotsidecars.physical_names(ss)
+    physical = ss.container_names_in_pod
     out: list[PodUpgrade] = []
     for pod in sorted(matched, key=lambda p: (p.namespace, p.name, p.uid)):
         if pod.key in held_back or not podstate.is_active(pod):

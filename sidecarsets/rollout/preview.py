@@ -47,6 +47,7 @@ from sidecarsets.rollout.specdiff import spec_field_changes as spec_field_change
 from sidecarsets.rollout.specdiff import why_not_upgradable as why_not_upgradable
 from sidecarsets.spec import names, revisions, selectors
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 
 # ---------------------------------------------------------------------------------------------
 # The revision
@@ -106,7 +107,7 @@ def unowned_pods(
         elif not podstate.has_sidecars(p, cold=cold, hot=hot, native_init=native, hot_init=hot_init):
             have = {n for n, _ in (*p.containers, *p.init_containers)}
             missing = [n for n in (*cold, *native) if n not in have] + [
-                n for n in (*hot, *hot_init) if f"{n}-1" not in have
+                n for n in (*hot, *hot_init) if hot_pair(n)[0] not in have
             ]
             dropped.append(
                 Unowned(key, f"lacks sidecar(s) {', '.join(missing) or '?'} of this spec: only a new pod gets them")

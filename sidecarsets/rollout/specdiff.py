@@ -20,6 +20,7 @@ from sidecarsets.pods.podkeys import pod_key
 from sidecarsets.spec import hashing, names, revisions
 from sidecarsets.spec.defaults import apply_defaults
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 
 # Container fields the API server fills in on a pod when the spec leaves them out: a pod carrying
 # them while the SidecarSet does not is no difference.
@@ -176,7 +177,7 @@ def pod_differences(ss: SidecarSet, pod: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     sidecars = [*ss.containers, *(c for c in ss.init_containers if c.native)]
     for sc in sidecars:
-        actual = in_pod.get(working.get(sc.name, f"{sc.name}-1") if sc.hot else sc.name)
+        actual = in_pod.get(working.get(sc.name, hot_pair(sc.name)[0]) if sc.hot else sc.name)
         if actual is None:
             out.append(f"{sc.name}: not in the pod")
             continue

@@ -74,7 +74,7 @@ def evaluate(ss: SidecarSet, matched: Sequence[PodProjection]) -> podstate.Verdi
         matched,
         sidecarset=ss.name,
         spec_hash=ss.hash,
-        containers=hotsidecars.physical_names(ss),
+        containers=ss.container_names_in_pod,
         also_ready=(lambda p: hotupgrade.empties_done(p, ss)) if hot else None,
     )
 

@@ -2,8 +2,9 @@
 
 What the spec says about them, read the same way by injection (injector.engine.hotupgrade), by
 the status counters and by the rollout (sidecarsets.rollout.hotupgrade): the logical name, the
-image, the `hotUpgradeEmptyImage` the idle container runs, and every container name the
-SidecarSet's sidecars occupy in a pod.
+image, and the `hotUpgradeEmptyImage` the idle container runs. The pair's names are
+`sidecar.hot_pair`; every name a SidecarSet's sidecars take in a pod is the model's
+`container_names_in_pod`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class HotSidecar:
 
     @property
     def pair(self) -> tuple[str, str]:
-        return f"{self.name}-1", f"{self.name}-2"
+        return hot_pair(self.name)
 
     @property
     def field(self) -> str:
@@ -43,12 +45,3 @@ def hot_sidecars(ss: SidecarSet) -> list[HotSidecar]:
     out = [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), False) for c in ss.containers if c.hot]
     natives = [c for c in ss.init_containers if c.hot and c.native]
     return out + [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), True) for c in natives]
-
-
-def physical_names(ss: SidecarSet) -> set[str]:
-    """Every container the SidecarSet's sidecars occupy in a pod: cold names, native init names,
-    and both containers of each HotUpgrade pair."""
-    out = {c.name for c in ss.containers if not c.hot} | {c.name for c in ss.init_containers if c.native and not c.hot}
-    for h in hot_sidecars(ss):
-        out.update(h.pair)
-    return out

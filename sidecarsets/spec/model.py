@@ -96,12 +96,11 @@ class SidecarSet:
             tuple(c.name for c in self.containers) + tuple(c.name for c in self.init_containers if c.native),
         )
         derive("_all_container_names", frozenset(c.name for c in self.containers + self.init_containers))
-        # A HotUpgrade sidecar (a container, or a native-sidecar init container) is a -1/-2 pair in the pod.
         in_pod: dict[str, tuple[str, ...]] = {}
         for c in self.init_containers:
-            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot and c.native else (c.name,)
+            in_pod[c.name] = c.names_in_pod
         for c in self.containers:  # a container wins over an init container of its name, as before
-            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot else (c.name,)
+            in_pod[c.name] = c.names_in_pod
         derive("_names_in_pod", in_pod)
         by_name: dict[str, tuple[JsonObj, JsonTemplate]] = {}
         for vol in self.volumes:
@@ -193,8 +192,16 @@ class SidecarSet:
 
     @property
     def all_names_in_pod(self) -> frozenset[str]:
-        """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each)."""
+        """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each),
+        plain init containers included."""
         return frozenset(n for taken in self._names_in_pod.values() for n in taken)
+
+    @property
+    def container_names_in_pod(self) -> frozenset[str]:
+        """The containers that stay in a pod for this SidecarSet (`container_names`, each as it is
+        named in the pod: both of a HotUpgrade pair); the ones the rollout and the status count."""
+        sidecars = (*self.containers, *(c for c in self.init_containers if c.native))
+        return frozenset(n for c in sidecars for n in c.names_in_pod)
 
     @property
     def sidecar_list(self) -> list[str]:
