@@ -7,12 +7,13 @@ body is bytes in, a `Review` or a `ReviewError` (an HTTP status and a message) o
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_BODY = 6 * 1024 * 1024  # the API server's own request limit is 3 MiB; leave room, refuse abuse
@@ -35,8 +36,8 @@ class Review:
     operation: str
     namespace: str
     name: str
-    kind: JsonObj
-    resource: JsonObj
+    kind: Mapping[str, Any]
+    resource: Mapping[str, Any]
     sub_resource: str
     dry_run: bool
     object: JsonObj | None
@@ -78,16 +79,14 @@ def parse(body: bytes) -> Review:
     for field, value in (("object", obj), ("oldObject", old)):
         if value is not None and not isinstance(value, dict):
             raise ReviewError(400, f"request.{field} must be a JSON object")
-    kind = request.get("kind")
-    resource = request.get("resource")
     return Review(
         api_version=str(api_version),
         uid=uid,
         operation=operation,
         namespace=str(request.get("namespace") or ""),
         name=str(request.get("name") or ""),
-        kind=kind if isinstance(kind, dict) else {},
-        resource=resource if isinstance(resource, dict) else {},
+        kind=mapping(request, "kind"),
+        resource=mapping(request, "resource"),
         sub_resource=str(request.get("subResource") or ""),
         dry_run=bool(request.get("dryRun")),
         object=obj,

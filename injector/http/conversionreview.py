@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec import conversion
 
 log = logging.getLogger("injector.conversionreview")
@@ -38,8 +39,7 @@ def _failure(uid: str, message: str, *, status: int = 200, result: str = "failed
 
 
 def _name(obj: Any) -> str:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(obj, "metadata", "name")
     return f"SidecarSet {name}" if isinstance(name, str) and name else "a SidecarSet without a name"
 
 

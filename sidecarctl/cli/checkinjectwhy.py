@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from injector.engine import eligibility, selection
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarctl.cli.clusterread import namespace_labels
 from sidecarsets.pods import missed, podstate
 from sidecarsets.pods.projection import PodProjection, project
@@ -252,7 +252,7 @@ def selection_reasons(
     # that "already injected" does not hide a SidecarSet (the pod's containers stay: they decide clashes).
     fresh = copy.deepcopy(dict(pod))
     fresh["metadata"] = {k: v for k, v in dict(meta).items() if k != "annotations"}
-    spec: dict[str, Any] = fresh["spec"] if isinstance(fresh.get("spec"), dict) else {}
+    spec = mapping(fresh, "spec")
     fresh["spec"] = {**spec, "containers": spec.get("containers") or []}
     warnings: list[str] = []
     chosen = selection.select(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from injector.manifests import manifestcontext, manifests
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarctl.cli import manifestio
 from sidecarsets import validation
 from sidecarsets.spec import names
@@ -199,11 +199,10 @@ def _add_revision(
     seen: dict[str, str],
     notes: manifestcontext.Notes,
 ) -> None:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(obj, "metadata", "name")
     if not isinstance(name, str) or not name:
         raise CliError(f"{where}: ControllerRevision: metadata.name must be a non-empty string")
-    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    namespace = resolve(obj, "metadata", "namespace")
     if namespace and namespace != manager_namespace:
         notes.add(
             f"ControllerRevisions outside the manager's namespace ({manager_namespace}, --manager-namespace) "
@@ -220,7 +219,7 @@ def _add_revision(
 
 def load_sidecarset(where: str, obj: JsonObj) -> SidecarSet:
     meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(meta, "name")
     label = f"SidecarSet {name}" if isinstance(name, str) and name else "SidecarSet (unnamed)"
     if meta is None:
         raise CliError(f"{where}: {label}: metadata is missing (a SidecarSet needs metadata.name)")
@@ -239,11 +238,10 @@ def validate(sidecarsets: Sequence[tuple[SidecarSet, str]]) -> None:
 
 
 def namespace_labels(where: str, obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(obj, "metadata", "name")
     if not isinstance(name, str) or not name:
         raise CliError(f"{where}: Namespace: metadata.name must be a non-empty string")
-    labels = meta.get("labels") if isinstance(meta, dict) else None
+    labels = resolve(obj, "metadata", "labels")
     if labels is not None and (not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values())):
         raise CliError(f"{where}: Namespace {name}: metadata.labels must be a map of strings")
     return name, {str(k): v for k, v in (labels or {}).items()}

@@ -21,7 +21,7 @@ from typing import Any
 
 from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics
 from sidecarsets.controller.podfailures import PodFailures
@@ -368,8 +368,7 @@ class Controller(PodWrites):
 
 def _progressing(obj: JsonObj | None) -> Any:
     """The Progressing condition of a SidecarSet object, or None."""
-    status = (obj or {}).get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
+    conditions = resolve(obj, "status", "conditions")
     for c in conditions if isinstance(conditions, list) else []:
         if isinstance(c, dict) and c.get("type") == names.CONDITION_PROGRESSING:
             return c

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarsets.pods import podstate
 from sidecarsets.pods.podkeys import pod_key as pod_key
 from sidecarsets.pods.podkeys import projection_key
@@ -58,10 +58,8 @@ def would_be_revision(ss: SidecarSet, stored_revisions: Iterable[Mapping[str, An
     with the same data (which it reuses), else the name it would create."""
     data = revisions.revision_data(ss)
     for r in stored_revisions:
-        meta = r.get("metadata")
-        labels = (meta.get("labels") if isinstance(meta, Mapping) else None) or {}
-        if labels.get(names.REVISION_LABEL_SIDECARSET) == ss.name and r.get("data") == data:
-            return str(meta.get("name") if isinstance(meta, Mapping) else "")
+        if resolve(r, "metadata", "labels", names.REVISION_LABEL_SIDECARSET) == ss.name and r.get("data") == data:
+            return str(resolve(r, "metadata", "name"))
     return revisions.revision_name(ss.name, revisions.revision_hash(data, ss.collision_count))
 
 

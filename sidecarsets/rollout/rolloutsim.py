@@ -247,7 +247,7 @@ def _held_at_end(
 
 
 def _stopped_reason(ss: SidecarSet) -> str:
-    conditions = ss.status.get("conditions") if isinstance(ss.status, Mapping) else None
+    conditions = ss.status.get("conditions")
     for c in conditions if isinstance(conditions, list) else []:
         if isinstance(c, Mapping) and c.get("type") == names.CONDITION_PROGRESSING:
             return f"stopped ({names.REASON_DEADLINE_EXCEEDED}): {c.get('message') or ''}".rstrip(": ")

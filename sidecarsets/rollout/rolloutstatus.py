@@ -91,7 +91,7 @@ def glance(
     matched = status.matched_pods(ss, pods, namespace_labels)
     verdicts = status.evaluate(ss, matched)
     live = status.compute_status(ss, matched, latest_revision=None, collision_count=None, verdicts=verdicts)
-    st = ss.status if isinstance(ss.status, Mapping) else {}
+    st = ss.status
     revision = str(st.get("latestRevision") or "")
     specs = specdiff.known_specs(ss, stored_revisions)
     resizable = resize.resizable_hashes(ss, [spec for _, spec in specs])

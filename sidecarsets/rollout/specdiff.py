@@ -13,9 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping, parse_object, resolve
 from sidecarsets.pods.podkeys import pod_key
 from sidecarsets.spec import hashing, names, revisions
 from sidecarsets.spec.defaults import apply_defaults
@@ -171,7 +169,7 @@ def pod_differences(ss: SidecarSet, pod: Mapping[str, Any]) -> list[str]:
     vars, volumes shared from the app containers, resources from a resourcesPolicy) and what the
     API server defaults are not differences; the SidecarSet-only fields cannot be seen at all.
     """
-    spec, meta = _map(pod.get("spec")), _map(pod.get("metadata"))
+    spec, meta = mapping(pod, "spec"), mapping(pod, "metadata")
     in_pod = {**_by_name(spec.get("initContainers")), **_by_name(spec.get("containers"))}
     working = _working(meta)
     out: list[str] = []
@@ -205,31 +203,19 @@ def pod_differences(ss: SidecarSet, pod: Mapping[str, Any]) -> list[str]:
                 differing.add(key)
         out += [f"{sc.name}: {f}" for f in sorted(differing)]
     entry = _hash_entry(meta, ss.name)
-    listed = entry.get("sidecarList") if isinstance(entry, Mapping) else None
+    listed = resolve(entry, "sidecarList")
     current = {c.name for c in sidecars}
     out += [f"{n}: removed" for n in listed or [] if isinstance(n, str) and n not in current]
     return out
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _annotation_json(meta: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    raw = _map(meta.get("annotations")).get(key)
-    try:
-        parsed = orjson.loads(raw) if isinstance(raw, str) else {}
-    except orjson.JSONDecodeError:
-        return {}
-    return _map(parsed)
-
-
 def _working(meta: Mapping[str, Any]) -> dict[str, str]:
-    return {str(k): str(v) for k, v in _annotation_json(meta, names.ANN_WORKING_HOT).items()}
+    working = parse_object(resolve(meta, "annotations", names.ANN_WORKING_HOT))
+    return {str(k): str(v) for k, v in working.items()}
 
 
 def _hash_entry(meta: Mapping[str, Any], ss_name: str, key: str = names.ANN_HASH) -> Any:
-    return _annotation_json(meta, key).get(ss_name)
+    return parse_object(resolve(meta, "annotations", key)).get(ss_name)
 
 
 @dataclass(frozen=True)
@@ -254,7 +240,7 @@ def why_not_upgradable(
     ControllerRevisions) by that hash and compared field by field; when none has it, the pod's own
     containers are compared with the new spec.
     """
-    meta = _map(pod.get("metadata"))
+    meta = mapping(pod, "metadata")
     entry = _hash_entry(meta, ss.name, names.ANN_HASH_WITHOUT_IMAGE)
     recorded = entry.get("hash") if isinstance(entry, Mapping) else entry if isinstance(entry, str) else None
     key = pod_key(pod)
@@ -285,8 +271,7 @@ def known_specs(
         except revisions.RevisionError:
             ordered = [dict(r) for r in mine]
         for r in reversed(ordered):
-            data = r.get("data")
-            spec = data.get("spec") if isinstance(data, Mapping) else None
+            spec = resolve(r, "data", "spec")
             if isinstance(spec, Mapping):
-                out.append((f"ControllerRevision {(r.get('metadata') or {}).get('name')}", spec))
+                out.append((f"ControllerRevision {resolve(r, 'metadata', 'name')}", spec))
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.sidecar import hot_pair
 
@@ -39,8 +40,7 @@ def hot_sidecars(ss: SidecarSet) -> list[HotSidecar]:
     for key in ("containers", "initContainers"):
         for raw in ss.spec.get(key) or []:
             if isinstance(raw, Mapping):
-                strategy = raw.get("upgradeStrategy")
-                value = strategy.get("hotUpgradeEmptyImage") if isinstance(strategy, Mapping) else None
+                value = resolve(raw, "upgradeStrategy", "hotUpgradeEmptyImage")
                 empty[str(raw.get("name"))] = value if isinstance(value, str) else ""
     out = [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), False) for c in ss.containers if c.hot]
     natives = [c for c in ss.init_containers if c.hot and c.native]

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from dataclasses import field as _derived
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.spec import hashing, names, selectors
 from sidecarsets.spec.conversion import is_v1beta1
-from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, mapping, type_name
+from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, type_name
 from sidecarsets.spec.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
 from sidecarsets.spec.strategies import RevisionPin, UpdateStrategy, read_revision_pin, read_update_strategy
 from sidecarsets.values.jsontemplate import JsonTemplate
@@ -140,8 +140,6 @@ class SidecarSet:
         _check_names(reader, containers, init_containers)
         _check_images(reader, spec.get("containers"))
         injection = reader.object(spec.get("injectionStrategy"), "spec.injectionStrategy")
-        labels = metadata.get("labels")
-        annotations = metadata.get("annotations")
         generation = metadata.get("generation", 0)
         latest = status.get("latestRevision")
         return cls(
@@ -152,8 +150,8 @@ class SidecarSet:
             resource_version=str(metadata.get("resourceVersion") or ""),
             generation=generation if _is_int(generation) else 0,
             creation_timestamp=str(metadata.get("creationTimestamp") or ""),
-            labels=labels if isinstance(labels, Mapping) else {},
-            annotations=annotations if isinstance(annotations, Mapping) else {},
+            labels=mapping(metadata, "labels"),
+            annotations=mapping(metadata, "annotations"),
             status=status,
             selector=selector,
             namespace_selector=ns_selector,
@@ -390,7 +388,7 @@ def _collision_count(reader: Reader, value: Any) -> int:
 def _only_name_label(selector: Mapping[str, Any]) -> bool:
     """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
     try:
-        keys = set(mapping(selector.get("matchLabels")).keys())
+        keys = set(mapping(selector, "matchLabels").keys())
         for expr in selector.get("matchExpressions") or []:
             if isinstance(expr, Mapping):
                 keys.add(str(expr.get("key")))

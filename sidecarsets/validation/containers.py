@@ -16,6 +16,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec.enums import InjectPolicy, SharePolicy, UpgradeType, values
 from sidecarsets.spec.sidecar import hot_pair
 from sidecarsets.validation.base import (
@@ -161,7 +162,6 @@ def validate_containers(spec: Mapping[str, Any], errs: Errors, *, volumes: Colle
 
 def _is_hot(container: Mapping[str, Any], *, init: bool) -> bool:
     """Injected as a -1/-2 pair: HotUpgrade on a container or on a native-sidecar init container."""
-    upgrade = container.get("upgradeStrategy")
-    if not isinstance(upgrade, Mapping) or upgrade.get("upgradeType") != UpgradeType.HOT.value:
+    if resolve(container, "upgradeStrategy", "upgradeType") != UpgradeType.HOT.value:
         return False
     return not init or container.get("restartPolicy") == "Always"
