@@ -24,6 +24,7 @@ from sidecarctl.cli import checkinjectwhy as why
 from sidecarctl.cli import clusterread
 from sidecarctl.cli.injectinputs import CliError
 from sidecarsets.pods.projection import project
+from sidecarsets.rollout.planner import Stage
 from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
 
@@ -248,8 +249,8 @@ class _RolloutInputs:
 
 
 _STAGES = {
-    "paused": "updates are paused (spec.updateStrategy.paused: true)",
-    "NotUpdate": "spec.updateStrategy.type is NotUpdate: images are not rolled into running pods",
+    Stage.PAUSED: "updates are paused (spec.updateStrategy.paused: true)",
+    Stage.NOT_UPDATE: "spec.updateStrategy.type is NotUpdate: images are not rolled into running pods",
 }
 
 
@@ -269,9 +270,9 @@ def why_outdated(key: str, glance: rolloutstatus.Glance) -> str:
         found = f"being upgraded: {dict(glance.upgrading)[key]}"
     elif glance.stage in _STAGES:
         found = _STAGES[glance.stage]
-    elif glance.stage == "partition":
+    elif glance.stage is Stage.PARTITION:
         found = f"kept on the old revision by spec.updateStrategy.partition ({glance.reason})"
-    elif glance.stage == "waiting":
+    elif glance.stage is Stage.WAITING:
         found = f"waiting for its turn: {glance.reason} (spec.updateStrategy.maxUnavailable)"
     else:
         found = f"rollout: {glance.reason}"

@@ -218,7 +218,7 @@ def _rollout_json(r: preview.Rollout, revision: str) -> JsonObj:
         "hotUpgradeFlips": r.flips,
         "kept": list(r.kept),
         "waitingOn": [{"pod": k, "reason": why} for k, why in r.waiting_on],
-        "end": {"stage": r.stage, "reason": r.reason},
+        "end": {"stage": r.stage.value, "reason": r.reason},
         "done": r.done,
     }
 

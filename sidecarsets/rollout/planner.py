@@ -56,7 +56,11 @@ class PodUpgrade:
 
 
 class Stage(Enum):
-    """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`."""
+    """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`.
+
+    One enum from the planner to what `sidecarctl status`, `preview` and `check-inject` print (its
+    values are what their JSON says), so that renaming a stage is a type error wherever it is read.
+    """
 
     UPGRADING = "upgrading"  # `upgrades` holds the pods to patch now
     WAITING = "waiting"  # maxUnavailable is spent, or patched pods are still upgrading
@@ -67,6 +71,9 @@ class Stage(Enum):
     FLIPPING = "flipping"  # HotUpgrade: `upgrades` put the old containers of finished pairs on the empty image
     NOT_UPDATE = "NotUpdate"
     INVALID = "invalid"  # a field the rollout depends on cannot be read
+    # Progressing=False with ProgressDeadlineExceeded (sidecarsets.rollout.deadline): never planned
+    # here, it is what the glance and the preview say in place of the planner's stage.
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)

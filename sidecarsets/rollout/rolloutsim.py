@@ -40,7 +40,7 @@ class Rollout:
     """The simulated rollout: the batches, and where the planner stops after the last one."""
 
     batches: tuple[Batch, ...]
-    stage: str  # the planner's Stage value after the last batch
+    stage: planner.Stage  # where the planner stops after the last batch
     reason: str
     max_unavailable: int
     partition: int  # pods the partition keeps on the old revision
@@ -59,7 +59,7 @@ class Rollout:
 
     @property
     def done(self) -> bool:
-        return self.stage == planner.Stage.DONE.value
+        return self.stage is planner.Stage.DONE
 
 
 def _writes(pod: JsonObj, u: planner.PodUpgrade, now: str) -> list[JsonObj]:
@@ -205,7 +205,7 @@ def simulate_rollout(
     kept, waiting = _held_at_end(ss, plan, matched, verdicts)
     return Rollout(
         batches=tuple(sim.batches),
-        stage="stopped" if stopped else plan.stage.value,
+        stage=planner.Stage.STOPPED if stopped else plan.stage,
         reason=_stopped_reason(ss) if stopped else plan.reason,
         max_unavailable=plan.max_unavailable,
         partition=partition_of(ss, len(matched)),

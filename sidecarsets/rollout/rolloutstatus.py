@@ -30,7 +30,7 @@ class Glance:
     observed_generation: int | None
     counts: Mapping[str, int]  # as the SidecarSet's status says
     live: Mapping[str, int]  # as the pods say now (the status may be a moment behind)
-    stage: str
+    stage: planner.Stage
     reason: str
     stopped: bool  # Progressing=False, ProgressDeadlineExceeded at this generation
     upgrading: tuple[tuple[str, str], ...]  # (pod, why not ready yet): the batch in flight
@@ -59,7 +59,7 @@ class Glance:
             "observedGeneration": self.observed_generation,
             "counts": dict(self.counts),
             "live": dict(self.live),
-            "stage": self.stage,
+            "stage": self.stage.value,
             "reason": self.reason,
             "stopped": self.stopped,
             "upgrading": [{"pod": k, "reason": why} for k, why in self.upgrading],
@@ -130,7 +130,7 @@ def glance(
         observed_generation=observed if isinstance(observed, int) else None,
         counts={k: _int(st.get(k)) for k in COUNTERS},
         live={k: _int(live.get(k)) for k in COUNTERS},
-        stage="stopped" if stopped else plan.stage.value,
+        stage=planner.Stage.STOPPED if stopped else plan.stage,
         reason=_stopped_reason(conditions) if stopped else plan.reason,
         stopped=stopped,
         upgrading=tuple(sorted(upgrading)),

@@ -29,7 +29,7 @@ from sidecarctl.cli import main as cli
 from sidecarctl.cli.injectinputs import CliError
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout import preview
-from sidecarsets.rollout.planner import plan_upgrade
+from sidecarsets.rollout.planner import Stage, plan_upgrade
 from sidecarsets.rollout.status import matched_pods
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -245,7 +245,7 @@ class TestSimulation:
     def test_partition_and_budget_numbers(self) -> None:
         got = simulated(v2(maxUnavailable=2, partition=5), fleet())
         assert [len(b.pods) for b in got.batches] == [2, 2, 2, 1]
-        assert (got.stage, got.partition, got.max_unavailable) == ("partition", 5, 2)
+        assert (got.stage, got.partition, got.max_unavailable) == (Stage.PARTITION, 5, 2)
         assert len(got.kept) == 5 and not set(got.kept) & set(got.upgraded)
         assert got.reason == "partition: 5 pods kept on the old revision"
 
@@ -288,9 +288,9 @@ class TestSimulation:
         assert len(got.upgraded) == 11 and got.done
 
     @pytest.mark.parametrize(
-        ("strategy", "stage"), [({"paused": True}, "paused"), ({"type": "NotUpdate"}, "NotUpdate")]
+        ("strategy", "stage"), [({"paused": True}, Stage.PAUSED), ({"type": "NotUpdate"}, Stage.NOT_UPDATE)]
     )
-    def test_stopped_rollouts_have_no_batch(self, strategy: JsonObj, stage: str) -> None:
+    def test_stopped_rollouts_have_no_batch(self, strategy: JsonObj, stage: Stage) -> None:
         got = simulated(v2(**strategy), fleet())
         assert (got.batches, got.stage) == ((), stage)
 
@@ -299,7 +299,7 @@ class TestSimulation:
         stop = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "late"}
         ss["status"] = {"conditions": [{**stop, "observedGeneration": 2}]}
         got = simulated(ss, fleet())
-        assert (got.batches, got.stage, got.reason) == ((), "stopped", "stopped (ProgressDeadlineExceeded): late")
+        assert (got.batches, got.stage, got.reason) == ((), Stage.STOPPED, "stopped (ProgressDeadlineExceeded): late")
         ss["status"] = {"conditions": [{**stop, "observedGeneration": 1}]}  # an older generation stopped
         assert simulated(ss, fleet()).batches
 
@@ -308,7 +308,7 @@ class TestSimulation:
         ss["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "fast"}]
         got = simulated(ss, fleet())
         assert got.batches == () and len(got.not_upgradable) == 12
-        assert got.stage == "nothing upgradable"
+        assert got.stage is Stage.NOTHING_UPGRADABLE
 
     def test_hot_upgrade_flips_are_not_batches(self) -> None:
         hot = {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}
