@@ -242,7 +242,7 @@ class Controller(PodWrites):
             held_back=self.failures.held_back(),
             resizable=self._resizable_from(ss),
         )
-        await self._mark_upgradable(ss, matched, set(plan.not_upgradable), dict(plan.reasons))
+        await self._mark_upgradable(ss, matched, set(plan.not_upgradable), plan.reasons)
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
         else:

@@ -104,7 +104,7 @@ def glance(
             continue
         entry = (f"{p.namespace}/{p.name}", rolloutsim.not_ready_reason(ss, p))
         (upgrading if is_new or moving else not_ready).append(entry)
-    reasons = dict(plan.reasons)  # a resize the API server or the node would refuse: said as such
+    reasons = plan.reasons  # a resize the API server or the node would refuse: said as such
     blocked = tuple(
         specdiff.Blocked(f"{ns}/{n}", (reasons[(ns, n)],), "resize")
         if (ns, n) in reasons
