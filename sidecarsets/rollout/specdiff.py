@@ -18,7 +18,7 @@ from sidecarsets.pods.podkeys import pod_key
 from sidecarsets.spec import hashing, names, revisions
 from sidecarsets.spec.defaults import apply_defaults
 from sidecarsets.spec.model import SidecarSet
-from sidecarsets.spec.sidecar import hot_pair
+from sidecarsets.spec.sidecar import SidecarContainer, hot_pair
 
 # Container fields the API server fills in on a pod when the spec leaves them out: a pod carrying
 # them while the SidecarSet does not is no difference.
@@ -175,38 +175,51 @@ def pod_differences(ss: SidecarSet, pod: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     sidecars = [*ss.containers, *(c for c in ss.init_containers if c.native)]
     for sc in sidecars:
+        # A HotUpgrade sidecar is compared with the container of its pair that serves.
         actual = in_pod.get(working.get(sc.name, hot_pair(sc.name)[0]) if sc.hot else sc.name)
         if actual is None:
             out.append(f"{sc.name}: not in the pod")
-            continue
-        wanted = sc.container
-        transferred = frozenset(n for t in sc.transfer_env for n in t.env_names)
-        differing: set[str] = set()
-        for key in set(wanted) | set(actual):
-            if key in ("image", "name"):
-                continue
-            if key == "env":
-                own = _env_of(wanted.get("env"), frozenset())
-                got = _env_of(actual.get("env"), frozenset({names.ENV_IS_INJECTED}) | (transferred - set(own)))
-                if own != got:
-                    differing.add(key)
-            elif key in ("volumeMounts", "volumeDevices") and (sc.share_volumes or sc.share_volume_devices):
-                got_mounts = _by_name(actual.get(key))
-                if not all(_covers(m, got_mounts.get(n)) for n, m in _by_name(wanted.get(key)).items()):
-                    differing.add(key)
-            elif key == "resources" and sc.resources_policy is not None:
-                continue
-            elif key not in wanted:
-                if key not in API_DEFAULTED_FIELDS and not _empty(actual.get(key)):
-                    differing.add(key)
-            elif not _covers(wanted[key], actual.get(key)):
-                differing.add(key)
-        out += [f"{sc.name}: {f}" for f in sorted(differing)]
-    entry = _hash_entry(meta, ss.name)
-    listed = resolve(entry, "sidecarList")
+        else:
+            out += [f"{sc.name}: {key}" for key in sorted(_differing_fields(sc, actual))]
     current = {c.name for c in sidecars}
-    out += [f"{n}: removed" for n in listed or [] if isinstance(n, str) and n not in current]
+    out += [f"{n}: removed" for n in _injected_sidecars(meta, ss.name) if n not in current]
     return out
+
+
+def _differing_fields(sc: SidecarContainer, actual: Mapping[str, Any]) -> set[str]:
+    """The fields of sidecar `sc` that its container in the pod, `actual`, does not carry."""
+    keys = (set(sc.container) | set(actual)) - {"image", "name"}
+    return {key for key in keys if _field_differs(sc, key, actual)}
+
+
+def _field_differs(sc: SidecarContainer, key: str, actual: Mapping[str, Any]) -> bool:
+    wanted = sc.container
+    if key == "env":
+        return _env_differs(sc, actual)
+    if key in ("volumeMounts", "volumeDevices") and (sc.share_volumes or sc.share_volume_devices):
+        # Shared volumes add the app containers' mounts: only the sidecar's own must be there.
+        got = _by_name(actual.get(key))
+        return not all(_covers(m, got.get(n)) for n, m in _by_name(wanted.get(key)).items())
+    if key == "resources" and sc.resources_policy is not None:
+        return False  # computed per pod by the resourcesPolicy
+    if key not in wanted:
+        return key not in API_DEFAULTED_FIELDS and not _empty(actual.get(key))
+    return not _covers(wanted[key], actual.get(key))
+
+
+def _env_differs(sc: SidecarContainer, actual: Mapping[str, Any]) -> bool:
+    """Injection adds IS_INJECTED and the transferred vars the sidecar does not set itself: those
+    are not differences."""
+    own = _env_of(sc.container.get("env"), frozenset())
+    transferred = frozenset(n for t in sc.transfer_env for n in t.env_names)
+    got = _env_of(actual.get("env"), frozenset({names.ENV_IS_INJECTED}) | (transferred - set(own)))
+    return own != got
+
+
+def _injected_sidecars(meta: Mapping[str, Any], ss_name: str) -> list[str]:
+    """The sidecars the pod's hash annotation says this SidecarSet injected."""
+    listed = resolve(_hash_entry(meta, ss_name), "sidecarList")
+    return [n for n in listed or [] if isinstance(n, str)]
 
 
 def _working(meta: Mapping[str, Any]) -> dict[str, str]:
