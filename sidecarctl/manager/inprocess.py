@@ -17,8 +17,8 @@ from certwatcher.cabundle import CABundleSyncer
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.informer import Informer
 from sidecarctl.manager.control import ControlRole
+from sidecarctl.manager.healthport import create_probe_app, serve_plain, tls_self_check
 from sidecarctl.manager.options import ManagerOptions
-from sidecarctl.manager.probes import create_probe_app, serve_plain, tls_self_check
 from sidecarctl.manager.webhook import WebhookRole
 from sidecarsets.controller.controller import Controller
 from sidecarsets.store import TemplateStore
