@@ -30,7 +30,7 @@ from sidecarsets.spec.model import SidecarSet
 
 if TYPE_CHECKING:
     from kuberuntime import kubeapi
-    from sidecarsets.rollout import rolloutstatus
+    from sidecarsets.rollout.glance import Glance
 
 _HELP = "say why pods were (not) injected and whether their sidecars are current (like istioctl x check-inject)"
 _EPILOG = f"""\
@@ -239,11 +239,11 @@ class _RolloutInputs:
         self.ns_labels = ns_labels
         self.revs, self.now = revs, now
 
-    def glance(self, ss: SidecarSet) -> rolloutstatus.Glance:
+    def glance(self, ss: SidecarSet) -> Glance:
         """The SidecarSet's rollout as `sidecarctl status` shows it."""
-        from sidecarsets.rollout import rolloutstatus
+        from sidecarsets.rollout import glance
 
-        return rolloutstatus.glance(
+        return glance.of(
             ss, self.projections, self.raw, self.ns_labels, stored_revisions=self.revs, missing=[], now=self.now
         )
 
@@ -254,7 +254,7 @@ _STAGES = {
 }
 
 
-def why_outdated(key: str, glance: rolloutstatus.Glance) -> str:
+def why_outdated(key: str, glance: Glance) -> str:
     """Why the controller has not upgraded the pod (yet), in the words of its rollout glance."""
     not_ready = dict(glance.not_ready).get(key)
     suffix = f"; the pod is not ready ({not_ready})" if not_ready else ""

@@ -8,7 +8,7 @@ container-name conflicts), and only where the product answers yes/no does a smal
 walk the same inputs to name the failing part (`selector_failures`, whose answer the unit tests
 hold to `selectors.matches` term by term). The state of a sidecar in the pod is the controller's:
 its matching (sidecarsets.rollout.status), its pod predicates (sidecarsets.pods.podstate) and, for
-an outdated one, the rollout glance `sidecarctl status` shows (sidecarsets.rollout.rolloutstatus).
+an outdated one, the rollout glance `sidecarctl status` shows (sidecarsets.rollout.glance).
 Pure: the command reads the objects and writes the reports (text or JSON).
 """
 

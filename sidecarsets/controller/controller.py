@@ -201,7 +201,7 @@ class Controller(PodWrites):
         latest, collisions = await history.sync_history(
             self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
         )
-        verdicts = status.evaluate(ss, matched)  # shared by the status and the plan: each pod is evaluated once
+        verdicts = status.pod_verdicts(ss, matched)  # shared by the status and the plan: each pod is evaluated once
         new_status = status.compute_status(
             ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
         )

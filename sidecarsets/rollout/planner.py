@@ -22,7 +22,7 @@ from sidecarsets.rollout.ordering import upgrade_order
 from sidecarsets.rollout.podpatch import inplace_annotation, pointer
 from sidecarsets.rollout.podpatch import pod_patch as pod_patch
 from sidecarsets.rollout.resize import resize_patch
-from sidecarsets.rollout.status import evaluate as evaluate_pods
+from sidecarsets.rollout.status import pod_verdicts
 from sidecarsets.spec import hotsidecars, selectors
 from sidecarsets.spec.enums import UpdateType
 from sidecarsets.spec.model import SidecarSet
@@ -123,7 +123,7 @@ def plan_upgrade(
 ) -> Plan:
     """The next step of the rollout over `matched` (pods with distinct namespace/name).
 
-    `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
+    `verdicts` from `status.pod_verdicts(ss, matched)` saves evaluating every pod again when the
     status was just computed from the same pods. Pods in `held_back` (namespace, name) are not
     planned this time (their patch keeps failing and they wait out a backoff); the others go on.
     `resizable` holds the without-image hashes of the specs that differ from this one only in
@@ -132,7 +132,7 @@ def plan_upgrade(
     name, strategy, total = ss.name, ss.update_strategy, len(matched)
     max_unavailable = _max_unavailable(strategy.max_unavailable, total)
     if verdicts is None:
-        verdicts = evaluate_pods(ss, matched)
+        verdicts = pod_verdicts(ss, matched)
     elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
     reasons = _infeasible_resizes(matched, verdicts)

@@ -112,7 +112,7 @@ class _Simulation:
 
     def look(self) -> tuple[list[PodProjection], podstate.Verdicts]:
         matched = status.matched_pods(self.ss, self.projected.values(), self.namespace_labels)
-        return matched, status.evaluate(self.ss, matched)
+        return matched, status.pod_verdicts(self.ss, matched)
 
     def plan(self, matched: list[PodProjection], verdicts: podstate.Verdicts) -> planner.Plan:
         return planner.plan_upgrade(

@@ -21,7 +21,7 @@ from sidecarctl.cli import checkinject, clusterread
 from sidecarctl.cli import checkinjectwhy as why
 from sidecarctl.cli import main as cli
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout import rolloutstatus
+from sidecarsets.rollout import glance
 from sidecarsets.rollout.planner import plan_upgrade
 from sidecarsets.spec import names, selectors
 from tests import golden_cases
@@ -384,14 +384,14 @@ class TestStates:
         v1 = shop_sidecarset()
         paused = with_images(shop_sidecarset(updateStrategy={"paused": True}), envoy="envoy:v2")
         p = injected_pod("p", v1)
-        glance = rolloutstatus.glance(model(paused), [project(p)], {"shop/p": p}, {"shop": ENABLED},
-                                      stored_revisions=[], missing=[], now=NOW)  # fmt: skip
-        assert checkinject.why_outdated("shop/p", glance) == "updates are paused (spec.updateStrategy.paused: true)"
+        at = glance.of(model(paused), [project(p)], {"shop/p": p}, {"shop": ENABLED},
+                       stored_revisions=[], missing=[], now=NOW)  # fmt: skip
+        assert checkinject.why_outdated("shop/p", at) == "updates are paused (spec.updateStrategy.paused: true)"
         env = with_images(v1, envoy="envoy:v2")
         env["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "x"}]
-        glance = rolloutstatus.glance(model(env), [project(p)], {"shop/p": p}, {"shop": ENABLED},
-                                      stored_revisions=[], missing=[], now=NOW)  # fmt: skip
-        assert checkinject.why_outdated("shop/p", glance).startswith("not upgradable in place: envoy: env")
+        at = glance.of(model(env), [project(p)], {"shop/p": p}, {"shop": ENABLED},
+                       stored_revisions=[], missing=[], now=NOW)  # fmt: skip
+        assert checkinject.why_outdated("shop/p", at).startswith("not upgradable in place: envoy: env")
         c = cluster(env, held={("mesh", "shop/p"): "why"})
         assert (verdict(why.report(p, c), "mesh").state, verdict(why.report(p, c), "mesh").detail) == (
             why.OUTDATED,

@@ -16,7 +16,7 @@ from sidecarctl.cli import clusterread, statuscmd
 from sidecarctl.cli import main as cli
 from sidecarsets.pods import missed
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout import rolloutstatus
+from sidecarsets.rollout.glance import Glance
 from sidecarsets.rollout.planner import Stage, plan_upgrade
 from sidecarsets.spec import names
 from tests.kube.builders import apply_patch, injected_pod, model, pod, shop_sidecarset, with_images
@@ -65,7 +65,7 @@ def namespaces() -> list[JsonObj]:
     return [{"metadata": {"name": "shop", "labels": ENABLED}}, {"metadata": {"name": "other"}}]
 
 
-def glance_of(ss: JsonObj, pods: list[JsonObj], unlabelled: list[JsonObj]) -> rolloutstatus.Glance:
+def glance_of(ss: JsonObj, pods: list[JsonObj], unlabelled: list[JsonObj]) -> Glance:
     (g,) = statuscmd.build(
         statuscmd.Inputs([ss], pods, namespaces(), unlabelled, []), now=NOW, manager_namespace="sidecarctl-system"
     )

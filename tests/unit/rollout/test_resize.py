@@ -18,7 +18,7 @@ from sidecarsets.pods.projection import project
 from sidecarsets.pods.resizestate import same_quantity
 from sidecarsets.rollout import deadline, podpatch, resize
 from sidecarsets.rollout.planner import Plan, PodUpgrade, plan_upgrade
-from sidecarsets.rollout.status import evaluate
+from sidecarsets.rollout.status import pod_verdicts
 from sidecarsets.spec import hashing
 from sidecarsets.spec.names import ANN_HASH_WITHOUT_IMAGE
 from tests.kube.builders import apply_patch, container, injected_pod, model, shop_sidecarset
@@ -208,20 +208,20 @@ class TestCounting:
         (u,) = first.upgrades
         raws[0] = api_server(raws[0], u)
         m = model(v2)
-        verdicts = evaluate(m, [project(r) for r in raws])
+        verdicts = pod_verdicts(m, [project(r) for r in raws])
         assert verdicts.updated == (True, False, False) and verdicts.available == (False, True, True)
         second = plan(v2, raws)
         assert (second.upgrades, second.unavailable) == ((), 1), "maxUnavailable 1 is spent on the resize"
         raws[0] = kubelet_applies(raws[0])
         third = plan(v2, raws)
         assert [u.name for u in third.upgrades] == ["p1"] and third.unavailable == 0
-        assert evaluate(m, [project(r) for r in raws]).available[0]
+        assert pod_verdicts(m, [project(r) for r in raws]).available[0]
 
     def test_a_resize_in_progress_keeps_the_pod_unavailable(self) -> None:
         v2 = sidecarset(BIGGER, generation=2)
         raw = kubelet_applies(api_server(pod("p0"), plan(v2, [pod("p0")]).upgrades[0]))
         raw["status"]["conditions"].append({"type": "PodResizeInProgress", "status": "True"})
-        assert evaluate(model(v2), [project(raw)]).available == (False,)
+        assert pod_verdicts(model(v2), [project(raw)]).available == (False,)
 
     def test_an_infeasible_resize_stops_at_that_pod_and_the_rest_go_on(self) -> None:
         v2 = sidecarset(BIGGER, generation=2)
@@ -238,7 +238,7 @@ class TestCounting:
         assert p.reasons[("shop", "p0")] == f"resize infeasible on node node-1: {message}"
         m = model(v2)
         projected = [project(r) for r in raws]
-        progress = deadline.progress(m, projected, evaluate(m, projected), revision="mesh-2", now=_at(NOW))
+        progress = deadline.progress(m, projected, pod_verdicts(m, projected), revision="mesh-2", now=_at(NOW))
         assert progress.condition is not None and not progress.stopped
         assert progress.condition["reason"] == "ResizeInfeasible"
         assert "shop/p0 (Node didn't have enough capacity" in progress.condition["message"]
@@ -319,7 +319,7 @@ def test_preview_simulates_a_resize_batch_by_batch_as_the_controller_runs_it() -
 
 
 def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
-    from sidecarsets.rollout.rolloutstatus import glance
+    from sidecarsets.rollout import glance
     from sidecarsets.spec.names import REVISION_LABEL_SIDECARSET
 
     revision = {
@@ -329,7 +329,7 @@ def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
     }
     lower = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "96Mi"}}
     raws = [pod("p0")]
-    at = glance(
+    at = glance.of(
         model(sidecarset(lower, generation=2)),
         [project(r) for r in raws],
         {"shop/p0": raws[0]},

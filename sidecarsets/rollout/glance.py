@@ -2,9 +2,10 @@
 
 The status counters say how far a rollout got; people also ask which pods are being upgraded right
 now, what holds the rest back and which pods run without their sidecars. The answers come from the
-functions the controller and the missed-injection scan call (status.evaluate, planner.plan_upgrade,
-deadline, missed.find_missing) on the pods as they are, so `sidecarctl status` never tells a story
-the controller does not act on. Pure: the CLI reads the objects.
+functions the controller and the missed-injection scan call (status.pod_verdicts, planner.plan_upgrade,
+deadline, missed.find_missing) on the pods as they are, so `sidecarctl status` (and `check-inject`,
+which quotes it) never tells a story the controller does not act on. Pure: the CLI reads the objects.
+(`status` beside it is the SidecarSet's own status: the counters and conditions the controller writes.)
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def glance(
+def of(
     ss: SidecarSet,
     pods: Sequence[PodProjection],
     raw_pods: Mapping[str, Mapping[str, Any]],
@@ -89,7 +90,7 @@ def glance(
     """Where `ss`'s rollout stands over `pods` (the injected pods; `raw_pods` by namespace/name,
     for explaining pods that cannot be upgraded)."""
     matched = status.matched_pods(ss, pods, namespace_labels)
-    verdicts = status.evaluate(ss, matched)
+    verdicts = status.pod_verdicts(ss, matched)
     live = status.compute_status(ss, matched, latest_revision=None, collision_count=None, verdicts=verdicts)
     st = ss.status
     revision = str(st.get("latestRevision") or "")
