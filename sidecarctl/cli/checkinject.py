@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import checkinjectwhy as why
 from sidecarctl.cli import clusterread
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout.planner import Stage
 from sidecarsets.spec import names, selectors

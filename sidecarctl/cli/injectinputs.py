@@ -22,6 +22,7 @@ from typing import Any
 from injector.manifests import manifestcontext, manifests
 from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarctl.cli import manifestio
+from sidecarctl.cli.clierror import CliError
 from sidecarsets import validation
 from sidecarsets.spec import names
 from sidecarsets.spec.model import ACCEPTED_API_VERSIONS, ModelError, SidecarSet
@@ -32,10 +33,6 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 _KIND = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 _GROUP = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-class CliError(Exception):
-    """Bad input: the message (one line, naming the file and the reason) is shown as is."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import clusterread, injectinputs
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarctl.cli.previewtext import render as render
 from sidecarsets import validation
 from sidecarsets.pods.projection import project

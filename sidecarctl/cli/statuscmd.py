@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import clusterread
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet

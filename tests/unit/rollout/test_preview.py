@@ -26,7 +26,7 @@ from aiohttp import web
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import clusterread, previewcmd
 from sidecarctl.cli import main as cli
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout import preview
 from sidecarsets.rollout.planner import Stage, plan_upgrade
