@@ -3,8 +3,9 @@
 Plain ASGI rather than starlette's Request/Response: on the hot path of every pod creation those
 objects cost more than a replayed answer itself. What each webhook decides lives in
 `injector.http.decisions`; replaying repeated requests and counting answers are wrappers around the
-endpoint (`injector.http.wrappers`). Whatever goes wrong, the answer is an AdmissionReview or a 4xx
-with a message; never a 500 and never a traceback on the wire.
+endpoint (`injector.http.wrappers`), and what they pass along is an `injector.http.answer.Answer`.
+Whatever goes wrong, the answer is an AdmissionReview or a 4xx with a message; never a 500 and
+never a traceback on the wire.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from injector.http import admission, conversionreview, decisions, wrappers
+from injector.http.answer import JSON_TYPE, TEXT_TYPE, Answer, Endpoint, RawHandler
 from injector.http.body import Body, BodyLimits, Refused
 from injector.http.decisions import Decision, WebhookSettings
-from injector.http.wrappers import JSON_TYPE, TEXT_TYPE, Answer, Endpoint, RawHandler
 from sidecarsets import validation
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore
