@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,9 @@ def start_process(
     webhook_port: int | None = None,
     lease_duration: int = 15,
     extra: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
 ) -> ManagerProcess:
+    """`sidecarctl run` as a child process; `env` is added to its environment (and its children's)."""
     webhook_port = webhook_port or free_port()
     probe_port = free_port()
     log = Path(tempfile.mkstemp(prefix=f"sidecarctl-{identity}-", suffix=".log")[1])
@@ -237,7 +240,7 @@ def start_process(
     ]
     out = open(log, "wb")  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(
-        args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+        args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     )
     out.close()
     return ManagerProcess(proc, f"http://127.0.0.1:{probe_port}", f"https://127.0.0.1:{webhook_port}", log)

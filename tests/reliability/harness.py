@@ -253,9 +253,15 @@ class Cluster:
 
     # -- the manager ------------------------------------------------------------------------------
     def start_manager(
-        self, identity: str, *, kubeconfig_path: Path | None = None, extra: tuple[str, ...] = ()
+        self,
+        identity: str,
+        *,
+        kubeconfig_path: Path | None = None,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> ManagerProcess:
-        """`sidecarctl run` with two admission workers, the manager's token (or `kubeconfig_path`)."""
+        """`sidecarctl run` with two admission workers, the manager's token (or `kubeconfig_path`);
+        `env` is added to the environment of its processes."""
         m = start_process(
             self.cp,
             self.cert_dir,
@@ -266,6 +272,7 @@ class Cluster:
                 "--log-format=text",
                 *extra,
             ),
+            env=env,
         )
         self.managers.append(m)
         try:
