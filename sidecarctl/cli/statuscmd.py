@@ -95,13 +95,14 @@ async def gather(client: kubeapi.KubeClient, name: str | None, manager_namespace
 
 
 def build(inputs: Inputs, *, now: str, manager_namespace: str) -> list[Glance]:
-    from sidecarsets.rollout import glance, preview
+    from sidecarsets.pods import podkeys
+    from sidecarsets.rollout import glance
 
     models = [SidecarSet.from_object(o, tolerant=True) for o in inputs.sidecarsets]
     models.sort(key=lambda ss: ss.name)
     ns_labels = clusterread.namespace_labels(inputs.namespaces)
     projections = [project(p) for p in inputs.pods]
-    raw = {preview.pod_key(p): p for p in inputs.pods}
+    raw = {podkeys.pod_key(p): p for p in inputs.pods}
     missing = glance.missing_pods(
         models, inputs.pods, inputs.unlabelled, inputs.namespaces, ns_labels, manager_namespace=manager_namespace
     )

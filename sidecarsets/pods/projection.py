@@ -17,11 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from kuberuntime.jsontypes import mapping, parse_object, resolve
-from sidecarsets.pods.podrecords import ContainerState as ContainerState
-from sidecarsets.pods.podrecords import HashEntry as HashEntry
-from sidecarsets.pods.podrecords import InplaceEntry as InplaceEntry
-from sidecarsets.pods.podrecords import Labels as Labels
-from sidecarsets.pods.podrecords import Resources as Resources
+from sidecarsets.pods.podrecords import ContainerState, HashEntry, InplaceEntry, Labels, Resources
 from sidecarsets.spec.names import (
     ANN_HASH,
     ANN_HASH_WITHOUT_IMAGE,

@@ -19,8 +19,7 @@ from sidecarsets.pods import podstate, resizestate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import hotupgrade, resize
 from sidecarsets.rollout.ordering import upgrade_order
-from sidecarsets.rollout.podpatch import inplace_annotation, pointer
-from sidecarsets.rollout.podpatch import pod_patch as pod_patch
+from sidecarsets.rollout.podpatch import inplace_annotation, pod_patch, pointer
 from sidecarsets.rollout.resize import resize_patch
 from sidecarsets.rollout.status import pod_verdicts
 from sidecarsets.spec import hotsidecars, selectors
