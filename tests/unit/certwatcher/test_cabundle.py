@@ -33,6 +33,8 @@ from tests.certutil import (
     webhook_config,
 )
 
+pytestmark = pytest.mark.serial  # bounds elapsed time: runs alone, not beside other tests
+
 T0 = utc(2030, 6, 1)
 OLD = make_ca("old", not_before=utc(2029, 1, 1), not_after=utc(2030, 7, 1))
 NEW = make_ca("new", not_before=utc(2030, 5, 1), not_after=utc(2035, 5, 1))

@@ -10,6 +10,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from certwatcher import pem
 from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
@@ -27,6 +29,8 @@ from tests.certutil import (
     webhook_config,
     write_dir,
 )
+
+pytestmark = pytest.mark.serial  # bounds elapsed time: runs alone, not beside other tests
 
 MWC = f"{MWC_PATH}/sidecarctl-injector"
 
