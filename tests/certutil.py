@@ -1,7 +1,7 @@
 """Test helpers for the cert code: CAs and leaves with chosen dates, a local TLS echo server, a
 handshake load generator, and an in-memory API fake that enforces resourceVersion like the API server.
 
-Certificates here are built independently of `certwatcher.issuing` so that tests of that module do not
+Certificates here are built independently of `selfsigned.issuing` so that tests of that module do not
 grade their own homework, and so that tests can place validity windows anywhere (expired, future).
 """
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from certwatcher.cabundle import CABundleSyncer
+from cabundle.syncer import CABundleSyncer
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.informer import Informer
 from sidecarctl.manager.control import ControlRole

@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from certwatcher.atomicdir import write_atomic
-from certwatcher.issuing import Issued, generate_ca, issue_leaf
 from kuberuntime import api
+from selfsigned.issuing import Issued, generate_ca, issue_leaf
 from sidecarctl.manager.inprocess import Manager
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.spec import names

@@ -35,6 +35,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 import sidecarctl.manager.inprocess  # noqa: F401  (imports every role, so the registry holds what the manager registers)
+from cabundle import metrics as cabundle_metrics
 from certwatcher import files as certfiles
 from certwatcher import metrics as cert_metrics
 from injector.http import metrics as injector_metrics
@@ -50,7 +51,7 @@ MONITORING = CONFIG / "monitoring"
 DASHBOARD = MONITORING / "sidecarctl-dashboard.json"
 CHART_DASHBOARD = CHART / "files" / DASHBOARD.name
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
-METRIC_MODULES = (sidecarset_metrics, injector_metrics, policy_metrics, runtime_metrics, cert_metrics)
+METRIC_MODULES = (sidecarset_metrics, injector_metrics, policy_metrics, runtime_metrics, cert_metrics, cabundle_metrics)
 # Served by the supervisor from state only it has (sidecarctl.manager.handoff), not from a module.
 SUPERVISOR_FAMILIES = {"sidecarctl_webhook_worker_connections"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

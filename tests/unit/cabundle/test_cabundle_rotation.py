@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cabundle.syncer import CABundleSyncer, WebhookConfigRef
 from certwatcher import pem
-from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
 from tests.certutil import (
     MWC_PATH,

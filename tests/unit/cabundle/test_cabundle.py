@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from certwatcher import metrics, pem
-from certwatcher.bundlepolicy import bundle_differs, desired_bundle
-from certwatcher.cabundle import CABundleSyncer, SyncResult, WebhookConfigRef
-from certwatcher.writebudget import WriteBudget
+from cabundle import metrics
+from cabundle.bundlepolicy import bundle_differs, desired_bundle
+from cabundle.syncer import CABundleSyncer, SyncResult, WebhookConfigRef
+from cabundle.writebudget import WriteBudget
+from certwatcher import pem
 from kuberuntime import api as kube
 from tests.certutil import (
     MWC_PATH,

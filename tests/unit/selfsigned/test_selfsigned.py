@@ -19,15 +19,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from certwatcher import pem
-from certwatcher.issuing import generate_ca, issue_leaf, renewal_due, renewal_time, service_dns_names
 from certwatcher.reloader import CertReloader
-from certwatcher.selfsigned import (
+from selfsigned.issuer import (
     Material,
     SelfSignedConfig,
     SelfSignedIssuer,
     material_from_secret,
     plan_material,
 )
+from selfsigned.issuing import generate_ca, issue_leaf, renewal_due, renewal_time, service_dns_names
 from tests.certutil import FakeApi, make_ca, make_leaf, now, utc
 
 # --- renewal arithmetic ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """caBundle of the SidecarSet CRD's conversion webhook: kept like the webhook configurations' caBundle.
 
-Same syncer, same rules (tests/unit/certwatcher/test_cabundle.py has them for webhook configurations): only
+Same syncer, same rules (tests/unit/cabundle/test_cabundle.py has them for webhook configurations): only
 `spec.conversion.webhook.clientConfig.caBundle` is written, behind a resourceVersion test; the bundle
 policy (exact or merge), ownership marker, foreign-write repair and conflict handling all apply; and
 a CRD that does not convert by webhook is left alone.
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from cabundle.syncer import CABundleSyncer, SyncResult, WebhookConfigRef
 from certwatcher import pem
-from certwatcher.cabundle import CABundleSyncer, SyncResult, WebhookConfigRef
 from sidecarctl.manager.control import _bundle_owners
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.spec import names
