@@ -28,7 +28,8 @@ from typing import Any, NoReturn
 
 import pytest
 
-from tests.kube.adminrest import AdminRest, wait_for
+from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.managerimage import Built, ImageBuildError, manager_archive
 from tests.kube.node import NodeError, NodeUnavailable, RealNode, node_cluster, unavailable_reason
@@ -130,10 +131,11 @@ def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]
     """A fresh namespace with its default ServiceAccount; deleted (with its pods) afterwards."""
     name = _ns_name(request.node.nodeid)
     cluster.api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(
+    eventually(
         lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
         timeout=30,
         what=f"default ServiceAccount in {name}",
+        retrying=(ApiError,),
     )
     yield name
     cluster.api.delete(f"/api/v1/namespaces/{name}")
@@ -173,7 +175,7 @@ def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2
         )
 
     try:
-        wait_for(settled, timeout=timeout, interval=0.2, what=what)
+        eventually(settled, timeout=timeout, interval=0.2, what=what, retrying=(ApiError,))
     except AssertionError:
         pods = kubectl(cluster, "-n", MANAGER_NS, "get", "pods,events", "-o", "wide")
         logs = "\n".join(
@@ -196,7 +198,7 @@ def ensure_namespace(cluster: Cluster, name: str) -> None:
             return True
         return (got.get("status") or {}).get("phase") != "Terminating"
 
-    wait_for(usable, timeout=120, interval=0.2, what=f"namespace {name} usable")
+    eventually(usable, timeout=120, interval=0.2, what=f"namespace {name} usable", retrying=(ApiError,))
 
 
 @dataclasses.dataclass

@@ -25,7 +25,8 @@ import pytest
 
 from sidecarsets.spec import names
 from tests.kube import helm, images
-from tests.kube.adminrest import ApiError, wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.kube.managerimage import Built
 from tests.node.conftest import (
     LEASE,
@@ -129,7 +130,13 @@ def release(cluster: Cluster, manager_image: Built, tmp_path_factory: pytest.Tem
 
 
 def _wait_gone(cluster: Cluster, path: str, *, timeout: float) -> None:
-    wait_for(lambda: cluster.api.get_or_none(path) is None, timeout=timeout, interval=0.2, what=f"{path} deleted")
+    eventually(
+        lambda: cluster.api.get_or_none(path) is None,
+        timeout=timeout,
+        interval=0.2,
+        what=f"{path} deleted",
+        retrying=(ApiError,),
+    )
 
 
 def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Release, namespace: str) -> None:
@@ -156,7 +163,13 @@ def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Re
                 return "validate.sidecarctl.io" in str(e)
             return False
 
-        wait_for(rival_refused, timeout=30, interval=0.2, what="conflicting SidecarSet refused by the webhook")
+        eventually(
+            rival_refused,
+            timeout=30,
+            interval=0.2,
+            what="conflicting SidecarSet refused by the webhook",
+            retrying=(ApiError,),
+        )
         api.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
 
         def injected() -> bool:
@@ -167,7 +180,7 @@ def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Re
                 return False
             return [c["name"] for c in got["spec"]["containers"]] == ["proxy", "app"]
 
-        wait_for(injected, timeout=30, interval=0.2, what="a pod injected after helm install")
+        eventually(injected, timeout=30, interval=0.2, what="a pod injected after helm install", retrying=(ApiError,))
         created, took = create_and_wait_ready(api, namespace, pod("web-1", [app_container()], app="web"))
         assert [c["name"] for c in created["spec"]["containers"]] == ["proxy", "app"]
         assert fetch(created["status"]["podIP"], images.SIDECAR_PORT, "/version") == "v1"
@@ -196,7 +209,13 @@ def test_helm_uninstall_removes_what_the_chart_made(cluster: Cluster, release: R
 
     # The policies the manager made (for SidecarSets, and its support probe) are owned by the
     # SidecarSets and by its namespace: the garbage collector removes them with those.
-    wait_for(lambda: not _managed_policies(cluster), timeout=60, interval=0.2, what="the manager's policies removed")
+    eventually(
+        lambda: not _managed_policies(cluster),
+        timeout=60,
+        interval=0.2,
+        what="the manager's policies removed",
+        retrying=(ApiError,),
+    )
 
 
 def _managed_policies(cluster: Cluster) -> list[str]:

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.node.conftest import Cluster, record
 from tests.node.pods import app_container, create_and_wait_ready, pod, sidecar_container, statuses
 
@@ -29,7 +30,9 @@ def test_bad_image_is_never_pulled(cluster: Cluster, namespace: str) -> None:
         waiting = (proxy.get("state") or {}).get("waiting") or {}
         return waiting if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
 
-    waiting = wait_for(pull_failed, timeout=30, interval=0.1, what="ErrImagePull for the bad image")
+    waiting = eventually(
+        pull_failed, timeout=30, interval=0.1, what="ErrImagePull for the bad image", retrying=(ApiError,)
+    )
     record("bad image: create to ErrImagePull", time.monotonic() - started)
     assert "connection refused" in waiting.get("message", ""), waiting
 

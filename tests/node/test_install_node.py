@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import ApiError, wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.node.conftest import LEASE, MANAGER_NS, Cluster, Installed, manager_pods, record
 from tests.node.pods import app_container, create_and_wait_ready, fetch, pod
 
@@ -115,7 +116,13 @@ def test_api_server_calls_the_webhooks_through_the_service(
             return "validate.sidecarctl.io" in str(e)
         return False
 
-    wait_for(rival_refused, timeout=30, interval=0.2, what="conflicting SidecarSet refused by the webhook")
+    eventually(
+        rival_refused,
+        timeout=30,
+        interval=0.2,
+        what="conflicting SidecarSet refused by the webhook",
+        retrying=(ApiError,),
+    )
     try:
         api.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
 
@@ -128,7 +135,9 @@ def test_api_server_calls_the_webhooks_through_the_service(
                 return None
             return got if [c["name"] for c in got["spec"]["containers"]] == ["proxy", "app"] else None
 
-        wait_for(injected, timeout=30, interval=0.2, what="dry-run pod injected through the Service")
+        eventually(
+            injected, timeout=30, interval=0.2, what="dry-run pod injected through the Service", retrying=(ApiError,)
+        )
         created, took = create_and_wait_ready(api, namespace, pod("web-1", [app_container()], app="web"))
         record("injected pod create to Ready", took)
         assert [c["name"] for c in created["spec"]["containers"]] == ["proxy", "app"]

@@ -19,8 +19,9 @@ from typing import Any
 
 from sidecarsets.spec import names
 from tests.kube import images
-from tests.kube.adminrest import wait_for
+from tests.kube.adminrest import ApiError
 from tests.kube.audit import pod_patches
+from tests.kube.client import eventually
 from tests.kube.loop import BackgroundLoop
 from tests.kube.neighbours import digest_pinning_app, neighbour, pinned
 from tests.node.conftest import Cluster, Installed, record
@@ -111,7 +112,9 @@ def _roll_beside_the_pinner(cluster: Cluster, namespace: str, aloop: BackgroundL
 
         # 3 pods one at a time (maxUnavailable 1), each a container stop, start and readiness
         # probe (2-5 s here under the suite's load): 90 s is several times that, still a bound.
-        after = wait_for(rolled, timeout=90, interval=0.2, what="every pod running v2's digest and counted")
+        after = eventually(
+            rolled, timeout=90, interval=0.2, what="every pod running v2's digest and counted", retrying=(ApiError,)
+        )
         took = time.monotonic() - patched_at
     patches = pod_patches(cluster.cp, start, namespace)
     assert sorted(patches) == sorted(before) and max(patches.values()) == 1, f"patches per pod: {patches}"

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.node.conftest import Cluster, Installed, record
 from tests.node.pods import is_ready, statuses
 from tests.node.rollout import SIDECAR, create_workload
@@ -75,7 +76,9 @@ def test_a_sidecar_cpu_limit_and_memory_request_are_resized_in_place_on_the_real
         )
         return got if done else None
 
-    after = wait_for(resized, timeout=90, interval=0.2, what="every pod resized, applied and counted")
+    after = eventually(
+        resized, timeout=90, interval=0.2, what="every pod resized, applied and counted", retrying=(ApiError,)
+    )
     took = time.monotonic() - started
     record(f"in-place resize of {REPLICAS} pods (maxUnavailable 1): SidecarSet patch to all applied", took)
     for p in after:

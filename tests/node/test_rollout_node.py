@@ -44,7 +44,8 @@ from injector.policy import stored
 from injector.policy.support import POLICIES
 from sidecarsets.spec import names
 from tests.kube import images
-from tests.kube.adminrest import wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.node.conftest import (
     LEASE,
     MANAGER_DEPLOYMENT,
@@ -89,10 +90,11 @@ def other(image: str) -> str:
 def fresh_ns(cluster: Cluster) -> Iterator[str]:
     name = f"ro-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
-    wait_for(
+    eventually(
         lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
         timeout=30,
         what=f"default ServiceAccount in {name}",
+        retrying=(ApiError,),
     )
     yield name
     cluster.api.delete(f"/api/v1/namespaces/{name}")
@@ -103,7 +105,11 @@ def fleet(cluster: Cluster, installed: Installed) -> Iterator[Workload]:
     """12 pods of one Deployment with the `proxy` sidecar (v1 at first), maxUnavailable 3."""
     name = f"fleet-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
-    wait_for(lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"), timeout=30)
+    eventually(
+        lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        retrying=(ApiError,),
+    )
     started = time.monotonic()
     w = create_workload(
         cluster.api, name, image=images.sidecar_image("v1"), replicas=FLEET, max_unavailable=FLEET_MAX_UNAVAILABLE
@@ -288,7 +294,11 @@ BAD_REPLICAS, BAD_BUDGET, BAD_HOLD = 6, 2, 6.0
 def broken(cluster: Cluster, installed: Installed) -> Iterator[Broken]:
     name = f"bad-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
-    wait_for(lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"), timeout=30)
+    eventually(
+        lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        retrying=(ApiError,),
+    )
     v1 = images.sidecar_image("v1")
     w = create_workload(cluster.api, name, image=v1, replicas=BAD_REPLICAS, max_unavailable=BAD_BUDGET, app="bad")
     old_ids = frozenset(statuses(p)[SIDECAR]["imageID"] for p in w.pods())
@@ -407,19 +417,24 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
             time.sleep(0.3)
             # The deleted pod keeps leading through its preStop pause and until SIGTERM releases the
             # Lease, and the rollout may finish in that time: watch until the other replica holds it.
-            wait_for(
+            eventually(
                 lambda: any(t > deleted_at and h and not h.startswith(leader) for t, h in holders),
                 timeout=LEASE_DURATION + 30,
                 interval=0.2,
                 what=f"another replica holds the Lease after {leader} was deleted",
+                retrying=(ApiError,),
             )
             # The load must span the handover: pods created after the other replica took the Lease
             # too. The wait above returns within its 0.2 s poll of the takeover and the rollout may
             # be done by then; a busy run once stopped the load 0.05 s before the takeover it saw.
             # One second of the load past it.
             took_over = next(t for t, h in holders if t > deleted_at and h and not h.startswith(leader))
-            wait_for(
-                lambda: load.made_since(took_over) >= LOAD_RATE, timeout=30, interval=0.1, what="load past the takeover"
+            eventually(
+                lambda: load.made_since(took_over) >= LOAD_RATE,
+                timeout=30,
+                interval=0.1,
+                what="load past the takeover",
+                retrying=(ApiError,),
             )
         rollout_done = sampler.latest()
         assert rollout_done is not None
@@ -528,7 +543,9 @@ def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
     """Delete the leader's pod; (seconds to another holder, SIGTERM to release in its own log)."""
     api = cluster.api
     wait_manager_ready(cluster, what="2 manager replicas before deleting the leader's pod")
-    holder = wait_for(lambda: api.get(LEASE)["spec"].get("holderIdentity"), timeout=30, what="a leader")
+    holder = eventually(
+        lambda: api.get(LEASE)["spec"].get("holderIdentity"), timeout=30, what="a leader", retrying=(ApiError,)
+    )
     leader = _holder_pod(holder, manager_pods(cluster))
     assert leader is not None, f"Lease holder {holder!r} is no manager pod"
     follower = LogFollower(cluster, leader)
@@ -540,7 +557,13 @@ def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
         def taken_over() -> float | None:
             return next((t for t, h in holders if t > deleted_at and h and not h.startswith(leader)), None)
 
-        took = wait_for(taken_over, timeout=LEASE_DURATION + 30, interval=0.1, what=f"another holder after {leader}")
+        took = eventually(
+            taken_over,
+            timeout=LEASE_DURATION + 30,
+            interval=0.1,
+            what=f"another holder after {leader}",
+            retrying=(ApiError,),
+        )
     handover = took - deleted_at
     log = follower.wait_ended(timeout=40)
     history = ", ".join(f"+{t - deleted_at:.2f}s {h or '(released)'}" for t, h in holders)
@@ -611,16 +634,20 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
         cluster.api.create(SS_PATH, obj)
         ss_path = f"{SS_PATH}/{name}"
         if path == names.INJECTED_BY_WEBHOOK:
-            revision = wait_for(
-                functools.partial(_status_field, cluster, ss_path, "latestRevision"), timeout=30, what="a revision"
+            revision = eventually(
+                functools.partial(_status_field, cluster, ss_path, "latestRevision"),
+                timeout=30,
+                what="a revision",
+                retrying=(ApiError,),
             )
             pin = {"revision": {"revisionName": revision, "policy": "Always"}}
             cluster.api.patch(ss_path, {"spec": {"injectionStrategy": pin}})
         want = "True" if path == names.INJECTED_BY_POLICY else "False"
-        wait_for(
+        eventually(
             functools.partial(_policy_condition_is, cluster, ss_path, want),
             timeout=30,
             what=f"{name} PolicyInjection={want}",
+            retrying=(ApiError,),
         )
         probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "labels": {"app": app}}}
         probe["spec"] = {"containers": [{"name": "app", "image": images.APP_IMAGE}]}
@@ -630,7 +657,9 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
             served = (got["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
             return SIDECAR in [c["name"] for c in got["spec"]["containers"]] and served == by
 
-        wait_for(injected, timeout=30, interval=0.2, what=f"pods of {app} injected by the {path} path")
+        eventually(
+            injected, timeout=30, interval=0.2, what=f"pods of {app} injected by the {path} path", retrying=(ApiError,)
+        )
         if path == names.INJECTED_BY_WEBHOOK:
             _until_no_policy_serves(cluster, name, injected)
         out[app] = (ss_path, path)
@@ -648,7 +677,7 @@ def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[]
         listed = cluster.api.get(POLICIES)["items"]
         return not any(name in stored.members(p) for p in listed)
 
-    wait_for(in_no_policy, timeout=30, interval=0.2, what=f"{name} in no stored policy")
+    eventually(in_no_policy, timeout=30, interval=0.2, what=f"{name} in no stored policy", retrying=(ApiError,))
     steady_since = started = time.monotonic()
     while time.monotonic() - steady_since < 3.0:
         if not by_webhook():
@@ -698,7 +727,7 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
             got = cluster.api.request("POST", f"/api/v1/namespaces/{fresh_ns}/pods?dryRun=All", probe)
             return "mesh-agent" in [c["name"] for c in got["spec"].get("initContainers") or []]
 
-        wait_for(injecting, timeout=30, interval=0.2, what="the native sidecar injected")
+        eventually(injecting, timeout=30, interval=0.2, what="the native sidecar injected", retrying=(ApiError,))
         deployment = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -724,8 +753,16 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
             )
             return got if ok else None
 
-        before = {p["metadata"]["name"]: p for p in wait_for(lambda: all_on(v1), timeout=120, what="3 pods Ready")}
-        wait_for(lambda: w.status().get("updatedReadyPods") == replicas, timeout=30, what="the status counts them")
+        before = {
+            p["metadata"]["name"]: p
+            for p in eventually(lambda: all_on(v1), timeout=120, what="3 pods Ready", retrying=(ApiError,))
+        }
+        eventually(
+            lambda: w.status().get("updatedReadyPods") == replicas,
+            timeout=30,
+            what="the status counts them",
+            retrying=(ApiError,),
+        )
         started = time.monotonic()
         cluster.api.patch(w.ss_path, {"spec": {"initContainers": [{**agent, "image": v2}]}})
         most_down = 0
@@ -736,9 +773,16 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
             most_down = max(most_down, sum(1 for p in got if not is_ready(p)))
             return all_on(v2)
 
-        after = wait_for(rolled, timeout=120, interval=0.05, what="the native sidecar rolled to v2")
+        after = eventually(
+            rolled, timeout=120, interval=0.05, what="the native sidecar rolled to v2", retrying=(ApiError,)
+        )
         took = time.monotonic() - started
-        wait_for(lambda: w.status().get("updatedReadyPods") == replicas, timeout=30, what="the status counts them")
+        eventually(
+            lambda: w.status().get("updatedReadyPods") == replicas,
+            timeout=30,
+            what="the status counts them",
+            retrying=(ApiError,),
+        )
         assert most_down <= 1, f"maxUnavailable 1, {most_down} pods were down at once"
         assert sorted(before) == sorted(p["metadata"]["name"] for p in after), "pods were recreated"
         for p in after:
