@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.kube import node
+from tests.kube.ci import IN_CI
 from tests.kube.loop import BackgroundLoop
 
 REPO = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

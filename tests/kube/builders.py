@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
+import secrets
 from typing import Any
 
 import jsonpatch
@@ -315,3 +317,9 @@ def kubelet_sync(pod_json: JsonObj, *, ready: bool = True) -> JsonObj:
             cs["imageID"] = image_id(cs["image"])
             cs["restartCount"] += 1
     return set_ready(out, ready)
+
+
+def namespace_name(nodeid: str) -> str:
+    """A fresh namespace name for the test `nodeid`: its name, made a DNS label, and a random suffix."""
+    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
+    return f"{base or 't'}-{secrets.token_hex(3)}"

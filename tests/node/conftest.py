@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import re
-import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,13 +25,14 @@ from typing import Any, NoReturn
 
 import pytest
 
+from tests.kube import builders
 from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.ci import IN_CI
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.managerimage import Built, ImageBuildError, manager_archive
 from tests.kube.node import NodeError, NodeUnavailable, RealNode, node_cluster, unavailable_reason
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 TIMINGS: dict[str, str] = {}
 INSTALL = Path(__file__).with_name("install")
 MANAGER_NS = "sidecarctl-system"
@@ -121,15 +119,10 @@ def manager_image(cluster: Cluster) -> Built:
     return built
 
 
-def _ns_name(nodeid: str) -> str:
-    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
-    return f"{base or 't'}-{secrets.token_hex(3)}"
-
-
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]:
     """A fresh namespace with its default ServiceAccount; deleted (with its pods) afterwards."""
-    name = _ns_name(request.node.nodeid)
+    name = builders.namespace_name(request.node.nodeid)
     cluster.api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     eventually(
         lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),

@@ -10,18 +10,16 @@ label it selects, created before the first test).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.kube.apiproxy import ApiProxy
+from tests.kube.ci import IN_CI
 from tests.kube.controlplane import ControlPlaneError, binaries_dir
 from tests.kube.loop import BackgroundLoop
 from tests.reliability.harness import Cluster
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 @pytest.fixture(scope="session")

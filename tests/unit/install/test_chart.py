@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ from typing import Any
 import pytest
 
 from tests.kube import helm
+from tests.kube.ci import IN_CI
 from tests.kube.helm import CHART, CONFIG, Obj
 from tests.unit.install.test_manifests import parse_run
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 Key = tuple[str, str, str]
 ABSENT = "<absent>"
 

@@ -22,7 +22,6 @@ the check that the running manager's /metrics exposes every family the dashboard
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 from collections.abc import Iterator, Mapping
@@ -44,6 +43,7 @@ from kuberuntime import metrics as runtime_metrics
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
 from sidecarsets.controller import metrics as sidecarset_metrics
 from tests.kube import helm
+from tests.kube.ci import IN_CI
 from tests.kube.helm import CHART, CONFIG
 from tests.unit.install.test_manifests import MANAGER_NS, key, load_docs, manager_args, render
 
@@ -67,7 +67,6 @@ SERIES_SUFFIXES = {
     "info": ("_info",),
 }
 MONITORING_VALUES = ("--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.dashboard.enabled=true")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
