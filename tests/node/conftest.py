@@ -75,7 +75,10 @@ def record_value(what: str, value: str) -> None:
 
 
 @dataclasses.dataclass
-class Cluster:
+class NodeCluster:
+    """The control plane with a real node (kubelet, containerd, runc) on this machine, and a REST
+    client for it: what the real-node tier runs the manager's image on."""
+
     cp: ControlPlane
     node: RealNode
     api: AdminRest
@@ -87,7 +90,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     if reason := unavailable_reason():
         not_here(reason)
     stack = contextlib.ExitStack()
@@ -100,11 +103,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for what, seconds in node.timings.items():
         record(f"node: {what}", seconds)
     with stack:
-        yield Cluster(cp, node, AdminRest(cp))
+        yield NodeCluster(cp, node, AdminRest(cp))
 
 
 @pytest.fixture(scope="package")
-def manager_image(cluster: Cluster) -> Built:
+def manager_image(cluster: NodeCluster) -> Built:
     """The Dockerfile's image (built on the local Debian base, cached), imported into the node."""
     try:
         built = manager_archive()
@@ -120,7 +123,7 @@ def manager_image(cluster: Cluster) -> Built:
 
 
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]:
+def namespace(request: pytest.FixtureRequest, cluster: NodeCluster) -> Iterator[str]:
     """A fresh namespace with its default ServiceAccount; deleted (with its pods) afterwards."""
     name = builders.namespace_name(request.node.nodeid)
     cluster.api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -134,7 +137,7 @@ def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]
     cluster.api.delete(f"/api/v1/namespaces/{name}")
 
 
-def kubectl(cluster: Cluster, *args: str, timeout: float = 120) -> str:
+def kubectl(cluster: NodeCluster, *args: str, timeout: float = 120) -> str:
     proc = subprocess.run(
         [str(cluster.kubectl), f"--kubeconfig={cluster.cp.kubeconfig}", *args],
         capture_output=True,
@@ -146,13 +149,13 @@ def kubectl(cluster: Cluster, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def manager_pods(cluster: Cluster) -> list[dict[str, Any]]:
+def manager_pods(cluster: NodeCluster) -> list[dict[str, Any]]:
     path = f"/api/v1/namespaces/{MANAGER_NS}/pods?labelSelector={MANAGER_SELECTOR}"
     pods: list[dict[str, Any]] = cluster.api.get(path)["items"]
     return pods
 
 
-def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2 manager replicas Ready") -> float:
+def wait_manager_ready(cluster: NodeCluster, *, timeout: float = 180, what: str = "2 manager replicas Ready") -> float:
     """Until the Deployment has 2 updated, ready replicas and no other pod; the seconds it took."""
     started = time.monotonic()
 
@@ -180,7 +183,7 @@ def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2
     return time.monotonic() - started
 
 
-def ensure_namespace(cluster: Cluster, name: str) -> None:
+def ensure_namespace(cluster: NodeCluster, name: str) -> None:
     """Create `name` if absent, waiting out an earlier deletion of it."""
 
     def usable() -> bool:
@@ -202,7 +205,7 @@ class Installed:
 
 
 @pytest.fixture(scope="package")
-def installed(cluster: Cluster, manager_image: Built) -> Iterator[Installed]:
+def installed(cluster: NodeCluster, manager_image: Built) -> Iterator[Installed]:
     """One install for every node test that needs the manager (tests that disturb it wait until it
     has settled again: 2 ready replicas of the current revision)."""
     api = cluster.api

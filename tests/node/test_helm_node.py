@@ -31,7 +31,7 @@ from tests.kube.managerimage import Built
 from tests.node.conftest import (
     LEASE,
     MANAGER_NS,
-    Cluster,
+    NodeCluster,
     manager_pods,
     record,
     record_value,
@@ -52,7 +52,7 @@ class Release:
     values: Path
 
 
-def run_helm(cluster: Cluster, env: dict[str, str], *args: str, timeout: float = 300) -> str:
+def run_helm(cluster: NodeCluster, env: dict[str, str], *args: str, timeout: float = 300) -> str:
     binary = helm.cached_binary("helm")
     assert binary is not None, helm.missing_reason("helm")
     proc = subprocess.run(
@@ -91,7 +91,7 @@ def object_path(obj: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, manager_image: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(cluster: NodeCluster, manager_image: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     api = cluster.api
     mwc = f"{POLICY_GROUP}/mutatingwebhookconfigurations/{names.MUTATING_WEBHOOK_CONFIG}"
     assert api.get_or_none(mwc) is None, "the manager is installed already: the Helm test must run first"
@@ -129,7 +129,7 @@ def release(cluster: Cluster, manager_image: Built, tmp_path_factory: pytest.Tem
         _wait_gone(cluster, f"/api/v1/namespaces/{MANAGER_NS}", timeout=180)
 
 
-def _wait_gone(cluster: Cluster, path: str, *, timeout: float) -> None:
+def _wait_gone(cluster: NodeCluster, path: str, *, timeout: float) -> None:
     eventually(
         lambda: cluster.api.get_or_none(path) is None,
         timeout=timeout,
@@ -139,7 +139,7 @@ def _wait_gone(cluster: Cluster, path: str, *, timeout: float) -> None:
     )
 
 
-def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Release, namespace: str) -> None:
+def test_helm_install_runs_the_manager_and_injects(cluster: NodeCluster, release: Release, namespace: str) -> None:
     api = cluster.api
     running = [p for p in manager_pods(cluster) if p["status"].get("phase") == "Running"]
     assert len(running) == 2
@@ -193,7 +193,7 @@ def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Re
 
 
 @pytest.fixture(scope="module")
-def uninstalled(cluster: Cluster, release: Release) -> float:
+def uninstalled(cluster: NodeCluster, release: Release) -> float:
     started = time.monotonic()
     run_helm(cluster, release.env, "uninstall", RELEASE, "--namespace", "default", "--wait")
     took = time.monotonic() - started
@@ -201,7 +201,7 @@ def uninstalled(cluster: Cluster, release: Release) -> float:
     return took
 
 
-def test_helm_uninstall_removes_what_the_chart_made(cluster: Cluster, release: Release, uninstalled: float) -> None:
+def test_helm_uninstall_removes_what_the_chart_made(cluster: NodeCluster, release: Release, uninstalled: float) -> None:
     assert len(release.rendered) >= 14
     for obj in release.rendered:
         # The namespace and the CRD finish deleting in the background (their contents go first).
@@ -218,7 +218,7 @@ def test_helm_uninstall_removes_what_the_chart_made(cluster: Cluster, release: R
     )
 
 
-def _managed_policies(cluster: Cluster) -> list[str]:
+def _managed_policies(cluster: NodeCluster) -> list[str]:
     return [
         f"{kind}/{p['metadata']['name']}"
         for kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")

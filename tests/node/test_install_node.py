@@ -19,14 +19,14 @@ from typing import Any
 from tests.kube import images
 from tests.kube.adminrest import ApiError
 from tests.kube.client import eventually
-from tests.node.conftest import LEASE, MANAGER_NS, Cluster, Installed, manager_pods, record
+from tests.node.conftest import LEASE, MANAGER_NS, Installed, NodeCluster, manager_pods, record
 from tests.node.pods import app_container, create_and_wait_ready, fetch, pod
 
 UID = 65532
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 
 
-def _process_of(cluster: Cluster, container_id: str) -> int:
+def _process_of(cluster: NodeCluster, container_id: str) -> int:
     """The host PID of a container's first process, from the node's containerd."""
     cid = container_id.removeprefix("containerd://")
     out = cluster.node.ctr("tasks", "ps", cid)
@@ -49,7 +49,7 @@ def _root_mount_options(pid: int) -> list[str]:
     raise AssertionError(f"no root mount for pid {pid}")
 
 
-def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, installed: Installed) -> None:
+def test_manager_replicas_run_unprivileged_from_the_image(cluster: NodeCluster, installed: Installed) -> None:
     api = cluster.api
     pods = manager_pods(cluster)
     running = [p for p in pods if p["status"].get("phase") == "Running"]
@@ -81,7 +81,7 @@ def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, inst
 
 
 def test_api_server_calls_the_webhooks_through_the_service(
-    cluster: Cluster, installed: Installed, namespace: str
+    cluster: NodeCluster, installed: Installed, namespace: str
 ) -> None:
     api = cluster.api
     name = f"node-proxy-{namespace[-6:]}"

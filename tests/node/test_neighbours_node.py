@@ -24,7 +24,7 @@ from tests.kube.audit import pod_patches
 from tests.kube.client import eventually
 from tests.kube.loop import BackgroundLoop
 from tests.kube.neighbours import digest_pinning_app, neighbour, pinned
-from tests.node.conftest import Cluster, Installed, record
+from tests.node.conftest import Installed, NodeCluster, record
 from tests.node.pods import app_container, is_ready, statuses
 from tests.node.rollout import SIDECAR, create_workload
 
@@ -32,7 +32,7 @@ REPLICAS = 3
 
 
 @contextlib.contextmanager
-def _digests(cluster: Cluster, *refs: str) -> Iterator[dict[str, str]]:
+def _digests(cluster: NodeCluster, *refs: str) -> Iterator[dict[str, str]]:
     """The manifest digest containerd holds for each image (what a registry would have served), each
     also named `repo@digest` meanwhile, as a pull from a registry names it beside the tag (an import
     does not); the names are removed afterwards, so the tier's other tests see the images as before."""
@@ -57,14 +57,16 @@ def _not_upgradable(pod: dict[str, Any]) -> bool:
 
 
 def test_a_rollout_beside_a_digest_pinning_webhook_runs_the_digest_and_counts_it(
-    cluster: Cluster, installed: Installed, namespace: str, aloop: BackgroundLoop
+    cluster: NodeCluster, installed: Installed, namespace: str, aloop: BackgroundLoop
 ) -> None:
     v1, v2 = images.sidecar_image("v1"), images.sidecar_image("v2")
     with _digests(cluster, v1, v2, images.APP_IMAGE) as digests:  # the pinner pins the app's image too
         _roll_beside_the_pinner(cluster, namespace, aloop, digests)
 
 
-def _roll_beside_the_pinner(cluster: Cluster, namespace: str, aloop: BackgroundLoop, digests: dict[str, str]) -> None:
+def _roll_beside_the_pinner(
+    cluster: NodeCluster, namespace: str, aloop: BackgroundLoop, digests: dict[str, str]
+) -> None:
     v1, v2 = images.sidecar_image("v1"), images.sidecar_image("v2")
     calls: list[tuple[str, str]] = []
     probe_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}}

@@ -15,7 +15,7 @@ from typing import Any
 from tests.kube import images
 from tests.kube.adminrest import ApiError
 from tests.kube.client import eventually
-from tests.node.conftest import Cluster, Installed, record
+from tests.node.conftest import Installed, NodeCluster, record
 from tests.node.pods import is_ready, statuses
 from tests.node.rollout import SIDECAR, create_workload
 
@@ -28,7 +28,7 @@ def _sidecar(pod: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod["spec"]["containers"] if c["name"] == SIDECAR)
 
 
-def _cpu_quota(cluster: Cluster, container_id: str) -> int:
+def _cpu_quota(cluster: NodeCluster, container_id: str) -> int:
     """The running container's CFS quota, read from its cgroup through its process."""
     tasks = cluster.node.ctr("tasks", "ls")  # the node's ctr names the k8s.io namespace itself
     pid = next(line.split()[1] for line in tasks.splitlines()[1:] if line.split()[0] == container_id)
@@ -43,7 +43,7 @@ def _cpu_quota(cluster: Cluster, container_id: str) -> int:
 
 
 def test_a_sidecar_cpu_limit_and_memory_request_are_resized_in_place_on_the_real_kubelet(
-    cluster: Cluster, installed: Installed, namespace: str
+    cluster: NodeCluster, installed: Installed, namespace: str
 ) -> None:
     w = create_workload(
         cluster.api,

@@ -50,8 +50,8 @@ from tests.node.conftest import (
     LEASE,
     MANAGER_DEPLOYMENT,
     MANAGER_NS,
-    Cluster,
     Installed,
+    NodeCluster,
     ensure_namespace,
     kubectl,
     manager_pods,
@@ -87,7 +87,7 @@ def other(image: str) -> str:
 
 
 @pytest.fixture
-def fresh_ns(cluster: Cluster) -> Iterator[str]:
+def fresh_ns(cluster: NodeCluster) -> Iterator[str]:
     name = f"ro-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
     eventually(
@@ -101,7 +101,7 @@ def fresh_ns(cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(cluster: Cluster, installed: Installed) -> Iterator[Workload]:
+def fleet(cluster: NodeCluster, installed: Installed) -> Iterator[Workload]:
     """12 pods of one Deployment with the `proxy` sidecar (v1 at first), maxUnavailable 3."""
     name = f"fleet-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
@@ -120,20 +120,20 @@ def fleet(cluster: Cluster, installed: Installed) -> Iterator[Workload]:
     cluster.api.delete(f"/api/v1/namespaces/{name}")
 
 
-def _containerd_tasks(cluster: Cluster) -> dict[str, str]:
+def _containerd_tasks(cluster: NodeCluster) -> dict[str, str]:
     """containerd's task id -> status (RUNNING, STOPPED, ...) in the node's k8s.io namespace."""
     out = cluster.node.ctr("tasks", "ls")
     return {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.strip()}
 
 
-def _containerd_images(cluster: Cluster) -> dict[str, str]:
+def _containerd_images(cluster: NodeCluster) -> dict[str, str]:
     """containerd's container id -> the image it was created from."""
     out = cluster.node.ctr("containers", "ls")
     return {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip()}
 
 
 def test_a_deployment_in_a_labelled_namespace_gets_its_sidecars_and_containerd_runs_them(
-    cluster: Cluster, fleet: Workload
+    cluster: NodeCluster, fleet: Workload
 ) -> None:
     pods = fleet.pods()
     assert len(pods) == FLEET
@@ -206,7 +206,7 @@ def _check_sampling(report: RolloutReport, seconds: float) -> None:
     assert report.max_gap < 1.0, f"a {report.max_gap:.2f}s gap between samples"
 
 
-def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: Cluster, fleet: Workload) -> None:
+def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: NodeCluster, fleet: Workload) -> None:
     before = {p["metadata"]["name"]: p for p in fleet.pods()}
     target = other(fleet.image())
     report, took, _ = _rollout(fleet, target)
@@ -241,7 +241,9 @@ def _first(samples: list[Sample], pod: str, check: Any) -> float | None:
     return None
 
 
-def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(cluster: Cluster, fresh_ns: str) -> None:
+def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(
+    cluster: NodeCluster, fresh_ns: str
+) -> None:
     grace, replicas, budget = 2, 6, 2
     w = create_workload(
         cluster.api,
@@ -291,7 +293,7 @@ BAD_REPLICAS, BAD_BUDGET, BAD_HOLD = 6, 2, 6.0
 
 
 @pytest.fixture(scope="module")
-def broken(cluster: Cluster, installed: Installed) -> Iterator[Broken]:
+def broken(cluster: NodeCluster, installed: Installed) -> Iterator[Broken]:
     name = f"bad-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
     eventually(
@@ -330,7 +332,7 @@ def test_a_bad_image_stops_the_rollout_at_max_unavailable(broken: Broken) -> Non
     record("bad image: SidecarSet patch to maxUnavailable pods in ErrImagePull", broken.stuck_at - broken.patched_at)
 
 
-def test_a_bad_image_rollout_recovers_when_the_image_is_fixed(cluster: Cluster, broken: Broken) -> None:
+def test_a_bad_image_rollout_recovers_when_the_image_is_fixed(cluster: NodeCluster, broken: Broken) -> None:
     w, old_ids, target = broken.w, broken.old_ids, images.sidecar_image("v2")
     last = broken.held[-1]
     healthy = {p.name for p in last.pods if p.ready}
@@ -370,7 +372,7 @@ def _holder_pod(holder: str, pods: list[dict[str, Any]]) -> str | None:
 
 
 def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
-    cluster: Cluster, installed: Installed, fleet: Workload, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fleet: Workload, fresh_ns: str
 ) -> None:
     api = cluster.api
     api.patch(f"/api/v1/namespaces/{fresh_ns}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
@@ -539,7 +541,7 @@ def _log_time(log: str, needle: str) -> float | None:
     return None
 
 
-def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
+def _delete_the_leader(cluster: NodeCluster) -> tuple[float, float]:
     """Delete the leader's pod; (seconds to another holder, SIGTERM to release in its own log)."""
     api = cluster.api
     wait_manager_ready(cluster, what="2 manager replicas before deleting the leader's pod")
@@ -578,7 +580,7 @@ def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
 
 
 def test_the_deleted_leaders_lease_is_released_on_sigterm_and_taken_over_within_a_bound_under_load(
-    cluster: Cluster, installed: Installed, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fresh_ns: str
 ) -> None:
     api = cluster.api
     api.patch(f"/api/v1/namespaces/{fresh_ns}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
@@ -611,16 +613,16 @@ def test_the_deleted_leaders_lease_is_released_on_sigterm_and_taken_over_within_
     record_value("pod creations during the deletions", f"{len(attempts)}, {len(failed)} failed")
 
 
-def _status_field(cluster: Cluster, path: str, field: str) -> Any:
+def _status_field(cluster: NodeCluster, path: str, field: str) -> Any:
     return (cluster.api.get(path).get("status") or {}).get(field)
 
 
-def _policy_condition_is(cluster: Cluster, path: str, want: str) -> bool:
+def _policy_condition_is(cluster: NodeCluster, path: str, want: str) -> bool:
     conds = {c.get("type"): c.get("status") for c in _status_field(cluster, path, "conditions") or []}
     return conds.get("PolicyInjection") == want
 
 
-def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, str]]:
+def load_sidecarsets(cluster: NodeCluster, namespace: str) -> dict[str, tuple[str, str]]:
     """Two SidecarSets for the load's pods: app -> (SidecarSet path, the injection path serving it).
 
     `load-policy` is served by a MutatingAdmissionPolicy inside the API server; `load-webhook` pins
@@ -666,7 +668,7 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
     return out
 
 
-def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[], bool]) -> None:
+def _until_no_policy_serves(cluster: NodeCluster, name: str, by_webhook: Callable[[], bool]) -> None:
     """`load-webhook` entered a policy when it was created (unpinned, after its first revision) and
     left it when pinned. A dry-run injected by the webhook can come before the API server enforces
     the version it entered, which then serves its pods until the version it left is enforced (a
@@ -687,7 +689,7 @@ def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[]
 
 
 def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
-    cluster: Cluster, installed: Installed, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fresh_ns: str
 ) -> None:
     """An init container with restartPolicy Always (a Kubernetes native sidecar) gets its new image
     in place: the kubelet restarts only that init container, the pod keeps its UID and sandbox and
@@ -807,7 +809,7 @@ class LogFollower:
     kubectl ends by itself when the container stops; `tail` stops it in any case.
     """
 
-    def __init__(self, cluster: Cluster, pod: str) -> None:
+    def __init__(self, cluster: NodeCluster, pod: str) -> None:
         fd, name = tempfile.mkstemp(prefix=f"{pod}-", suffix=".log")
         self.path = Path(name)
         with os.fdopen(fd, "wb") as sink:  # mkstemp's descriptor, not a second open of the file

@@ -14,11 +14,11 @@ from typing import Any
 from tests.kube import images
 from tests.kube.adminrest import ApiError
 from tests.kube.client import eventually
-from tests.node.conftest import Cluster, record
+from tests.node.conftest import NodeCluster, record
 from tests.node.pods import app_container, create_and_wait_ready, fetch, is_ready, pod, sidecar_container, statuses
 
 
-def test_patching_the_sidecar_image_restarts_only_the_sidecar(cluster: Cluster, namespace: str) -> None:
+def test_patching_the_sidecar_image_restarts_only_the_sidecar(cluster: NodeCluster, namespace: str) -> None:
     api = cluster.api
     body = pod("web", [app_container(), sidecar_container(images.sidecar_image("v1"))])
     created, took = create_and_wait_ready(api, namespace, body)

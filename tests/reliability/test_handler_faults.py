@@ -27,7 +27,7 @@ from tests.kube.controlplane import REPO
 from tests.kube.managerharness import CRD_PATH, ManagerProcess, conversion_bundle_synced, conversion_crd
 from tests.kube.managerharness import conversion_works as converts
 from tests.kube.measure import WebhookClient, pod_review
-from tests.reliability.harness import SS_PATH, Cluster, child_pids, supervisor_restarts
+from tests.reliability.harness import SS_PATH, ReliabilityCluster, child_pids, supervisor_restarts
 
 SIDECARSETS = {"mesh": "shop"}  # created by the `cluster` fixture before the manager starts
 BETA_PATH = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.PLURAL}"
@@ -88,7 +88,7 @@ sys.meta_path.insert(0, _Planter())
 
 
 @pytest.fixture(scope="module")
-def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
+def manager(cluster: ReliabilityCluster) -> Iterator[ManagerProcess]:
     """The manager with the faults planted, its webhooks registered and the CRD converted by it."""
     faults = cluster.workdir / "faults"
     faults.mkdir(exist_ok=True)
@@ -106,7 +106,7 @@ def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
 
 
 def test_a_fault_in_inject_fails_that_pod_with_500_and_the_next_pod_is_injected(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     workers = child_pids(manager)
     ns = cluster.labelled_namespace("faults")
@@ -124,7 +124,7 @@ def test_a_fault_in_inject_fails_that_pod_with_500_and_the_next_pod_is_injected(
 
 
 def test_on_the_wire_the_admission_answer_is_a_denial_with_code_500_for_that_uid(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     client = WebhookClient(manager.webhook_url, cluster.ca_file)
     try:
@@ -141,7 +141,7 @@ def test_on_the_wire_the_admission_answer_is_a_denial_with_code_500_for_that_uid
 
 
 def test_a_fault_in_conversion_fails_that_read_and_the_others_convert(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     cluster.sidecarset("fault-conv", "nothing")
     with pytest.raises(api.ApiError) as refused:
@@ -154,7 +154,7 @@ def test_a_fault_in_conversion_fails_that_read_and_the_others_convert(
 
 
 def test_on_the_wire_the_conversion_answer_is_a_failure_with_code_500(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     uid = secrets.token_hex(8)
     request = {"uid": uid, "desiredAPIVersion": names.API_VERSION_V1BETA1, "objects": [builders.sidecarset("fault-3")]}
