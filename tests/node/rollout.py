@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tests.kube import images
+from tests.kube import builders, images
 from tests.kube.adminrest import AdminRest, ApiError
 from tests.kube.client import eventually
 from tests.node.pods import app_container, http_probe, is_ready, statuses
@@ -48,17 +48,8 @@ def sidecarset(
     }
     if resources is not None:
         sidecar["resources"] = resources
-    return {
-        "apiVersion": "sidecarctl.io/v1alpha1",
-        "kind": "SidecarSet",
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": app}},
-            "namespace": namespace,
-            "containers": [sidecar],
-            "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": max_unavailable},
-        },
-    }
+    strategy = {"type": "RollingUpdate", "maxUnavailable": max_unavailable}
+    return builders.sidecarset(name, app=app, containers=[sidecar], namespace=namespace, updateStrategy=strategy)
 
 
 def deployment(name: str, replicas: int, *, app: str, grace: int = 5) -> dict[str, Any]:

@@ -332,9 +332,7 @@ class ReliabilityCluster(PrivateCluster):
 
     def sidecarset(self, name: str, app: str, image: str = "proxy:1", **spec: Any) -> JsonObj:
         """A SidecarSet with one `proxy` sidecar for `app` pods, created once the validating webhook allows it."""
-        obj = builders.sidecarset(
-            name, containers=[builders.container("proxy", image)], selector={"matchLabels": {"app": app}}, **spec
-        )
+        obj = builders.sidecarset(name, containers=[builders.container("proxy", image)], app=app, **spec)
 
         def create() -> JsonObj | None:
             try:
