@@ -46,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from injector.engine import engine
 from injector.http import admission
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
 from injector.http.body import BodyLimits
+from injector.http.decisions import WebhookSettings
 from sidecarctl.manager.supervisor import MALLOC_ENV
 from sidecarsets.pins import pinned_sidecarsets
 from sidecarsets.spec import names

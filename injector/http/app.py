@@ -33,8 +33,6 @@ log = logging.getLogger("injector.app")
 _UNEXPECTED = b"the webhook failed before it could read this request; see the manager's log\n"
 _POST_ONLY = b"method not allowed: POST an AdmissionReview (a ConversionReview at /convert)\n"
 
-__all__ = ["WebhookSettings", "create_webhook_app"]
-
 
 async def send(send: Send, status: int, body: bytes, content_type: bytes, *, close: bool = False) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
+from injector.http.decisions import WebhookSettings
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels
 from tests.kube import builders
