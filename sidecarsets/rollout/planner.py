@@ -48,6 +48,32 @@ class PodUpgrade:
     without_image_hash: str = ""
     sidecars: tuple[str, ...] = ()  # the SidecarSet's sidecar list, which that hash entry records
 
+    @classmethod
+    def of(
+        cls,
+        pod: PodProjection,
+        ss: SidecarSet,
+        patch: list[JsonObj],
+        *,
+        metadata: tuple[MetadataPatch, ...] = (),
+        resize: tuple[JsonObj, ...] = (),
+        without_image_hash: str = "",
+        sidecars: tuple[str, ...] = (),
+    ) -> PodUpgrade:
+        """The upgrade of `pod` (its identity and resourceVersion as planned) for `ss`."""
+        return cls(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            resource_version=pod.resource_version,
+            patch=patch,
+            metadata=metadata,
+            sidecarset=ss.name,
+            resize=resize,
+            without_image_hash=without_image_hash,
+            sidecars=sidecars,
+        )
+
 
 class Stage(Enum):
     """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`.
@@ -305,14 +331,11 @@ def _upgrade(
         hot_changed=hot_changed,
     )
     steps = resizing.steps if resizing is not None else ()
-    return PodUpgrade(
-        namespace=pod.namespace,
-        name=pod.name,
-        uid=pod.uid,
-        resource_version=pod.resource_version,
-        patch=patch,
+    return PodUpgrade.of(
+        pod,
+        ss,
+        patch,
         metadata=ss.patch_pod_metadata,
-        sidecarset=ss.name,
         resize=tuple(resize_patch(pod, steps)) if steps else (),
         without_image_hash="" if resizing is None else ss.hash_without_image,
         sidecars=() if resizing is None else tuple(ss.sidecar_list),
@@ -342,16 +365,7 @@ def _flips(
             continue
         state = inplace_annotation(pod, ss_name=ss.name, changed=changed, revision="", now=now, merge=True)
         ops.append({"op": "add", "path": pointer("metadata", "annotations", ANN_INPLACE_STATE), "value": state})
-        out.append(
-            PodUpgrade(
-                namespace=pod.namespace,
-                name=pod.name,
-                uid=pod.uid,
-                resource_version=pod.resource_version,
-                patch=ops,
-                sidecarset=ss.name,
-            )
-        )
+        out.append(PodUpgrade.of(pod, ss, ops))
     return tuple(out)
 
 
