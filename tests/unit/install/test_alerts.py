@@ -27,7 +27,6 @@ import pytest
 import yaml
 
 from tests.kube import helm, prometheus
-from tests.kube.ci import IN_CI
 from tests.kube.helm import CHART, CONFIG
 from tests.unit.install.test_manifests import MANAGER_NS, key
 from tests.unit.install.test_monitoring import registered_families, series_names, unknown_metrics
@@ -151,10 +150,7 @@ def test_the_component_adds_the_prometheusrule_only() -> None:
 
 @pytest.fixture(scope="module")
 def chart_helm() -> None:
-    if reason := helm.missing_reason("helm"):
-        if IN_CI:
-            pytest.fail(f"the chart's PrometheusRule cannot be checked under CI=true: {reason}", pytrace=False)
-        pytest.skip(reason)
+    helm.require("helm", checking="the chart's PrometheusRule")
 
 
 def test_the_chart_rule_is_config_alerts_file() -> None:

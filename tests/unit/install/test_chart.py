@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from tests.kube import helm
-from tests.kube.ci import IN_CI
 from tests.kube.helm import CHART, CONFIG, Obj
 from tests.unit.install.test_manifests import parse_run
 
@@ -31,10 +30,7 @@ ABSENT = "<absent>"
 
 @pytest.fixture(scope="module", autouse=True)
 def binaries() -> None:
-    if reason := helm.missing_reason("helm", "kubectl"):
-        if IN_CI:
-            pytest.fail(f"the chart tests cannot run under CI=true: {reason}", pytrace=False)
-        pytest.skip(reason)
+    helm.require("helm", "kubectl", checking="the chart")
 
 
 def keyed(objs: list[Obj]) -> dict[Key, Obj]:

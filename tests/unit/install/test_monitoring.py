@@ -43,7 +43,6 @@ from kuberuntime import metrics as runtime_metrics
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
 from sidecarsets.controller import metrics as sidecarset_metrics
 from tests.kube import helm
-from tests.kube.ci import IN_CI
 from tests.kube.helm import CHART, CONFIG
 from tests.unit.install.test_manifests import MANAGER_NS, key, load_docs, manager_args, render
 
@@ -350,10 +349,7 @@ def test_the_kustomization_is_a_component_with_the_servicemonitor_and_the_dashbo
 
 @pytest.fixture(scope="module")
 def chart_helm() -> None:
-    if reason := helm.missing_reason("helm"):
-        if IN_CI:
-            pytest.fail(f"the chart's monitoring templates cannot be checked under CI=true: {reason}", pytrace=False)
-        pytest.skip(reason)
+    helm.require("helm", checking="the chart's monitoring templates")
 
 
 def keyed(objs: list[Obj]) -> dict[Key, Obj]:
