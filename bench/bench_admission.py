@@ -46,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from injector.engine import engine
 from injector.http import admission
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
 from injector.http.body import BodyLimits
+from injector.http.decisions import WebhookSettings
 from sidecarctl.manager.supervisor import MALLOC_ENV
 from sidecarsets.pins import pinned_sidecarsets
 from sidecarsets.spec import names
@@ -229,7 +230,7 @@ def serve(kind: str, bind: str, cert_dir: str, workers: int = 1, channel: int | 
     from injector.http.budget import ByteBudget
     from injector.http.server import Limits, Listener  # the manager's own listener, so the comparison is exact
     from sidecarctl.manager.handoff import WorkerChannel
-    from sidecarctl.manager.probes import listen
+    from sidecarctl.manager.listeners import listen
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -257,7 +258,7 @@ def serve(kind: str, bind: str, cert_dir: str, workers: int = 1, channel: int | 
 async def _dispatch(kind: str, bind: str, cert_dir: str, workers: int, stop: asyncio.Event) -> None:
     """The supervisor's part: the port, and `workers` processes it hands connections to."""
     from sidecarctl.manager.handoff import Dispatcher
-    from sidecarctl.manager.probes import bind_only
+    from sidecarctl.manager.listeners import bind_only
 
     dispatcher = Dispatcher(bind_only(bind))
     procs = []

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tests.kruise.compare as compare
 from bench import common
 from bench.bench_admission import NAMESPACE, NS_LABELS, asgi_caller, check_response, handler_pieces
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
+from injector.http.decisions import WebhookSettings
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.store import TemplateStore
 from tests.kruise.oracle import Oracle

@@ -68,7 +68,7 @@ def sidecarset(name: str, app: str, **meta: Any) -> JsonObj:
     """Two sidecars: a proxy with transferEnv, a log agent sharing the app's volumes; one volume."""
     return builders.sidecarset(
         name,
-        selector={"matchLabels": {"app": app}},
+        app=app,
         metadata=meta,
         containers=[
             builders.container(

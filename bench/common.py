@@ -263,7 +263,7 @@ def mesh_sidecarset(
     """An Istio-like proxy: an init container that sets up iptables, the proxy, its volumes."""
     return builders.sidecarset(
         name,
-        selector={"matchLabels": {"app": app}},
+        app=app,
         init_containers=[
             {
                 "name": "mesh-init",
@@ -311,7 +311,7 @@ def logging_sidecarset(*, name: str = "logging", app: str = "shop") -> JsonObj:
     """A log agent that sees every app volume (shareVolumePolicy) and copies the app's settings."""
     return builders.sidecarset(
         name,
-        selector={"matchLabels": {"app": app}},
+        app=app,
         containers=[
             {
                 "name": "log-agent",
@@ -343,7 +343,7 @@ def platform_sidecarset(*, name: str = "platform", app: str = "shop") -> JsonObj
     """A secrets agent with its own volumes that also stamps annotations on the pod."""
     return builders.sidecarset(
         name,
-        selector={"matchLabels": {"app": app}},
+        app=app,
         containers=[
             {
                 "name": "secrets-agent",

@@ -1,7 +1,7 @@
-"""Prometheus collectors for certificate reloads and caBundle writes.
+"""Prometheus collectors for serving-certificate reloads and expiry.
 
-Module-level so that every reloader and syncer in the process adds to the same series the manager's
-`/metrics` exposes. Expiry gauges let an alert fire well before a certificate lapses, which is how
+Module-level so that every reloader in the process adds to the same series the manager's `/metrics`
+exposes. Expiry gauges let an alert fire well before a certificate lapses, which is how
 cert-manager's one-year CA outage would have been caught.
 """
 
@@ -23,16 +23,6 @@ CERT_RELOAD_FAILING = Gauge(
     "1 while the cert directory holds contents the manager refuses (the previous certificate keeps serving); "
     "0 once a pair is served from it again.",
     multiprocess_mode="livemax",
-)
-CABUNDLE_WRITES = Counter(
-    "sidecarctl_cabundle_writes_total",
-    "Successful caBundle patches to a webhook configuration.",
-    ["configuration"],
-)
-CABUNDLE_CONFLICTS = Counter(
-    "sidecarctl_cabundle_conflicts_total",
-    "caBundle patches refused because the configuration changed underneath (resourceVersion test).",
-    ["configuration"],
 )
 SERVING_CERT_EXPIRY = Gauge(
     "sidecarctl_serving_cert_expiry_timestamp_seconds",

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from kuberuntime.jsontypes import mapping
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_RECHECK = 10.0  # seconds between looks at a token file
 
@@ -155,8 +157,7 @@ def in_cluster(sa_dir: Path = SA_DIR) -> ClusterConfig | None:
 def _named(doc: Mapping[str, Any], kind: str, name: str) -> Mapping[str, Any]:
     for entry in doc.get(f"{kind}s") or []:
         if isinstance(entry, Mapping) and entry.get("name") == name:
-            found = entry.get(kind)
-            return found if isinstance(found, Mapping) else {}
+            return mapping(entry, kind)
     raise ConfigError(f"no {kind} named {name!r}")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class LeaseRecord:
 
     @classmethod
     def from_spec(cls, spec: Any) -> LeaseRecord:
-        spec = spec if isinstance(spec, dict) else {}
+        spec = mapping(spec)
         return cls(
             holder=str(spec.get("holderIdentity") or ""),
             duration=int(spec.get("leaseDurationSeconds") or 0),

@@ -1,7 +1,8 @@
 """Test helpers for the cert code: CAs and leaves with chosen dates, a local TLS echo server, a
-handshake load generator, and an in-memory API fake that enforces resourceVersion like the API server.
+handshake load generator, and webhook configurations to publish a caBundle into (the API server
+they live in is tests.kube.fakeapi's).
 
-Certificates here are built independently of `certwatcher.issuing` so that tests of that module do not
+Certificates here are built independently of `selfsigned.issuing` so that tests of that module do not
 grade their own homework, and so that tests can place validity windows anywhere (expired, future).
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import copy
 import ipaddress
 import ssl
 import time
@@ -20,14 +20,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certwatcher.atomicdir import write_atomic
-from kuberuntime import api as kube
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
@@ -282,89 +280,6 @@ class Hammer:
 
 
 # --- API fake ----------------------------------------------------------------------------------------
-
-
-class FakeApi:
-    """An in-memory API with the runtime's contract (kuberuntime.api): a missing object raises
-    NotFound, create on an existing name Conflict (AlreadyExists), a stale resourceVersion on update
-    Conflict, a failed JSON Patch `test` Invalid. Every write bumps a global resourceVersion and
-    notifies listeners, like a watch would."""
-
-    def __init__(self, *, latency: float = 0.0) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.latency = latency
-        self.calls: list[tuple[str, str]] = []
-        self.listeners: list[Callable[[str], None]] = []
-        self._rv = 100
-
-    def _bump(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        self._rv += 1
-        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
-        self.objects[path] = obj
-        for listener in list(self.listeners):
-            listener(path)
-        return copy.deepcopy(obj)
-
-    def seed(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._bump(path, copy.deepcopy(obj))
-
-    def foreign_write(self, path: str, mutate: Callable[[dict[str, Any]], None]) -> None:
-        obj = copy.deepcopy(self.objects[path])
-        mutate(obj)
-        self._bump(path, obj)
-
-    def writes(self, path: str | None = None) -> int:
-        return sum(1 for verb, p in self.calls if verb != "get" and (path is None or p == path))
-
-    async def _pause(self) -> None:
-        await asyncio.sleep(self.latency)
-
-    def _stored(self, path: str) -> dict[str, Any]:
-        obj = self.objects.get(path)
-        if obj is None:
-            raise kube.NotFound(404, "NotFound", f"{path} not found")
-        return obj
-
-    async def get(self, path: str, *, params: kube.Params | None = None) -> dict[str, Any]:
-        await self._pause()
-        self.calls.append(("get", path))
-        return copy.deepcopy(self._stored(path))
-
-    async def create(self, path: str, body: dict[str, Any], *, params: kube.Params | None = None) -> dict[str, Any]:
-        await self._pause()
-        name = body["metadata"]["name"]
-        target = f"{path}/{name}"
-        self.calls.append(("create", target))
-        if target in self.objects:
-            raise kube.Conflict(409, "AlreadyExists", f"{target} already exists")
-        obj = copy.deepcopy(body)
-        obj["metadata"].pop("resourceVersion", None)
-        return self._bump(target, obj)
-
-    async def update(self, path: str, body: dict[str, Any], *, params: kube.Params | None = None) -> dict[str, Any]:
-        await self._pause()
-        self.calls.append(("update", path))
-        stored = self._stored(path)
-        if body.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
-            raise kube.Conflict(409, "Conflict", "the object has been modified")
-        return self._bump(path, copy.deepcopy(body))
-
-    async def patch(
-        self, path: str, body: Any, *, patch_type: kube.PatchType = "merge", params: kube.Params | None = None
-    ) -> dict[str, Any]:
-        assert patch_type == "json", "the cert code only sends JSON patches"
-        await self._pause()
-        self.calls.append(("patch", path))
-        stored = self._stored(path)
-        try:
-            patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(stored), body)
-        except jsonpatch.JsonPatchTestFailed as e:
-            raise kube.Invalid(422, "Invalid", str(e)) from None
-        return self._bump(path, patched)
-
-    async def delete(self, path: str, *, params: kube.Params | None = None) -> Any:
-        self.calls.append(("delete", path))
-        return self.objects.pop(path, None) or {}
 
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"

@@ -2,7 +2,10 @@
 
 Everything under tests/e2e/ is marked `e2e`, everything under tests/node/ `node`, everything under
 tests/reliability/ `reliability`. Under CI=true a test of any of these tiers that skips is reported
-as a failure: those tiers must really run there.
+as a failure: those tiers must really run there. Those tiers, and the Kruise differential tier
+(whose summary lines its own process prints), are `serial` too: with the tests marked so by hand
+(they bound elapsed time) they run one at a time, and under more than one xdist worker they fail
+instead of running beside other tests.
 """
 
 from __future__ import annotations
@@ -17,20 +20,30 @@ from pathlib import Path
 import pytest
 
 from tests.kube import node
+from tests.kube.ci import IN_CI
 from tests.kube.loop import BackgroundLoop
 
 REPO = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "/tests/e2e/" in str(item.path):
+        path = str(item.path)
+        if "/tests/e2e/" in path:
             item.add_marker(pytest.mark.e2e)
-        if "/tests/node/" in str(item.path):
+        if "/tests/node/" in path:
             item.add_marker(pytest.mark.node)
-        if "/tests/reliability/" in str(item.path):
+        if "/tests/reliability/" in path:
             item.add_marker(pytest.mark.reliability)
+        if any(f"/tests/{tier}/" in path for tier in ("e2e", "node", "reliability", "kruise")):
+            item.add_marker(pytest.mark.serial)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A `serial` test among several xdist workers would measure their load, not its own: refuse it."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and item.get_closest_marker("serial") is not None:
+        pytest.fail(f"marked serial, so it runs alone: run it without -n (or with -n 1), not among {workers} workers")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 from tests.kube import images, managerimage, node
-from tests.kube.adminrest import AdminRest, wait_for
+from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.client import eventually
 from tests.kube.controlplane import REPO, ControlPlane, ControlPlaneError
 
 INSTALL = REPO / "tests" / "node" / "install"
@@ -144,7 +145,12 @@ class Demo:
         for sample in setup_files:
             self.kubectl("apply", "-f", str(sample))
         dry_run = f"/api/v1/namespaces/{DEMO_NS}/pods?dryRun=All"
-        wait_for(lambda: injected(self.api.create(dry_run, probe_pod())), timeout=30, what="the SidecarSets in force")
+        eventually(
+            lambda: injected(self.api.create(dry_run, probe_pod())),
+            timeout=30,
+            what="the SidecarSets in force",
+            retrying=(ApiError,),
+        )
         for sample in workload_files:
             self.kubectl("apply", "-f", str(sample))
         self.kubectl("get", "namespace", DEMO_NS, "-L", "sidecar-injection")
@@ -154,7 +160,7 @@ class Demo:
             pods = self.pods()
             return pods if len(pods) == REPLICAS and all(is_ready(p) for p in pods) else None
 
-        pods = wait_for(running, timeout=180, interval=0.2, what=f"{REPLICAS} demo pods Ready")
+        pods = eventually(running, timeout=180, interval=0.2, what=f"{REPLICAS} demo pods Ready", retrying=(ApiError,))
         say("The pods came out of admission with their sidecars")
         self.kubectl(
             "get",

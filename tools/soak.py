@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from sidecarsets.spec import names  # noqa: E402
 from tests.kube import builders, soak  # noqa: E402
-from tests.kube.adminrest import AdminRest, ApiError, wait_for  # noqa: E402
+from tests.kube.adminrest import AdminRest, ApiError  # noqa: E402
+from tests.kube.client import eventually  # noqa: E402
 from tests.kube.controlplane import ControlPlane, ControlPlaneError, binaries_dir  # noqa: E402
 from tests.kube.managerharness import start_process, wait_ready, write_cert_dir  # noqa: E402
 from tests.kube.measure import MIB, WebhookClient, injected_names, pod_review  # noqa: E402
@@ -55,7 +56,7 @@ def _prepare(rest: AdminRest) -> None:
         except ApiError:
             return False
 
-    wait_for(served, timeout=30, what="SidecarSets served")
+    eventually(served, timeout=30, what="SidecarSets served", retrying=(ApiError,))
     _namespace(rest, names.DEFAULT_MANAGER_NAMESPACE, {})
     _namespace(rest, "soak-shop", {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED})
     _namespace(rest, "soak-plain", {})
@@ -91,10 +92,11 @@ def main(argv: list[str]) -> int:
         )
         wait_ready(manager, timeout=60)
         client = WebhookClient(manager.webhook_url, cert_dir / "ca.crt")
-        wait_for(
+        eventually(
             lambda: "proxy" in injected_names(client.post(names.INJECT_PATH, pod_review("soak-shop", "warm"))[1]),
             timeout=30,
             what="the manager injects",
+            retrying=(ApiError,),
         )
         client.close()
         print(

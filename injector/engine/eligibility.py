@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import mapping, resolve
 from sidecarsets.spec import names
 
 SKIP_OPERATION = "only pod creation is injected (containers cannot be added to an existing pod)"
@@ -16,12 +17,6 @@ SKIP_SYSTEM_NAMESPACE = "system namespace"
 SKIP_NAMESPACE_NOT_LABELLED = f"namespace not labelled {names.NS_INJECTION_LABEL}={names.NS_INJECTION_ENABLED}"
 SKIP_OPTED_OUT = "pod opted out"
 SKIP_INACTIVE = "pod is terminal or being deleted"
-
-
-def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = obj.get(key)
-    # Parsed JSON gives plain dicts; the ABC check (much slower) is for other callers' mappings.
-    return value if type(value) is dict or isinstance(value, Mapping) else {}
 
 
 def skip_reason(
@@ -42,9 +37,9 @@ def skip_reason(
         names.NS_INJECTION_ENABLED
     ):
         return SKIP_NAMESPACE_NOT_LABELLED
-    metadata = _section(pod, "metadata")
-    if _section(metadata, "labels").get(names.POD_INJECT_LABEL) == "false":
+    metadata = mapping(pod, "metadata")
+    if resolve(metadata, "labels", names.POD_INJECT_LABEL) == "false":
         return SKIP_OPTED_OUT
-    if metadata.get("deletionTimestamp") or _section(pod, "status").get("phase") in ("Succeeded", "Failed"):
+    if metadata.get("deletionTimestamp") or resolve(pod, "status", "phase") in ("Succeeded", "Failed"):
         return SKIP_INACTIVE
     return None

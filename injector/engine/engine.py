@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 from injector.engine import (
     build,
@@ -41,7 +41,7 @@ from injector.engine import (
     selection,
     volumes,
 )
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, is_object
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
@@ -81,7 +81,7 @@ def inject(
     unknown. `now` is the RFC 3339 time recorded in the hash annotations.
     """
     namespace = namespace or "default"
-    if not _is_object(pod):
+    if not is_object(pod):
         return InjectionResult(patch=[], denied="the pod must be a JSON object")
     reason = eligibility.skip_reason(
         pod,
@@ -171,7 +171,7 @@ def _annotations(
 
 def _metadata_ops(pod: Mapping[str, Any], labels: dict[str, str], annotations: dict[str, str]) -> list[JsonObj]:
     meta = pod.get("metadata")
-    if not _is_object(meta):
+    if not is_object(meta):
         return [{"op": "add", "path": "/metadata", "value": {"labels": labels, "annotations": annotations}}]
     return patchops.map_ops("/metadata/labels", meta.get("labels"), labels) + patchops.map_ops(
         "/metadata/annotations", meta.get("annotations"), annotations
@@ -202,7 +202,7 @@ def _left_by_replaced_bases(
         str(c["name"])
         for key in ("initContainers", "containers")
         for c in spec.get(key) or []
-        if _is_object(c) and c.get("name") in theirs and c.get("name") not in kept and envs.is_injected(c)
+        if is_object(c) and c.get("name") in theirs and c.get("name") not in kept and envs.is_injected(c)
     )
 
 
@@ -216,7 +216,7 @@ def _spec_ops(
     for key in ("initContainers", "containers"):
         original = spec.get(key) or []
         if drop:
-            gone = [i for i, c in enumerate(original) if _is_object(c) and c.get("name") in drop]
+            gone = [i for i, c in enumerate(original) if is_object(c) and c.get("name") in drop]
             # Removed from the end first, so each index is still the original one; placed after
             # that on the list without them.
             ops += [{"op": "remove", "path": f"/spec/{key}/{i}"} for i in reversed(gone)]
@@ -240,8 +240,3 @@ def _spec_ops(
         volumes.new_by_name(spec.get("imagePullSecrets") or [], built.pull_secrets),
     )
     return ops
-
-
-def _is_object(value: object) -> TypeGuard[Mapping[str, Any]]:
-    # Parsed JSON gives plain dicts; the ABC check (much slower) is for other callers' mappings.
-    return type(value) is dict or isinstance(value, Mapping)

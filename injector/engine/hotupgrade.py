@@ -29,7 +29,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names, podmeta
 from sidecarsets.spec.hotsidecars import HotSidecar, hot_sidecars
 from sidecarsets.spec.model import SidecarSet
-from sidecarsets.spec.sidecar import SidecarContainer
+from sidecarsets.spec.sidecar import hot_pair
 
 # The version the pair's containers start at: `-1` is the first one injected, `-2` the empty one.
 FIRST_VERSION = "1"
@@ -41,14 +41,6 @@ def pairs_of(ss: SidecarSet) -> dict[tuple[bool, str], HotSidecar]:
     if not any(sc.hot for sc in (*ss.containers, *ss.init_containers)):
         return {}
     return {(h.init, h.name): h for h in hot_sidecars(ss)}
-
-
-def pod_names(sc: SidecarContainer, *, init: bool) -> tuple[str, ...]:
-    """The container names a sidecar takes in the pod: its pair when it is split, else its name
-    (the rule `hot_sidecars` applies: hot, and a container or a native-sidecar init container)."""
-    if sc.hot and (sc.native or not init):
-        return (f"{sc.name}-1", f"{sc.name}-2")
-    return (sc.name,)
 
 
 def split(container: JsonObj, pair: HotSidecar) -> tuple[JsonObj, JsonObj]:
@@ -85,7 +77,7 @@ def pod_annotations(current_working: str | None, sidecars: Iterable[str], warnin
     out: dict[str, str] = {}
     working: dict[str, str] = {}
     for name in sidecars:
-        first, second = f"{name}-1", f"{name}-2"
+        first, second = hot_pair(name)
         out[names.ANN_VERSION_PREFIX + first] = FIRST_VERSION
         out[names.ANN_VERSION_ALT_PREFIX + first] = EMPTY_VERSION
         out[names.ANN_VERSION_PREFIX + second] = EMPTY_VERSION

@@ -9,24 +9,21 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from itertools import repeat
-from typing import Any, TypeGuard
+from typing import Any
 
-
-def _is_object(value: object) -> TypeGuard[Mapping[str, Any]]:
-    # Parsed JSON gives plain dicts; the ABC check (much slower) is for other callers' mappings.
-    return type(value) is dict or isinstance(value, Mapping)
+from kuberuntime.jsontypes import is_object
 
 
 def pod_problem(pod: Mapping[str, Any]) -> str | None:
     """Why a pod is too malformed to inject into (the message names the field), or None."""
     meta = pod.get("metadata")
-    if meta is not None and not _is_object(meta):
+    if meta is not None and not is_object(meta):
         return "metadata must be an object"
     for key in ("labels", "annotations"):
         section = (meta or {}).get(key)
         if section is None:
             continue
-        if not _is_object(section):
+        if not is_object(section):
             return f"metadata.{key} must be an object"
         if all(map(isinstance, section.values(), repeat(str))):
             continue
@@ -34,7 +31,7 @@ def pod_problem(pod: Mapping[str, Any]) -> str | None:
             if not isinstance(v, str):
                 return f"metadata.{key}[{k}] must be a string"
     spec = pod.get("spec")
-    if not _is_object(spec):
+    if not is_object(spec):
         return "spec must be an object"
     if not isinstance(spec.get("containers"), list) or not spec["containers"]:
         return "spec.containers must be a non-empty list"

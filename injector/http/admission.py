@@ -7,16 +7,19 @@ body is bytes in, a `Review` or a `ReviewError` (an HTTP status and a message) o
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_BODY = 6 * 1024 * 1024  # the API server's own request limit is 3 MiB; leave room, refuse abuse
 MAX_WARNING = 256  # longer warnings are truncated by the API server anyway
+# The metav1.StatusReason a denial carries for its code.
+_REASONS = {403: "Forbidden", 413: "RequestEntityTooLarge", 500: "InternalError", 503: "ServiceUnavailable"}
 
 
 class ReviewError(Exception):
@@ -35,8 +38,8 @@ class Review:
     operation: str
     namespace: str
     name: str
-    kind: JsonObj
-    resource: JsonObj
+    kind: Mapping[str, Any]
+    resource: Mapping[str, Any]
     sub_resource: str
     dry_run: bool
     object: JsonObj | None
@@ -78,16 +81,14 @@ def parse(body: bytes) -> Review:
     for field, value in (("object", obj), ("oldObject", old)):
         if value is not None and not isinstance(value, dict):
             raise ReviewError(400, f"request.{field} must be a JSON object")
-    kind = request.get("kind")
-    resource = request.get("resource")
     return Review(
         api_version=str(api_version),
         uid=uid,
         operation=operation,
         namespace=str(request.get("namespace") or ""),
         name=str(request.get("name") or ""),
-        kind=kind if isinstance(kind, dict) else {},
-        resource=resource if isinstance(resource, dict) else {},
+        kind=mapping(request, "kind"),
+        resource=mapping(request, "resource"),
         sub_resource=str(request.get("subResource") or ""),
         dry_run=bool(request.get("dryRun")),
         object=obj,
@@ -105,6 +106,20 @@ def _truncate(text: str) -> str:
     return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
 
 
+def fault_message(e: Exception) -> str:
+    """What the user reads (in `kubectl`'s error) when the webhook itself failed on a request."""
+    return (
+        f"sidecarctl: the webhook failed on this request ({_truncate(f'{type(e).__name__}: {e}')}); "
+        "the fault is the webhook's, not the request's: see the manager's log"
+    )
+
+
+def errored(review: Review, e: Exception) -> bytes:
+    """A denial with code 500 for a fault of the webhook's own (controller-runtime's `Errored`): the
+    API server answers its client with that code and the message, and the request is not admitted."""
+    return response(review, denied=fault_message(e), code=500)
+
+
 def response(
     review: Review,
     *,
@@ -115,7 +130,7 @@ def response(
 ) -> bytes:
     resp: dict[str, Any] = {"uid": review.uid, "allowed": denied is None}
     if denied is not None:
-        reason = {403: "Forbidden", 413: "RequestEntityTooLarge", 503: "ServiceUnavailable"}.get(code, "Invalid")
+        reason = _REASONS.get(code, "Invalid")
         resp["status"] = {"code": code, "message": denied, "reason": reason}
     elif patch:
         resp["patchType"] = "JSONPatch"

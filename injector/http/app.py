@@ -3,8 +3,13 @@
 Plain ASGI rather than starlette's Request/Response: on the hot path of every pod creation those
 objects cost more than a replayed answer itself. What each webhook decides lives in
 `injector.http.decisions`; replaying repeated requests and counting answers are wrappers around the
-endpoint (`injector.http.wrappers`). Whatever goes wrong, the answer is an AdmissionReview or a 4xx
-with a message; never a 500 and never a traceback on the wire.
+endpoint (`injector.http.wrappers`), and what they pass along is an `injector.http.answer.Answer`.
+
+Bad input is answered as such: a denial naming the field, or a 4xx with a message. A fault of the
+webhook's own (an exception nobody expected) is not the caller's: once the request is known it is a
+well-formed denial with code 500 and a message the user sees in `kubectl` (controller-runtime's
+`Errored`), a ConversionReview Failure at /convert; only a fault before the request could be read
+is a plain 500. Never a traceback on the wire, and one log line per request.
 """
 
 from __future__ import annotations
@@ -17,18 +22,16 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from injector.http import admission, conversionreview, decisions, wrappers
+from injector.http.answer import JSON_TYPE, TEXT_TYPE, Answer, Endpoint, RawHandler
 from injector.http.body import Body, BodyLimits, Refused
 from injector.http.decisions import Decision, WebhookSettings
-from injector.http.wrappers import JSON_TYPE, TEXT_TYPE, Answer, Endpoint, RawHandler
 from sidecarsets import validation
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore
 
 log = logging.getLogger("injector.app")
-_UNEXPECTED = b"the webhook could not process this request; see the manager's log\n"
+_UNEXPECTED = b"the webhook failed before it could read this request; see the manager's log\n"
 _POST_ONLY = b"method not allowed: POST an AdmissionReview (a ConversionReview at /convert)\n"
-
-__all__ = ["WebhookSettings", "create_webhook_app"]
 
 
 async def send(send: Send, status: int, body: bytes, content_type: bytes, *, close: bool = False) -> None:
@@ -39,18 +42,33 @@ async def send(send: Send, status: int, body: bytes, content_type: bytes, *, clo
     await send({"type": "http.response.body", "body": body})
 
 
-def parsing(decide: Callable[[admission.Review], Awaitable[Decision]]) -> RawHandler:
-    """A body handler: parse the AdmissionReview, then decide."""
+def parsing(webhook: str, decide: Callable[[admission.Review], Awaitable[Decision]]) -> RawHandler:
+    """A body handler: parse the AdmissionReview, then decide; a fault in deciding is a denial with
+    code 500 (`admission.errored`), the request being well formed."""
 
     async def handle(raw: bytes) -> Answer:
-        decision = await decide(admission.parse(raw))
+        review = admission.parse(raw)
+        try:
+            decision = await decide(review)
+        except admission.ReviewError:
+            raise  # bad input found while deciding: the endpoint answers it as such
+        except Exception as e:
+            _log_fault(webhook, e)
+            return Answer("error", 200, admission.errored(review, e), JSON_TYPE)
         return Answer(decision.result, 200, decision.body, JSON_TYPE, decision.replayable)
 
     return handle
 
 
+def _log_fault(webhook: str, e: Exception) -> None:
+    # One line per request: a flood of requests that meet the fault must not flood the log with tracebacks.
+    log.error("%s: unexpected error: %s: %s", webhook, type(e).__name__, e, extra={"webhook": webhook})
+    log.debug("%s: unexpected error", webhook, exc_info=True)
+
+
 def endpoint(webhook: str, handle: RawHandler, limits: BodyLimits) -> Endpoint:
-    """Read the body and answer it; bad input is a 4xx with a message, never a 5xx or a traceback."""
+    """Read the body and answer it: bad input is a 4xx with a message; a fault the handler did not
+    answer itself (one before the request could be read) is a 500 with a message; never a traceback."""
 
     async def answer(scope: Scope, receive: Receive) -> Answer:
         body = Body(limits)
@@ -61,10 +79,8 @@ def endpoint(webhook: str, handle: RawHandler, limits: BodyLimits) -> Endpoint:
         except admission.ReviewError as e:
             return Answer("bad_request", e.status, (e.message + "\n").encode(), TEXT_TYPE)
         except Exception as e:
-            # One line per request: a flood of bad requests must not flood the log with tracebacks.
-            log.error("%s: unexpected error: %s: %s", webhook, type(e).__name__, e, extra={"webhook": webhook})
-            log.debug("%s: unexpected error", webhook, exc_info=True)
-            return Answer("error", 400, _UNEXPECTED, TEXT_TYPE)
+            _log_fault(webhook, e)
+            return Answer("error", 500, _UNEXPECTED, TEXT_TYPE)
         finally:
             body.release()
 
@@ -80,7 +96,7 @@ CONVERT_VALUES_PER_POD_VALUE = 10
 
 async def convert(raw: bytes) -> Answer:
     """A body handler for /convert: every answer is a ConversionReview (injector.http.conversionreview)."""
-    outcome = conversionreview.convert(raw)
+    outcome = conversionreview.convert(raw, on_fault=lambda e: _log_fault("convert", e))
     return Answer(outcome.result, outcome.status, outcome.body, JSON_TYPE)
 
 
@@ -103,12 +119,13 @@ def create_webhook_app(
     async def validate(review: admission.Review) -> Decision:
         return await decisions.validate(review, store, cfg)
 
-    inject_handler = parsing(inject)
+    inject_handler = parsing("inject", inject)
+    validate_handler = parsing("validate", validate)
     if cfg.replay is not None:
         inject_handler = wrappers.replaying(inject_handler, cfg.replay, version=lambda: store.version)
     routes = {
         names.INJECT_PATH: wrappers.measured("inject", endpoint("inject", inject_handler, pods)),
-        names.VALIDATE_PATH: wrappers.measured("validate", endpoint("validate", parsing(validate), sidecarsets)),
+        names.VALIDATE_PATH: wrappers.measured("validate", endpoint("validate", validate_handler, sidecarsets)),
         names.CONVERT_PATH: wrappers.measured("convert", endpoint("convert", convert, lists)),
     }
     fallback = Starlette()  # 404s, lifespan

@@ -11,11 +11,14 @@ shape. The mapping itself is sidecarsets.spec.conversion.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from injector.http.admission import fault_message
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec import conversion
 
 log = logging.getLogger("injector.conversionreview")
@@ -31,20 +34,24 @@ class Outcome:
     body: bytes
 
 
-def _failure(uid: str, message: str, *, status: int = 200, result: str = "failed") -> Outcome:
-    response = {"uid": uid, "result": {"status": "Failure", "message": message}}
+def _failure(uid: str, message: str, *, status: int = 200, result: str = "failed", code: int | None = None) -> Outcome:
+    failure: dict[str, Any] = {"status": "Failure", "message": message}
+    if code is not None:
+        failure |= {"code": code, "reason": "InternalError"}
+    response = {"uid": uid, "result": failure}
     body = {"apiVersion": API_VERSION, "kind": KIND, "response": response}
     return Outcome(result, status, orjson.dumps(body))
 
 
 def _name(obj: Any) -> str:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(obj, "metadata", "name")
     return f"SidecarSet {name}" if isinstance(name, str) and name else "a SidecarSet without a name"
 
 
-def convert(raw: bytes) -> Outcome:
-    """The answer to one ConversionReview body."""
+def convert(raw: bytes, *, on_fault: Callable[[Exception], None] = lambda e: None) -> Outcome:
+    """The answer to one ConversionReview body. A fault of the webhook's own, once the request's uid
+    is known, is a Failure with code 500 (`on_fault` is told of it first); bad input is a Failure
+    naming what is wrong."""
     try:
         review = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -57,6 +64,16 @@ def convert(raw: bytes) -> Outcome:
         return _failure("", "request.uid must be a non-empty string", status=400, result="bad_request")
     if review.get("apiVersion") != API_VERSION:
         return _failure(uid, f"apiVersion {review.get('apiVersion')!r} is not {API_VERSION}")
+    try:
+        return _converted(uid, request)
+    except Exception as e:
+        on_fault(e)
+        return _failure(uid, fault_message(e), result="error", code=500)
+
+
+def _converted(uid: str, request: dict[str, Any]) -> Outcome:
+    """The answer to a well-formed request: every object converted, or a Failure naming the first
+    that cannot be."""
     desired = request.get("desiredAPIVersion")
     objects = request.get("objects")
     if not isinstance(desired, str) or conversion.version_of(desired) is None:

@@ -22,6 +22,7 @@ from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
 from injector.policy import servable
 from kuberuntime.clock import now_rfc3339
+from kuberuntime.jsontypes import mapping, resolve
 from sidecarsets import pins, validation
 from sidecarsets.spec import names
 from sidecarsets.spec.model import ModelError, SidecarSet
@@ -81,13 +82,6 @@ async def _namespace_labels(
         raise NamespaceUnknown(f"the watch has not delivered it yet and {e}") from None
 
 
-def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    """The pod's labels, or none when they are malformed (the engine then names the field)."""
-    meta = pod.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
-
-
 async def inject(review: admission.Review, store: TemplateStore, settings: WebhookSettings) -> Decision:
     admission.require_kind(review, group="", kind="Pod", what="pods")
     if review.operation != "CREATE" or review.sub_resource:
@@ -104,7 +98,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
     snapshot = store.snapshot
     candidates, denied = pins.pinned_sidecarsets(
         snapshot,
-        _labels(review.object),
+        mapping(review.object, "metadata", "labels"),  # malformed ones: none (the engine names the field)
         namespace=namespace,
         namespace_labels=labels,
         rand=_DRAWS.random,
@@ -169,9 +163,7 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
 
 
 def _annotation(obj: Any, key: str) -> str | None:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    value = annotations.get(key) if isinstance(annotations, Mapping) else None
+    value = resolve(obj, "metadata", "annotations", key)
     return value if isinstance(value, str) else None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from injector.http.metrics import NAMESPACE_LOOKUPS
 from kuberuntime import api
+from kuberuntime.jsontypes import mapping
 from sidecarsets.spec import names
 
 
@@ -51,9 +52,7 @@ class NamespaceLookup:
             NAMESPACE_LOOKUPS.labels("error").inc()
             raise LookupFailed(f"reading it from the API server failed: {type(e).__name__} {e}".strip()) from None
         NAMESPACE_LOOKUPS.labels("found").inc()
-        meta = obj.get("metadata")
-        raw = meta.get("labels") if isinstance(meta, dict) else None
-        labels = {str(k): str(v) for k, v in (raw.items() if isinstance(raw, dict) else ())}
+        labels = {str(k): str(v) for k, v in mapping(obj, "metadata", "labels").items()}
         labels.setdefault(names.NS_NAME_LABEL, namespace)
         self._remember(namespace, labels)
         return labels

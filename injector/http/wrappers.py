@@ -7,31 +7,14 @@ cache only wraps the pod webhook, metrics wrap both.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Receive, Scope
 
+from injector.http.answer import JSON_TYPE, Answer, Endpoint, RawHandler
 from injector.http.metrics import ADMISSION_LATENCY, ADMISSIONS
 from injector.http.replay import ReplayCache, request_key
-
-JSON_TYPE = b"application/json"
-TEXT_TYPE = b"text/plain; charset=utf-8"
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    result: str  # metrics label
-    status: int
-    body: bytes
-    content_type: bytes
-    replayable: bool = False
-    close: bool = False  # end the connection after answering (a bound was hit)
-
-
-RawHandler = Callable[[bytes], Awaitable[Answer]]
-Endpoint = Callable[[Scope, Receive], Awaitable[Answer]]
 
 
 def replaying(handle: RawHandler, cache: ReplayCache, *, version: Callable[[], int]) -> RawHandler:

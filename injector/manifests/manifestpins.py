@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from injector.manifests.manifestcontext import Context, ManifestError
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.spec import names, revisions
 from sidecarsets.spec.model import ModelError, SidecarSet
 
@@ -32,8 +32,7 @@ def last_change(obj: Mapping[str, Any]) -> str:
     Objects exported from a cluster (`kubectl get -o yaml`) carry these; a hand-written file has
     none, and then every run gives the same EPOCH rather than the clock.
     """
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
+    meta = mapping(obj, "metadata")
     times = [meta.get("creationTimestamp")]
     managed = meta.get("managedFields")
     for entry in managed if isinstance(managed, list) else ():

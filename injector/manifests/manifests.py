@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from injector.engine import eligibility, engine, envs, hotupgrade, patchapply
+from injector.engine import eligibility, engine, envs, patchapply
 from injector.manifests.manifestcontext import WORKLOAD_TEMPLATES, Context, ManifestError, Stats, TemplateKey
 from injector.manifests.manifestpins import EPOCH, pinned_sidecarsets, stamp
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping, resolve
 from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
 
@@ -65,8 +65,7 @@ def _unscoped(ss: SidecarSet) -> SidecarSet:
 
 def describe(obj: Mapping[str, Any]) -> str:
     """`Kind namespace/name` for messages."""
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
+    meta = mapping(obj, "metadata")
     name = meta.get("name") or meta.get("generateName") or "(unnamed)"
     ns = meta.get("namespace")
     kind = obj.get("kind") or "(no kind)"
@@ -155,12 +154,11 @@ def find_pod_template(obj: Mapping[str, Any]) -> tuple[str, ...] | None:
 
 def _inject_pod(pod: JsonObj, owner: Mapping[str, Any], ctx: Context, stats: Stats, *, field_prefix: str) -> JsonObj:
     where = describe(owner)
-    meta = owner.get("metadata")
-    own_ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    own_ns = resolve(owner, "metadata", "namespace")
     ns = own_ns if isinstance(own_ns, str) and own_ns else ctx.default_namespace
     namespace, scoped = scope(ns, ctx.sidecarsets)
     ns_labels = ctx.labels_of(namespace) if ns else None
-    pod_labels = _pod_labels(pod)
+    pod_labels = mapping(pod, "metadata", "labels")
     candidates, stamps = pinned_sidecarsets(
         scoped, ctx, pod_labels=pod_labels, namespace=namespace, ns_labels=ns_labels, where=where
     )
@@ -201,12 +199,6 @@ def _inject_pod(pod: JsonObj, owner: Mapping[str, Any], ctx: Context, stats: Sta
     if ctx.now is None:
         stamp(patched, result.injected, stamps, ctx)
     return patched
-
-
-def _pod_labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    meta = pod.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
 
 
 def _note_unknown_labels(
@@ -274,7 +266,7 @@ def _note_replaced(pod: Mapping[str, Any], injected: Sequence[str], ctx: Context
                 continue
             init = list_key == "initContainers"
             for sc in ss.init_containers if init else ss.containers:
-                for taken in hotupgrade.pod_names(sc, init=init):  # a HotUpgrade pair takes two names
+                for taken in sc.names_in_pod:  # a HotUpgrade pair takes two names
                     if taken in own:
                         ctx.notes.add(
                             f"SidecarSet {ss.name}: its container {taken} replaces the pod's own container "

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from injector.engine import engine, envs, patchapply
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping, resolve
 from sidecarsets import pins
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 from sidecarsets.store import Snapshot
 
 _BOOKKEEPING = (
@@ -34,18 +35,14 @@ _BOOKKEEPING = (
 _SPEC_DROPPED = ("nodeName",)
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def as_submitted(pod: Mapping[str, Any]) -> JsonObj:
     """The pod as its workload would submit it again: injected containers and our bookkeeping out,
     no status, no identity (a new pod of the same template)."""
-    meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
-    labels = {k: v for k, v in _map(meta.get("labels")).items() if k != names.POD_INJECTED_LABEL}
+    meta, spec = mapping(pod, "metadata"), mapping(pod, "spec")
+    labels = {k: v for k, v in mapping(meta, "labels").items() if k != names.POD_INJECTED_LABEL}
     annotations = {
         k: v
-        for k, v in _map(meta.get("annotations")).items()
+        for k, v in mapping(meta, "annotations").items()
         if k not in _BOOKKEEPING
         and not k.startswith((names.ANN_VERSION_PREFIX, names.ANN_VERSION_ALT_PREFIX))
         and not k.startswith("sidecarctl.io/sidecarset-")
@@ -119,9 +116,9 @@ def representatives(
     """(the first pod by name, how many share its labels) per namespace and label set `ss` selects."""
     groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Mapping[str, Any]]] = {}
     for pod in pods:
-        meta = _map(pod.get("metadata"))
+        meta = mapping(pod, "metadata")
         ns = str(meta.get("namespace") or "")
-        labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items() if k != names.POD_INJECTED_LABEL}
+        labels = {str(k): str(v) for k, v in mapping(meta, "labels").items() if k != names.POD_INJECTED_LABEL}
         if meta.get("deletionTimestamp") or not ss.matches_namespace(ns, namespace_labels.get(ns)):
             continue
         if not ss.matches_pod(labels):
@@ -129,7 +126,7 @@ def representatives(
         groups.setdefault((ns, tuple(sorted(labels.items()))), []).append(pod)
     out: list[tuple[Mapping[str, Any], int]] = []
     for key in sorted(groups):
-        members = sorted(groups[key], key=lambda p: str(_map(p.get("metadata")).get("name") or ""))
+        members = sorted(groups[key], key=lambda p: str(resolve(p, "metadata", "name") or ""))
         out.append((members[0], len(members)))
     return out
 
@@ -137,7 +134,7 @@ def representatives(
 def synthetic_pod(ss: SidecarSet, namespace_labels: Mapping[str, Mapping[str, str]]) -> JsonObj | None:
     """A pod labelled with the selector's matchLabels in the first namespace labelled for injection
     that is in scope, when that pod is selected: what a first workload would get. None otherwise."""
-    labels = _map(_map(ss.selector).get("matchLabels"))
+    labels = mapping(ss.selector, "matchLabels")
     if not labels or not all(isinstance(v, str) for v in labels.values()) or not ss.matches_pod(labels):
         return None
     for ns in sorted(namespace_labels):
@@ -160,7 +157,8 @@ def _sources(sidecarsets: Sequence[SidecarSet]) -> dict[str, str]:
         for c in (*ss.containers, *ss.init_containers):
             out[c.name] = ss.name
             if c.hot:
-                out[f"{c.name}-1"] = out[f"{c.name}-2"] = ss.name
+                for name in hot_pair(c.name):
+                    out[name] = ss.name
     return out
 
 
@@ -181,9 +179,9 @@ def new_pod(
     A pin (injectionStrategy.revision) is resolved as the webhook resolves it; a Partial pin's
     draw is taken as "the latest spec" (the pod would get the pin only with the partition's odds).
     """
-    meta = _map(pod.get("metadata"))
+    meta = mapping(pod, "metadata")
     ns = str(meta.get("namespace") or "default")
-    labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
+    labels = {str(k): str(v) for k, v in mapping(meta, "labels").items()}
     ns_labels = namespace_labels.get(ns)
     snapshot = Snapshot(
         sidecarsets=tuple(sorted((target, *(o for o in others if o.name != target.name)), key=lambda s: s.name)),
@@ -212,8 +210,8 @@ def new_pod(
     done = copy.deepcopy(pod)
     if result.patch:
         patchapply.apply_in_place(done, result.patch)
-    spec = _map(done.get("spec"))
-    own = {str(c.get("name")) for key in ("containers", "initContainers") for c in _map(pod.get("spec")).get(key) or []}
+    spec = mapping(done, "spec")
+    own = {str(c.get("name")) for key in ("containers", "initContainers") for c in mapping(pod, "spec").get(key) or []}
 
     def listed(key: str) -> tuple[tuple[str, str, str], ...]:
         return tuple(

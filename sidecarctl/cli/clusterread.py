@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import stdout
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarsets.spec import names
 
 if TYPE_CHECKING:

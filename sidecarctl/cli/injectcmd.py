@@ -19,7 +19,8 @@ from pathlib import Path
 from injector.manifests import manifestcontext, manifestpins, manifests
 from injector.policy import plan as policy_plan
 from sidecarctl.cli import injectinputs, manifestio
-from sidecarctl.cli.injectinputs import CliError, InputFile
+from sidecarctl.cli.clierror import CliError
+from sidecarctl.cli.injectinputs import InputFile
 from sidecarctl.cli.stdout import write_stdout
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet

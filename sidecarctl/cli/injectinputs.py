@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from injector.manifests import manifestcontext, manifests
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarctl.cli import manifestio
+from sidecarctl.cli.clierror import CliError
 from sidecarsets import validation
 from sidecarsets.spec import names
 from sidecarsets.spec.model import ACCEPTED_API_VERSIONS, ModelError, SidecarSet
@@ -32,10 +33,6 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 _KIND = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 _GROUP = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-class CliError(Exception):
-    """Bad input: the message (one line, naming the file and the reason) is shown as is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +196,10 @@ def _add_revision(
     seen: dict[str, str],
     notes: manifestcontext.Notes,
 ) -> None:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(obj, "metadata", "name")
     if not isinstance(name, str) or not name:
         raise CliError(f"{where}: ControllerRevision: metadata.name must be a non-empty string")
-    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    namespace = resolve(obj, "metadata", "namespace")
     if namespace and namespace != manager_namespace:
         notes.add(
             f"ControllerRevisions outside the manager's namespace ({manager_namespace}, --manager-namespace) "
@@ -220,7 +216,7 @@ def _add_revision(
 
 def load_sidecarset(where: str, obj: JsonObj) -> SidecarSet:
     meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(meta, "name")
     label = f"SidecarSet {name}" if isinstance(name, str) and name else "SidecarSet (unnamed)"
     if meta is None:
         raise CliError(f"{where}: {label}: metadata is missing (a SidecarSet needs metadata.name)")
@@ -239,11 +235,10 @@ def validate(sidecarsets: Sequence[tuple[SidecarSet, str]]) -> None:
 
 
 def namespace_labels(where: str, obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    name = resolve(obj, "metadata", "name")
     if not isinstance(name, str) or not name:
         raise CliError(f"{where}: Namespace: metadata.name must be a non-empty string")
-    labels = meta.get("labels") if isinstance(meta, dict) else None
+    labels = resolve(obj, "metadata", "labels")
     if labels is not None and (not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values())):
         raise CliError(f"{where}: Namespace {name}: metadata.labels must be a map of strings")
     return name, {str(k): v for k, v in (labels or {}).items()}

@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from sidecarctl.cli.checkinject import add_check_inject
+from sidecarctl.cli.checkinject.command import add_check_inject
 from sidecarctl.cli.injectcmd import add_inject
 from sidecarctl.cli.previewcmd import add_preview
 from sidecarctl.cli.runcmd import add_run

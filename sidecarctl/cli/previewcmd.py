@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import clusterread, injectinputs
-from sidecarctl.cli.injectinputs import CliError
-from sidecarctl.cli.previewtext import render as render
+from sidecarctl.cli.clierror import CliError
+from sidecarctl.cli.previewtext import render
 from sidecarsets import validation
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import conversion, names
@@ -29,7 +29,7 @@ from sidecarsets.spec.model import ModelError, SidecarSet
 if TYPE_CHECKING:
     from injector.manifests import newpods
     from kuberuntime import kubeapi
-    from sidecarsets.rollout import preview
+    from sidecarsets.rollout import rolloutsim
 
 _HELP = "show what applying a SidecarSet would do: rollout batches, pods left behind, what new pods get"
 _EPILOG = f"""\
@@ -147,7 +147,8 @@ def target_object(file_obj: JsonObj, stored: JsonObj | None, *, now: str) -> Jso
 
 def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_namespace: str) -> JsonObj:
     """The preview document (see `_EPILOG`); its keys are stable, for tools."""
-    from sidecarsets.rollout import preview
+    from sidecarsets.pods import podkeys
+    from sidecarsets.rollout import preview, resize, rolloutsim, specdiff
 
     name = str(file_obj["metadata"]["name"])
     stored_obj = inputs.stored
@@ -162,7 +163,7 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     stored = None if stored_obj is None else SidecarSet.from_object(stored_obj, tolerant=True)
     ns_labels = clusterread.namespace_labels(inputs.namespaces)
     projections = [project(p) for p in inputs.pods]
-    raw_by_key = {preview.pod_key(p): p for p in inputs.pods}
+    raw_by_key = {podkeys.pod_key(p): p for p in inputs.pods}
     dropped, never = preview.unowned_pods(target, projections, ns_labels)
     doc: JsonObj = {
         "sidecarSet": name,
@@ -176,9 +177,9 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
         and stored.hash_without_resources == target.hash_without_resources,
         "changes": {
             "containers": [
-                c.as_json() for c in preview.container_changes(None if stored is None else stored.spec, target.spec)
+                c.as_json() for c in specdiff.container_changes(None if stored is None else stored.spec, target.spec)
             ],
-            "otherFields": list(preview.spec_field_changes(None if stored is None else stored.spec, target.spec)),
+            "otherFields": list(specdiff.spec_field_changes(None if stored is None else stored.spec, target.spec)),
         },
         "rollout": None,
         "notUpgradable": [],
@@ -192,18 +193,20 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     if stored is None:
         return doc
     revision = preview.would_be_revision(target, inputs.revisions)
-    specs = preview.known_specs(stored, inputs.revisions)
-    resizable = preview.resizable_hashes(target, [spec for _, spec in specs])
-    rollout = preview.simulate_rollout(target, inputs.pods, ns_labels, revision=revision, now=now, resizable=resizable)
+    specs = specdiff.known_specs(stored, inputs.revisions)
+    resizable = resize.resizable_hashes(target, [spec for _, spec in specs])
+    rollout = rolloutsim.simulate_rollout(
+        target, inputs.pods, ns_labels, revision=revision, now=now, resizable=resizable
+    )
     doc["rollout"] = _rollout_json(rollout, revision)
     doc["notUpgradable"] = [
-        preview.why_not_upgradable(target, raw_by_key[k], specs).as_json() for k in rollout.not_upgradable
+        specdiff.why_not_upgradable(target, raw_by_key[k], specs).as_json() for k in rollout.not_upgradable
     ]
     doc["excludedByUpdateSelector"] = list(rollout.excluded_by_selector)
     return doc
 
 
-def _rollout_json(r: preview.Rollout, revision: str) -> JsonObj:
+def _rollout_json(r: rolloutsim.Rollout, revision: str) -> JsonObj:
     return {
         "revision": revision,
         "matched": len(r.matched),
@@ -218,7 +221,7 @@ def _rollout_json(r: preview.Rollout, revision: str) -> JsonObj:
         "hotUpgradeFlips": r.flips,
         "kept": list(r.kept),
         "waitingOn": [{"pod": k, "reason": why} for k, why in r.waiting_on],
-        "end": {"stage": r.stage, "reason": r.reason},
+        "end": {"stage": r.stage.value, "reason": r.reason},
         "done": r.done,
     }
 
@@ -232,7 +235,7 @@ def _new_pods(
     manager_namespace: str,
 ) -> list[newpods.NewPod]:
     from injector.manifests import newpods
-    from sidecarsets.rollout import preview
+    from sidecarsets.pods import podkeys
 
     others = [
         SidecarSet.from_object(o, tolerant=True)
@@ -241,7 +244,7 @@ def _new_pods(
     ]
     revisions = {str((r.get("metadata") or {}).get("name")): r for r in inputs.revisions}
     examples: list[tuple[JsonObj, str, int]] = [
-        (newpods.as_submitted(pod), preview.pod_key(pod), count)
+        (newpods.as_submitted(pod), podkeys.pod_key(pod), count)
         for pod, count in newpods.representatives(target, inputs.pods, ns_labels)
     ]
     if not examples:

@@ -2,7 +2,7 @@
 
 Reads the SidecarSets, the injected pods, the namespaces, the unlabelled pods of the namespaces
 labelled for injection and the ControllerRevisions (GET and LIST only), and asks the controller's
-own questions of them (sidecarsets.rollout.rolloutstatus).
+own questions of them (sidecarsets.rollout.glance).
 
 Exit status 0 with the status printed, 1 when the cluster cannot be read or NAME does not exist,
 2 for a bad command line.
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import clusterread
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
 if TYPE_CHECKING:
     from kuberuntime import kubeapi
-    from sidecarsets.rollout import rolloutstatus
+    from sidecarsets.rollout.glance import Glance
 
 _HELP = "show a SidecarSet's rollout: counts, the batch upgrading now, blocked and missed pods, conditions"
 _EPILOG = f"""\
@@ -66,7 +66,7 @@ class Inputs:
 async def gather(client: kubeapi.KubeClient, name: str | None, manager_namespace: str) -> Inputs:
     import asyncio
 
-    from sidecarsets.rollout import rolloutstatus
+    from sidecarsets.rollout import glance
 
     async def sidecarsets() -> list[JsonObj]:
         if name is None:
@@ -82,9 +82,7 @@ async def gather(client: kubeapi.KubeClient, name: str | None, manager_namespace
         clusterread.list_all(client, "/api/v1/namespaces"),
         clusterread.revisions(client, manager_namespace),
     )
-    labelled = rolloutstatus.labelled_namespaces(
-        clusterread.namespace_labels(namespaces), manager_namespace=manager_namespace
-    )
+    labelled = glance.labelled_namespaces(clusterread.namespace_labels(namespaces), manager_namespace=manager_namespace)
     lists = await asyncio.gather(
         *(
             clusterread.list_all(
@@ -96,19 +94,20 @@ async def gather(client: kubeapi.KubeClient, name: str | None, manager_namespace
     return Inputs(sets, pods, namespaces, [p for group in lists for p in group], revs)
 
 
-def build(inputs: Inputs, *, now: str, manager_namespace: str) -> list[rolloutstatus.Glance]:
-    from sidecarsets.rollout import preview, rolloutstatus
+def build(inputs: Inputs, *, now: str, manager_namespace: str) -> list[Glance]:
+    from sidecarsets.pods import podkeys
+    from sidecarsets.rollout import glance
 
     models = [SidecarSet.from_object(o, tolerant=True) for o in inputs.sidecarsets]
     models.sort(key=lambda ss: ss.name)
     ns_labels = clusterread.namespace_labels(inputs.namespaces)
     projections = [project(p) for p in inputs.pods]
-    raw = {preview.pod_key(p): p for p in inputs.pods}
-    missing = rolloutstatus.missing_pods(
+    raw = {podkeys.pod_key(p): p for p in inputs.pods}
+    missing = glance.missing_pods(
         models, inputs.pods, inputs.unlabelled, inputs.namespaces, ns_labels, manager_namespace=manager_namespace
     )
     return [
-        rolloutstatus.glance(
+        glance.of(
             ss,
             projections,
             raw,
@@ -137,7 +136,7 @@ def run_status(args: argparse.Namespace) -> str:
 # Text
 
 
-def render_table(glances: Sequence[rolloutstatus.Glance]) -> str:
+def render_table(glances: Sequence[Glance]) -> str:
     if not glances:
         return "No SidecarSets.\n"
     rows = [("NAME", "MATCHED", "UPDATED", "READY", "ROLLOUT", "MISSING")]
@@ -163,7 +162,7 @@ def _condition(c: Mapping[str, Any]) -> str:
     return text
 
 
-def render_one(g: rolloutstatus.Glance) -> str:
+def render_one(g: Glance) -> str:
     c, live = g.counts, g.live
     short = clusterread.PodNames(
         [k for k, _ in (*g.upgrading, *g.not_ready)]

@@ -13,7 +13,7 @@ import errno
 import os
 import sys
 
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 
 
 def write_stdout(data: bytes) -> None:

@@ -2,7 +2,8 @@
 
 The supervisor over one control process and the admission workers, the child entry point, the
 control role (TLS material, caBundle, Lease, controller, policy sync) and the webhook role
-(watches feeding a snapshot, the bounded listener), the probes port, preflight checks, options
+(watches feeding a snapshot, the bounded listener), the health and metrics ports (`healthport`)
+and the sockets bound for every port (`listeners`), preflight checks, options
 (each flag defined once) and the JSON log format; `inprocess` runs both roles in one asyncio loop,
 as the tests and the demo start it. May import every product package except `sidecarctl.cli`.
 """

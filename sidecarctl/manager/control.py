@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
+from cabundle.syncer import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
-from certwatcher.selfsigned import SelfSignedConfig, SelfSignedIssuer
 from certwatcher.tls import ServingPair
 from injector.policy import plan as policy_plan
 from injector.policysync import support
@@ -38,6 +37,7 @@ from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER
+from selfsigned.issuer import SelfSignedConfig, SelfSignedIssuer
 from sidecarctl.manager import optionalapis
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller import metrics as ss_metrics

@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from certwatcher.cabundle import CABundleSyncer
+from cabundle.syncer import CABundleSyncer
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.informer import Informer
 from sidecarctl.manager.control import ControlRole
+from sidecarctl.manager.healthport import create_probe_app, serve_plain, tls_self_check
 from sidecarctl.manager.options import ManagerOptions
-from sidecarctl.manager.probes import create_probe_app, serve_plain, tls_self_check
 from sidecarctl.manager.webhook import WebhookRole
 from sidecarsets.controller.controller import Controller
 from sidecarsets.store import TemplateStore

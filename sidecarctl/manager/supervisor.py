@@ -43,16 +43,9 @@ from kuberuntime.backoff import Backoff
 from kuberuntime.clock import first_of
 from sidecarctl.manager import rundir
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
+from sidecarctl.manager.healthport import create_metrics_app, create_probe_app, serve_plain, tls_self_check
+from sidecarctl.manager.listeners import bind_only, bound_address, listen
 from sidecarctl.manager.options import ManagerOptions
-from sidecarctl.manager.probes import (
-    bind_only,
-    bound_address,
-    create_metrics_app,
-    create_probe_app,
-    listen,
-    serve_plain,
-    tls_self_check,
-)
 
 log = logging.getLogger("sidecarctl.supervisor")
 

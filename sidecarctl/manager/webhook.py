@@ -27,8 +27,8 @@ from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
+from sidecarctl.manager.listeners import listen
 from sidecarctl.manager.options import ManagerOptions
-from sidecarctl.manager.probes import listen
 from sidecarsets.controller.controller import SS_PATH
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels

@@ -21,7 +21,7 @@ from typing import Any
 
 from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics
 from sidecarsets.controller.podfailures import PodFailures
@@ -203,7 +203,7 @@ class Controller(PodWrites):
         latest, collisions = await history.sync_history(
             self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
         )
-        verdicts = status.evaluate(ss, matched)  # shared by the status and the plan: each pod is evaluated once
+        verdicts = status.pod_verdicts(ss, matched)  # shared by the status and the plan: each pod is evaluated once
         new_status = status.compute_status(
             ss, matched, latest_revision=latest, collision_count=collisions, verdicts=verdicts
         )
@@ -245,7 +245,7 @@ class Controller(PodWrites):
             resizable=self._resizable_from(ss),
             resize_refusal=None if self.resize_served else resize.NOT_SERVED,
         )
-        await self._mark_upgradable(ss, matched, set(plan.not_upgradable), dict(plan.reasons))
+        await self._mark_upgradable(ss, matched, set(plan.not_upgradable), plan.reasons)
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
         else:
@@ -371,8 +371,7 @@ class Controller(PodWrites):
 
 def _progressing(obj: JsonObj | None) -> Any:
     """The Progressing condition of a SidecarSet object, or None."""
-    status = (obj or {}).get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
+    conditions = resolve(obj, "status", "conditions")
     for c in conditions if isinstance(conditions, list) else []:
         if isinstance(c, dict) and c.get("type") == names.CONDITION_PROGRESSING:
             return c

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kuberuntime import api
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VERSION
 from sidecarsets.spec.revisions import (
@@ -34,8 +34,7 @@ def revisions_path(namespace: str, name: str | None = None) -> str:
 
 def _owned_by(revision: Mapping[str, Any], uid: str) -> bool:
     """Owned by this SidecarSet, or by no controller (an orphan it may adopt), as client-go lists history."""
-    meta = revision.get("metadata")
-    refs = (meta.get("ownerReferences") if isinstance(meta, Mapping) else None) or []
+    refs = resolve(revision, "metadata", "ownerReferences") or []
     controller = next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
     return controller is None or not uid or controller.get("uid") == uid
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from kuberuntime import api, events
 from kuberuntime.clock import sleep_or_stop
+from kuberuntime.jsontypes import resolve
 from sidecarsets.controller import metrics
 from sidecarsets.pods import missed
 from sidecarsets.pods.projection import PodProjection
@@ -124,9 +125,8 @@ class MissedScan:
             return None
         if not found:
             ss = self.sidecarsets().get(sidecarset)
-            status = ss.status if ss is not None else None
-            had = isinstance(status, Mapping) and any(
-                isinstance(c, Mapping) and c.get("type") == CONDITION for c in status.get("conditions") or []
+            had = ss is not None and any(
+                isinstance(c, Mapping) and c.get("type") == CONDITION for c in ss.status.get("conditions") or []
             )
             if not had:
                 return None
@@ -148,7 +148,7 @@ class MissedScan:
         while True:
             listing = await self.client.get(path, params=params)
             out += [missed.PodFacts.of(p) for p in listing.get("items") or [] if isinstance(p, dict)]
-            token = (listing.get("metadata") or {}).get("continue")
+            token = resolve(listing, "metadata", "continue")
             if not token:
                 return out
             params = {**params, "continue": str(token)}
@@ -158,7 +158,7 @@ class MissedScan:
         for ns in namespaces:
             listing = await self.client.get("/api/v1/namespaces", params={"fieldSelector": f"metadata.name={ns}"})
             for obj in listing.get("items") or []:
-                if not isinstance(obj, dict) or (obj.get("metadata") or {}).get("name") != ns:
+                if not isinstance(obj, dict) or resolve(obj, "metadata", "name") != ns:
                     continue
                 when = missed.label_time(obj)
                 if when is not None:

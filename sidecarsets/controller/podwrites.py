@@ -17,7 +17,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller import metrics
 from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import planner, resize
+from sidecarsets.rollout import planner, resize, upgradable
 from sidecarsets.spec import names, podmeta
 from sidecarsets.spec.model import SidecarSet
 
@@ -158,7 +158,7 @@ class PodWrites:
         self,
         ss: SidecarSet,
         matched: list[PodProjection],
-        stuck: set[tuple[str, str]],
+        not_upgradable: set[tuple[str, str]],
         reasons: Mapping[tuple[str, str], str] | None = None,
     ) -> None:
         """Set `SidecarSetUpgradable` on pods whose verdict changed, with an Event for new blockers
@@ -170,13 +170,13 @@ class PodWrites:
         # is worked out once.
         verdicts: dict[tuple[tuple[str, ...], bool], tuple[JsonObj, bool]] = {}
         for pod in matched:
-            blocked = bool(stuck) and pod.key in stuck
+            blocked = bool(not_upgradable) and pod.key in not_upgradable
             if not pod.upgradable_condition and not blocked:
                 continue  # no condition yet and nothing to report: do not write to every pod
             found = verdicts.get((pod.upgradable_condition, blocked))
             if found is None:
-                cond = planner.upgradable_condition(pod, {name: blocked}, now=now)
-                found = verdicts[(pod.upgradable_condition, blocked)] = (cond, planner.condition_current(pod, cond))
+                cond = upgradable.upgradable_condition(pod, {name: blocked}, now=now)
+                found = verdicts[(pod.upgradable_condition, blocked)] = (cond, upgradable.condition_current(pod, cond))
             cond, current = found
             if current:
                 continue

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from kuberuntime.jsontypes import mapping, resolve
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
@@ -51,22 +52,18 @@ class PodFacts:
 
     @staticmethod
     def of(pod: Mapping[str, object]) -> PodFacts:
-        meta = pod.get("metadata")
-        meta = meta if isinstance(meta, Mapping) else {}
-        status = pod.get("status")
-        status = status if isinstance(status, Mapping) else {}
-        labels = meta.get("labels")
-        annotations = meta.get("annotations")
-        listed = annotations.get(names.ANN_INJECTED_LIST) if isinstance(annotations, Mapping) else None
+        meta = mapping(pod, "metadata")
+        labels = mapping(meta, "labels")
+        listed = resolve(meta, "annotations", names.ANN_INJECTED_LIST)
         owners = meta.get("ownerReferences")
         owned = isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") for o in owners)
         return PodFacts(
             namespace=str(meta.get("namespace") or ""),
             name=str(meta.get("name") or ""),
-            labels={k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, Mapping) else {},
+            labels={k: v for k, v in labels.items() if isinstance(v, str)},
             injected=tuple(n.strip() for n in listed.split(",") if n.strip()) if isinstance(listed, str) else (),
             created=str(meta.get("creationTimestamp") or ""),
-            phase=str(status.get("phase") or ""),
+            phase=str(resolve(pod, "status", "phase") or ""),
             deleting=meta.get("deletionTimestamp") is not None,
             owned=owned,
         )
@@ -139,15 +136,14 @@ def find_missing(
 
 def label_time(namespace: Mapping[str, object]) -> str | None:
     """When the injection label was last set on a Namespace object, from its managedFields."""
-    meta = namespace.get("metadata")
-    fields = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    fields = resolve(namespace, "metadata", "managedFields")
     latest: str | None = None
     needle = f"f:{names.NS_INJECTION_LABEL}"
     for entry in fields if isinstance(fields, list) else []:
         if not isinstance(entry, Mapping):
             continue
-        labels = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:labels") or {}
+        labels = mapping(entry, "fieldsV1", "f:metadata", "f:labels")
         when = entry.get("time")
-        if isinstance(labels, Mapping) and needle in labels and isinstance(when, str):
+        if needle in labels and isinstance(when, str):
             latest = when if latest is None or when > latest else latest
     return latest

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import mapping
 from sidecarsets.pods.projection import PodProjection
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
+    meta = mapping(pod, "metadata")
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sidecarsets.pods import resizestate
 from sidecarsets.pods.projection import PodProjection
+from sidecarsets.spec.sidecar import hot_pair
 
 _DIGEST = re.compile(r"@([A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})$")
 
@@ -54,9 +55,9 @@ def has_sidecars(
     inits = {n for n, _ in pod.init_containers}
     return (
         all(n in names for n in cold)
-        and all(f"{n}-1" in names and f"{n}-2" in names and pod.working(n) is not None for n in hot)
+        and all(names.issuperset(hot_pair(n)) and pod.working(n) is not None for n in hot)
         and all(n in inits for n in native_init)
-        and all(f"{n}-1" in inits and f"{n}-2" in inits and pod.working(n) is not None for n in hot_init)
+        and all(inits.issuperset(hot_pair(n)) and pod.working(n) is not None for n in hot_init)
     )
 
 

@@ -16,13 +16,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import orjson
-
-from sidecarsets.pods.podrecords import ContainerState as ContainerState
-from sidecarsets.pods.podrecords import HashEntry as HashEntry
-from sidecarsets.pods.podrecords import InplaceEntry as InplaceEntry
-from sidecarsets.pods.podrecords import Labels as Labels
-from sidecarsets.pods.podrecords import Resources as Resources
+from kuberuntime.jsontypes import mapping, parse_object, resolve
+from sidecarsets.pods.podrecords import ContainerState, HashEntry, InplaceEntry, Labels, Resources
 from sidecarsets.spec.names import (
     ANN_HASH,
     ANN_HASH_WITHOUT_IMAGE,
@@ -141,26 +136,12 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _json_map(raw: Any) -> Mapping[str, Any]:
-    if not isinstance(raw, str) or not raw:
-        return {}
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, Mapping) else {}
 
 
 _T = TypeVar("_T", bound=Hashable)
@@ -218,7 +199,7 @@ def _hash_entries(raw: Any, *, timestamps: bool) -> tuple[HashEntry, ...]:
     """Parse a hash annotation. Without `timestamps` the per-pod update times are dropped, so
     the entries of every pod injected from one SidecarSet version are one shared object."""
     entries: list[HashEntry] = []
-    for ss, value in _json_map(raw).items():
+    for ss, value in parse_object(raw).items():
         if not isinstance(ss, str) or not ss:
             continue
         if isinstance(value, str):
@@ -241,13 +222,13 @@ def _hash_entries(raw: Any, *, timestamps: bool) -> tuple[HashEntry, ...]:
 
 def _inplace_entries(raw: Any) -> tuple[InplaceEntry, ...]:
     entries: list[InplaceEntry] = []
-    for ss, value in _json_map(raw).items():
+    for ss, value in parse_object(raw).items():
         if not isinstance(ss, str) or not ss or not isinstance(value, Mapping):
             continue
         last = tuple(
             sorted(
-                (_intern(c), _istr(_map(st).get("imageID")))
-                for c, st in _map(value.get("lastContainerStatuses")).items()
+                (_intern(c), _istr(resolve(st, "imageID")))
+                for c, st in mapping(value, "lastContainerStatuses").items()
                 if isinstance(c, str)
             )
         )
@@ -274,14 +255,14 @@ def _statuses(raw: Any) -> tuple[ContainerState, ...]:
                 _istr(cs.get("imageID")),
                 cs.get("ready") is True,
                 _int(cs.get("restartCount")),
-                _istr(_map(_map(cs.get("state")).get("waiting")).get("reason")),
+                _istr(resolve(cs, "state", "waiting", "reason")),
             )
         )
     return _share(tuple(out))  # replicas in the same state share one tuple
 
 
 def _pairs(raw: Any) -> tuple[tuple[str, str], ...]:
-    pairs = sorted((_intern(k), _istr(v) or str(v)) for k, v in _map(raw).items() if isinstance(k, str))
+    pairs = sorted((_intern(k), _istr(v) or str(v)) for k, v in mapping(raw).items() if isinstance(k, str))
     return tuple(pairs)
 
 
@@ -291,12 +272,12 @@ def _resources(raw: Any, *, init: bool = False, from_status: bool = False) -> tu
     for c in _list(raw):
         if not isinstance(c, Mapping):
             continue
-        res = _map(c.get("resources"))
+        res = mapping(c, "resources")
         if from_status and not res:
             continue  # nothing reported: no evidence either way
         policy = tuple(
             sorted(
-                (_istr(_map(p).get("resourceName")), _istr(_map(p).get("restartPolicy")))
+                (_istr(resolve(p, "resourceName")), _istr(resolve(p, "restartPolicy")))
                 for p in _list(c.get("resizePolicy"))
             )
         )
@@ -320,15 +301,14 @@ _RESIZE_CONDITIONS = frozenset({"PodResizePending", "PodResizeInProgress"})
 
 def project(pod: Any) -> PodProjection:
     """Copy the fields the controller uses out of a raw pod; never raises on bad input."""
-    pod = _map(pod)
-    meta, spec, status = _map(pod.get("metadata")), _map(pod.get("spec")), _map(pod.get("status"))
-    annotations = _map(meta.get("annotations"))
-    labels = _labels(_map(meta.get("labels")))
+    meta, spec, status = mapping(pod, "metadata"), mapping(pod, "spec"), mapping(pod, "status")
+    annotations = mapping(meta, "annotations")
+    labels = _labels(mapping(meta, "labels"))
     ready, ready_since = False, ""
     upgradable: tuple[str, ...] = ()
     resize: list[tuple[str, str, str]] = []
     for cond in _list(status.get("conditions")):
-        cond = _map(cond)
+        cond = mapping(cond)
         kind = cond.get("type")
         if kind in _RESIZE_CONDITIONS and cond.get("status") == "True":
             resize.append((_intern(str(kind)), _istr(cond.get("reason")), _str(cond.get("message"))))
@@ -379,7 +359,7 @@ def project(pod: Any) -> PodProjection:
 
 def _hot_working(raw: Any) -> tuple[tuple[str, str], ...]:
     pairs = sorted(
-        (_intern(k), _istr(v)) for k, v in _json_map(raw).items() if isinstance(k, str) and isinstance(v, str)
+        (_intern(k), _istr(v)) for k, v in parse_object(raw).items() if isinstance(k, str) and isinstance(v, str)
     )
     return _share(tuple(pairs)) if pairs else ()
 

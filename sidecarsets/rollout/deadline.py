@@ -63,8 +63,7 @@ def parse_time(value: str) -> datetime | None:
 
 
 def _current(ss: SidecarSet) -> Mapping[str, Any] | None:
-    status = ss.status if isinstance(ss.status, Mapping) else {}
-    for c in status.get("conditions") or []:
+    for c in ss.status.get("conditions") or []:
         if isinstance(c, Mapping) and c.get("type") == names.CONDITION_PROGRESSING:
             return c
     return None

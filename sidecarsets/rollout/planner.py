@@ -10,30 +10,24 @@ Each planned patch is written by sidecarsets.rollout.podpatch.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
-
-import orjson
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate, resizestate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import hotupgrade, resize
 from sidecarsets.rollout.ordering import upgrade_order
-from sidecarsets.rollout.podpatch import inplace_annotation, pointer
-from sidecarsets.rollout.podpatch import pod_patch as pod_patch
+from sidecarsets.rollout.podpatch import inplace_annotation, pod_patch, pointer
 from sidecarsets.rollout.resize import resize_patch
-from sidecarsets.rollout.status import evaluate as evaluate_pods
+from sidecarsets.rollout.status import pod_verdicts
 from sidecarsets.spec import hotsidecars, selectors
 from sidecarsets.spec.enums import UpdateType
 from sidecarsets.spec.model import SidecarSet
-from sidecarsets.spec.names import ANN_INPLACE_STATE, POD_CONDITION_UPGRADABLE
+from sidecarsets.spec.names import ANN_INPLACE_STATE
 from sidecarsets.spec.sidecar import MetadataPatch
 from sidecarsets.values import intorpercent
-
-REASON_UPGRADABLE = "AllSidecarsetUpgradable"
-REASON_NOT_UPGRADABLE = "UpdateImmutableField"
 
 
 @dataclass(frozen=True)
@@ -54,9 +48,39 @@ class PodUpgrade:
     without_image_hash: str = ""
     sidecars: tuple[str, ...] = ()  # the SidecarSet's sidecar list, which that hash entry records
 
+    @classmethod
+    def of(
+        cls,
+        pod: PodProjection,
+        ss: SidecarSet,
+        patch: list[JsonObj],
+        *,
+        metadata: tuple[MetadataPatch, ...] = (),
+        resize: tuple[JsonObj, ...] = (),
+        without_image_hash: str = "",
+        sidecars: tuple[str, ...] = (),
+    ) -> PodUpgrade:
+        """The upgrade of `pod` (its identity and resourceVersion as planned) for `ss`."""
+        return cls(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            resource_version=pod.resource_version,
+            patch=patch,
+            metadata=metadata,
+            sidecarset=ss.name,
+            resize=resize,
+            without_image_hash=without_image_hash,
+            sidecars=sidecars,
+        )
+
 
 class Stage(Enum):
-    """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`."""
+    """Where a rollout stands after planning; the controller acts on this, users read `Plan.reason`.
+
+    One enum from the planner to what `sidecarctl status`, `preview` and `check-inject` print (its
+    values are what their JSON says), so that renaming a stage is a type error wherever it is read.
+    """
 
     UPGRADING = "upgrading"  # `upgrades` holds the pods to patch now
     WAITING = "waiting"  # maxUnavailable is spent, or patched pods are still upgrading
@@ -67,6 +91,9 @@ class Stage(Enum):
     FLIPPING = "flipping"  # HotUpgrade: `upgrades` put the old containers of finished pairs on the empty image
     NOT_UPDATE = "NotUpdate"
     INVALID = "invalid"  # a field the rollout depends on cannot be read
+    # Progressing=False with ProgressDeadlineExceeded (sidecarsets.rollout.deadline): never planned
+    # here, it is what the glance and the preview say in place of the planner's stage.
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -78,9 +105,9 @@ class Plan:
     done: bool  # every matched pod carries the SidecarSet's current hash
     stage: Stage
     reason: str  # for people: the stage with its numbers, e.g. "waiting: 2/2 unavailable"
-    # Why a not-upgradable pod cannot take the change, where more can be said than "more than the
-    # image differs" (a resize the API server or the node would refuse).
-    reasons: tuple[tuple[tuple[str, str], str], ...] = ()
+    # (namespace, name) -> why that not-upgradable pod cannot take the change, where more can be
+    # said than "more than the image differs" (a resize the API server or the node would refuse).
+    reasons: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 def _partition(value: Any, total: int) -> int:
@@ -122,7 +149,7 @@ def plan_upgrade(
 ) -> Plan:
     """The next step of the rollout over `matched` (pods with distinct namespace/name).
 
-    `verdicts` from `status.evaluate(ss, matched)` saves evaluating every pod again when the
+    `verdicts` from `status.pod_verdicts(ss, matched)` saves evaluating every pod again when the
     status was just computed from the same pods. Pods in `held_back` (namespace, name) are not
     planned this time (their patch keeps failing and they wait out a backoff); the others go on.
     `resizable` holds the without-image hashes of the specs that differ from this one only in
@@ -130,63 +157,87 @@ def plan_upgrade(
     unless `resize_refusal` says why no pod can be (the API server does not serve `pods/resize`).
     """
     name, strategy, total = ss.name, ss.update_strategy, len(matched)
-    m = _max_unavailable(strategy.max_unavailable, total)
+    max_unavailable = _max_unavailable(strategy.max_unavailable, total)
     if verdicts is None:
-        verdicts = evaluate_pods(ss, matched)
+        verdicts = pod_verdicts(ss, matched)
     elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
-    # A resize the node can never fit stops at that pod; the pod runs on as it was, so it holds no
-    # part of maxUnavailable and the rest of the rollout goes on.
-    reasons = {
-        pod.key: f"resize infeasible on node {pod.node_name or '?'}: {why}"
-        for pod, is_new in zip(matched, verdicts.updated, strict=True)
-        if is_new and (why := resizestate.infeasible(pod)) is not None
-    }
-    unavailable = sum(
-        1
-        for pod, is_new, moving, ok in zip(
-            matched, verdicts.updated, verdicts.in_flight, verdicts.available, strict=True
-        )
-        if (is_new or moving) and not ok and pod.key not in reasons
-    )
+    reasons = _infeasible_resizes(matched, verdicts)
+    unavailable = _unavailable(matched, verdicts, reasons)
     done = sum(verdicts.updated) >= total
 
-    def stop(stage: Stage, reason: str, not_upgradable: tuple[tuple[str, str], ...] = ()) -> Plan:
-        return Plan((), not_upgradable, unavailable, m, done, stage, reason, _reasons(reasons))
+    def plan(
+        stage: Stage,
+        reason: str,
+        *,
+        upgrades: tuple[PodUpgrade, ...] = (),
+        not_upgradable: tuple[tuple[str, str], ...] = (),
+    ) -> Plan:
+        return Plan(
+            upgrades=upgrades,
+            not_upgradable=not_upgradable,
+            unavailable=unavailable,
+            max_unavailable=max_unavailable,
+            done=done,
+            stage=stage,
+            reason=reason,
+            reasons=dict(sorted(reasons.items())),
+        )
 
     stopped = _stopped(ss)
     if stopped is not None:
-        return stop(*stopped)
-    candidates, stuck, waiting, resizes = _candidates(ss, matched, verdicts, resizable, reasons, resize_refusal)
-    stuck = tuple(sorted({*stuck, *reasons}))
+        return plan(*stopped)
+    candidates, not_upgradable, waiting, resizes = _candidates(
+        ss, matched, verdicts, resizable, reasons, resize_refusal
+    )
+    not_upgradable = tuple(sorted({*not_upgradable, *reasons}))
     if held_back:
         candidates = [p for p in candidates if p.key not in held_back]
     flips = _flips(ss, matched, now=now, held_back=held_back)
     if flips:  # as Kruise: every pod ready for its flip, before (and instead of) new upgrades
-        return Plan(flips, stuck, unavailable, m, done, Stage.FLIPPING, f"flipping {len(flips)}", _reasons(reasons))
+        return plan(Stage.FLIPPING, f"flipping {len(flips)}", upgrades=flips, not_upgradable=not_upgradable)
     if done:
-        return stop(Stage.DONE, "done", stuck)
+        return plan(Stage.DONE, "done", not_upgradable=not_upgradable)
 
     order = upgrade_order(candidates, matched, strategy)
     kept = _partition(strategy.partition, total)
     order = order[: max(0, len(order) - kept)]
-    chosen = _within_budget(order, unavailable, m, ready=lambda p: _ready(ss, p))
+    chosen = _within_budget(order, unavailable, max_unavailable, ready=lambda p: _ready(ss, p))
     upgrades = tuple(_upgrade(ss, pod, revision=revision, now=now, resizing=resizes.get(pod.key)) for pod in chosen)
     if upgrades:
         stage, reason = Stage.UPGRADING, f"upgrading {len(upgrades)}"
     elif candidates and not order:
         stage, reason = Stage.PARTITION, f"partition: {kept} pods kept on the old revision"
     elif order:
-        stage, reason = Stage.WAITING, f"waiting: {unavailable}/{m} unavailable"
+        stage, reason = Stage.WAITING, f"waiting: {unavailable}/{max_unavailable} unavailable"
     elif waiting:
         stage, reason = Stage.WAITING, f"waiting: {waiting} pods still upgrading"
     else:
         stage, reason = Stage.NOTHING_UPGRADABLE, "no upgradable pods"
-    return Plan(upgrades, stuck, unavailable, m, done, stage, reason, _reasons(reasons))
+    return plan(stage, reason, upgrades=upgrades, not_upgradable=not_upgradable)
 
 
-def _reasons(reasons: Mapping[tuple[str, str], str]) -> tuple[tuple[tuple[str, str], str], ...]:
-    return tuple(sorted(reasons.items()))
+def _infeasible_resizes(matched: Sequence[PodProjection], verdicts: podstate.Verdicts) -> dict[tuple[str, str], str]:
+    """Pods whose resize the node can never fit, with why: the rollout stops at each such pod, which
+    runs on as it was, so it holds no part of maxUnavailable and the rest of the rollout goes on."""
+    return {
+        pod.key: f"resize infeasible on node {pod.node_name or '?'}: {why}"
+        for pod, is_new in zip(matched, verdicts.updated, strict=True)
+        if is_new and (why := resizestate.infeasible(pod)) is not None
+    }
+
+
+def _unavailable(
+    matched: Sequence[PodProjection], verdicts: podstate.Verdicts, infeasible: Collection[tuple[str, str]]
+) -> int:
+    """Pods unavailable because of this rollout (patched, or being patched, and not available)."""
+    return sum(
+        1
+        for pod, is_new, moving, ok in zip(
+            matched, verdicts.updated, verdicts.in_flight, verdicts.available, strict=True
+        )
+        if (is_new or moving) and not ok and pod.key not in infeasible
+    )
 
 
 def _stopped(ss: SidecarSet) -> tuple[Stage, str] | None:
@@ -268,7 +319,7 @@ def _ready(ss: SidecarSet, pod: PodProjection) -> bool:
 def _upgrade(
     ss: SidecarSet, pod: PodProjection, *, revision: str, now: str, resizing: resize.ResizeDecision | None = None
 ) -> PodUpgrade:
-    physical = hotsidecars.physical_names(ss)
+    physical = ss.container_names_in_pod
 
     def consistent(container: str) -> bool:
         return podstate.is_consistent(pod, sidecarset=ss.name, containers={container} & physical)
@@ -285,19 +336,15 @@ def _upgrade(
         hot_ops=hot_ops,
         hot_changed=hot_changed,
     )
-    if resizing is None:
-        return PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, patch, ss.patch_pod_metadata, ss.name)
-    return PodUpgrade(
-        pod.namespace,
-        pod.name,
-        pod.uid,
-        pod.resource_version,
+    steps = resizing.steps if resizing is not None else ()
+    return PodUpgrade.of(
+        pod,
+        ss,
         patch,
-        ss.patch_pod_metadata,
-        ss.name,
-        resize=tuple(resize_patch(pod, resizing.steps)) if resizing.steps else (),
-        without_image_hash=ss.hash_without_image,
-        sidecars=tuple(ss.sidecar_list),
+        metadata=ss.patch_pod_metadata,
+        resize=tuple(resize_patch(pod, steps)) if steps else (),
+        without_image_hash="" if resizing is None else ss.hash_without_image,
+        sidecars=() if resizing is None else tuple(ss.sidecar_list),
     )
 
 
@@ -308,7 +355,7 @@ def _flips(
     containers put on the empty image (no maxUnavailable: the sidecar keeps serving throughout)."""
     if not hotsidecars.hot_sidecars(ss):
         return ()
-    physical = hotsidecars.physical_names(ss)
+    physical = ss.container_names_in_pod
     out: list[PodUpgrade] = []
     for pod in sorted(matched, key=lambda p: (p.namespace, p.name, p.uid)):
         if pod.key in held_back or not podstate.is_active(pod):
@@ -324,7 +371,7 @@ def _flips(
             continue
         state = inplace_annotation(pod, ss_name=ss.name, changed=changed, revision="", now=now, merge=True)
         ops.append({"op": "add", "path": pointer("metadata", "annotations", ANN_INPLACE_STATE), "value": state})
-        out.append(PodUpgrade(pod.namespace, pod.name, pod.uid, pod.resource_version, ops, (), ss.name))
+        out.append(PodUpgrade.of(pod, ss, ops))
     return tuple(out)
 
 
@@ -343,56 +390,3 @@ def _within_budget(
         count += 1
         chosen.append(pod)
     return chosen
-
-
-def _message_kv(message: str) -> dict[str, bool] | None:
-    """The `{ss: upgradable}` map in a condition message; None when it is not one."""
-    try:
-        parsed = orjson.loads(message)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    return {k: v for k, v in parsed.items() if isinstance(k, str) and isinstance(v, bool)}
-
-
-def upgradable_condition(
-    pod: PodProjection, not_upgradable_for: Mapping[str, bool], *, now: str | None = None
-) -> JsonObj:
-    """The pod's `SidecarSetUpgradable` condition after merging in these SidecarSets' verdicts.
-
-    `not_upgradable_for[ss]` is True when that SidecarSet cannot roll its images into the pod.
-    Verdicts of other SidecarSets already in the condition's message are kept, so each
-    SidecarSet's controller pass only states its own. `now` sets lastTransitionTime when the
-    status flips.
-    """
-    old = pod.upgradable_condition
-    kv = (_message_kv(old[2]) if len(old) == 3 else None) or {}
-    for ss, not_upgradable in not_upgradable_for.items():
-        kv[ss] = not not_upgradable
-    ok = all(kv.values())
-    status = "True" if ok else "False"
-    condition: JsonObj = {
-        "type": POD_CONDITION_UPGRADABLE,
-        "status": status,
-        "reason": REASON_UPGRADABLE if ok else REASON_NOT_UPGRADABLE,
-        "message": orjson.dumps({k: kv[k] for k in sorted(kv)}).decode(),
-    }
-    if now is not None and (len(old) != 3 or old[0] != status):
-        condition["lastTransitionTime"] = now
-    return condition
-
-
-def condition_current(pod: PodProjection, condition: Mapping[str, Any]) -> bool:
-    """The pod already carries this condition (message compared as JSON), so nothing to write."""
-    old = pod.upgradable_condition
-    if len(old) != 3:
-        return False
-    status, reason, message = old
-    old_kv = _message_kv(message)
-    return (
-        old_kv is not None
-        and status == condition.get("status")
-        and reason == condition.get("reason")
-        and old_kv == _message_kv(str(condition.get("message", "")))
-    )

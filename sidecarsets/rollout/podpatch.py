@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, parse_object
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.spec.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INPLACE_STATE
 
@@ -123,11 +123,7 @@ def without_image_op(raw: str | None, *, ss_name: str, new_hash: str, sidecars: 
     """The operation that records a resized pod's new without-image hash, read from the pod as it is
     (the projection drops this annotation's timestamps, and other SidecarSets' entries must stay as
     written); the entry has injection's form (injector.engine.metadata)."""
-    try:
-        parsed = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError:
-        parsed = {}
-    entries: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    entries = dict(parse_object(raw))
     entries[ss_name] = {"updateTimestamp": now, "hash": new_hash, "sidecarSetName": ss_name, "sidecarList": sidecars}
     value = orjson.dumps({k: entries[k] for k in sorted(entries)}).decode()
     return {"op": "add", "path": pointer("metadata", "annotations", ANN_HASH_WITHOUT_IMAGE), "value": value}

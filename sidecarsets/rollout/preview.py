@@ -4,12 +4,11 @@
 rollout stand?". Both must give the controller's own answers, not a second opinion that drifts from
 it, so nothing here decides anything the planner decides.
 
-This module is where those answers are found: the rollout simulated with the planner
-(sidecarsets.rollout.rolloutsim, on the pod copies of sidecarsets.rollout.simnode), the planner's verdicts
-explained (sidecarsets.rollout.specdiff: which container fields stop a pod from being upgraded in place,
-how the file's containers differ from the stored ones), and, here, which pods the spec no longer
-owns and the revision it would be recorded as. Their names are importable from here.
-Pure functions of JSON objects; the CLI does the reading.
+The answers are found in the rollout simulated with the planner (sidecarsets.rollout.rolloutsim,
+on the pod copies of sidecarsets.rollout.simnode), the planner's verdicts explained
+(sidecarsets.rollout.specdiff: which container fields stop a pod from being upgraded in place, how
+the file's containers differ from the stored ones), and, here, which pods the spec no longer owns
+and the revision it would be recorded as. Pure functions of JSON objects; the CLI does the reading.
 """
 
 from __future__ import annotations
@@ -18,35 +17,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarsets.pods import podstate
-from sidecarsets.pods.podkeys import pod_key as pod_key
 from sidecarsets.pods.podkeys import projection_key
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import status
-from sidecarsets.rollout.resize import resizable_hashes as resizable_hashes
-from sidecarsets.rollout.rolloutsim import Batch as Batch
-from sidecarsets.rollout.rolloutsim import Rollout as Rollout
-from sidecarsets.rollout.rolloutsim import not_ready_reason as not_ready_reason
-from sidecarsets.rollout.rolloutsim import partition_of as partition_of
-from sidecarsets.rollout.rolloutsim import simulate_rollout as simulate_rollout
-from sidecarsets.rollout.simnode import PreviewError as PreviewError
-from sidecarsets.rollout.simnode import apply_upgrade as apply_upgrade
-from sidecarsets.rollout.simnode import kubelet_report as kubelet_report
-from sidecarsets.rollout.simnode import simulated_image_id as simulated_image_id
-from sidecarsets.rollout.specdiff import API_DEFAULTED_FIELDS as API_DEFAULTED_FIELDS
-from sidecarsets.rollout.specdiff import NOT_VISIBLE as NOT_VISIBLE
-from sidecarsets.rollout.specdiff import Blocked as Blocked
-from sidecarsets.rollout.specdiff import ContainerChange as ContainerChange
-from sidecarsets.rollout.specdiff import container_changes as container_changes
-from sidecarsets.rollout.specdiff import field_differences as field_differences
-from sidecarsets.rollout.specdiff import known_specs as known_specs
-from sidecarsets.rollout.specdiff import pod_differences as pod_differences
-from sidecarsets.rollout.specdiff import spec_differences as spec_differences
-from sidecarsets.rollout.specdiff import spec_field_changes as spec_field_changes
-from sidecarsets.rollout.specdiff import why_not_upgradable as why_not_upgradable
 from sidecarsets.spec import names, revisions, selectors
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 
 # ---------------------------------------------------------------------------------------------
 # The revision
@@ -57,10 +35,8 @@ def would_be_revision(ss: SidecarSet, stored_revisions: Iterable[Mapping[str, An
     with the same data (which it reuses), else the name it would create."""
     data = revisions.revision_data(ss)
     for r in stored_revisions:
-        meta = r.get("metadata")
-        labels = (meta.get("labels") if isinstance(meta, Mapping) else None) or {}
-        if labels.get(names.REVISION_LABEL_SIDECARSET) == ss.name and r.get("data") == data:
-            return str(meta.get("name") if isinstance(meta, Mapping) else "")
+        if resolve(r, "metadata", "labels", names.REVISION_LABEL_SIDECARSET) == ss.name and r.get("data") == data:
+            return str(resolve(r, "metadata", "name"))
     return revisions.revision_name(ss.name, revisions.revision_hash(data, ss.collision_count))
 
 
@@ -106,7 +82,7 @@ def unowned_pods(
         elif not podstate.has_sidecars(p, cold=cold, hot=hot, native_init=native, hot_init=hot_init):
             have = {n for n, _ in (*p.containers, *p.init_containers)}
             missing = [n for n in (*cold, *native) if n not in have] + [
-                n for n in (*hot, *hot_init) if f"{n}-1" not in have
+                n for n in (*hot, *hot_init) if hot_pair(n)[0] not in have
             ]
             dropped.append(
                 Unowned(key, f"lacks sidecar(s) {', '.join(missing) or '?'} of this spec: only a new pod gets them")
@@ -114,30 +90,3 @@ def unowned_pods(
     dropped.sort(key=lambda u: u.pod)
     never.sort(key=lambda u: u.pod)
     return dropped, never
-
-
-__all__ = [
-    "Batch",
-    "Blocked",
-    "ContainerChange",
-    "PreviewError",
-    "Rollout",
-    "Unowned",
-    "apply_upgrade",
-    "container_changes",
-    "field_differences",
-    "known_specs",
-    "kubelet_report",
-    "not_ready_reason",
-    "partition_of",
-    "pod_differences",
-    "pod_key",
-    "resizable_hashes",
-    "simulate_rollout",
-    "simulated_image_id",
-    "spec_differences",
-    "spec_field_changes",
-    "unowned_pods",
-    "why_not_upgradable",
-    "would_be_revision",
-]

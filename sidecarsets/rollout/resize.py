@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.pods.podrecords import Resources
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.pods.resizestate import RESIZABLE, same_quantity, same_values
@@ -86,8 +86,7 @@ def _text(value: Any) -> str:
 
 
 def _section(resources: Mapping[str, Any], key: str) -> dict[str, str]:
-    raw = resources.get(key)
-    return {str(k): _text(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    return {str(k): _text(v) for k, v in mapping(resources, key).items()}
 
 
 def _pod_spec(pod: PodProjection) -> JsonObj:
@@ -113,8 +112,7 @@ def wanted(sc: SidecarContainer, pod: PodProjection) -> tuple[dict[str, str], di
         injected = frozenset(n for entry in pod.hashes for n in entry.sidecar_list)
         resources: Mapping[str, Any] = computed_resources(sc.resources_policy, _pod_spec(pod), injected)
     else:
-        raw = sc.container.get("resources")
-        resources = raw if isinstance(raw, Mapping) else {}
+        resources = mapping(sc.container, "resources")
     requests, limits = _section(resources, "requests"), _section(resources, "limits")
     for resource, value in limits.items():  # the API server's defaulting of a pod
         requests.setdefault(resource, value)

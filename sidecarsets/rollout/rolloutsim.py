@@ -40,7 +40,7 @@ class Rollout:
     """The simulated rollout: the batches, and where the planner stops after the last one."""
 
     batches: tuple[Batch, ...]
-    stage: str  # the planner's Stage value after the last batch
+    stage: planner.Stage  # where the planner stops after the last batch
     reason: str
     max_unavailable: int
     partition: int  # pods the partition keeps on the old revision
@@ -59,7 +59,7 @@ class Rollout:
 
     @property
     def done(self) -> bool:
-        return self.stage == planner.Stage.DONE.value
+        return self.stage is planner.Stage.DONE
 
 
 def _writes(pod: JsonObj, u: planner.PodUpgrade, now: str) -> list[JsonObj]:
@@ -112,7 +112,7 @@ class _Simulation:
 
     def look(self) -> tuple[list[PodProjection], podstate.Verdicts]:
         matched = status.matched_pods(self.ss, self.projected.values(), self.namespace_labels)
-        return matched, status.evaluate(self.ss, matched)
+        return matched, status.pod_verdicts(self.ss, matched)
 
     def plan(self, matched: list[PodProjection], verdicts: podstate.Verdicts) -> planner.Plan:
         return planner.plan_upgrade(
@@ -205,7 +205,7 @@ def simulate_rollout(
     kept, waiting = _held_at_end(ss, plan, matched, verdicts)
     return Rollout(
         batches=tuple(sim.batches),
-        stage="stopped" if stopped else plan.stage.value,
+        stage=planner.Stage.STOPPED if stopped else plan.stage,
         reason=_stopped_reason(ss) if stopped else plan.reason,
         max_unavailable=plan.max_unavailable,
         partition=partition_of(ss, len(matched)),
@@ -247,7 +247,7 @@ def _held_at_end(
 
 
 def _stopped_reason(ss: SidecarSet) -> str:
-    conditions = ss.status.get("conditions") if isinstance(ss.status, Mapping) else None
+    conditions = ss.status.get("conditions")
     for c in conditions if isinstance(conditions, list) else []:
         if isinstance(c, Mapping) and c.get("type") == names.CONDITION_PROGRESSING:
             return f"stopped ({names.REASON_DEADLINE_EXCEEDED}): {c.get('message') or ''}".rstrip(": ")

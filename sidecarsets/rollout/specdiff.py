@@ -13,13 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping, parse_object, resolve
 from sidecarsets.pods.podkeys import pod_key
 from sidecarsets.spec import hashing, names, revisions
 from sidecarsets.spec.defaults import apply_defaults
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import SidecarContainer, hot_pair
 
 # Container fields the API server fills in on a pod when the spec leaves them out: a pod carrying
 # them while the SidecarSet does not is no difference.
@@ -170,65 +169,66 @@ def pod_differences(ss: SidecarSet, pod: Mapping[str, Any]) -> list[str]:
     vars, volumes shared from the app containers, resources from a resourcesPolicy) and what the
     API server defaults are not differences; the SidecarSet-only fields cannot be seen at all.
     """
-    spec, meta = _map(pod.get("spec")), _map(pod.get("metadata"))
+    spec, meta = mapping(pod, "spec"), mapping(pod, "metadata")
     in_pod = {**_by_name(spec.get("initContainers")), **_by_name(spec.get("containers"))}
     working = _working(meta)
     out: list[str] = []
     sidecars = [*ss.containers, *(c for c in ss.init_containers if c.native)]
     for sc in sidecars:
-        actual = in_pod.get(working.get(sc.name, f"{sc.name}-1") if sc.hot else sc.name)
+        # A HotUpgrade sidecar is compared with the container of its pair that serves.
+        actual = in_pod.get(working.get(sc.name, hot_pair(sc.name)[0]) if sc.hot else sc.name)
         if actual is None:
             out.append(f"{sc.name}: not in the pod")
-            continue
-        wanted = sc.container
-        transferred = frozenset(n for t in sc.transfer_env for n in t.env_names)
-        differing: set[str] = set()
-        for key in set(wanted) | set(actual):
-            if key in ("image", "name"):
-                continue
-            if key == "env":
-                own = _env_of(wanted.get("env"), frozenset())
-                got = _env_of(actual.get("env"), frozenset({names.ENV_IS_INJECTED}) | (transferred - set(own)))
-                if own != got:
-                    differing.add(key)
-            elif key in ("volumeMounts", "volumeDevices") and (sc.share_volumes or sc.share_volume_devices):
-                got_mounts = _by_name(actual.get(key))
-                if not all(_covers(m, got_mounts.get(n)) for n, m in _by_name(wanted.get(key)).items()):
-                    differing.add(key)
-            elif key == "resources" and sc.resources_policy is not None:
-                continue
-            elif key not in wanted:
-                if key not in API_DEFAULTED_FIELDS and not _empty(actual.get(key)):
-                    differing.add(key)
-            elif not _covers(wanted[key], actual.get(key)):
-                differing.add(key)
-        out += [f"{sc.name}: {f}" for f in sorted(differing)]
-    entry = _hash_entry(meta, ss.name)
-    listed = entry.get("sidecarList") if isinstance(entry, Mapping) else None
+        else:
+            out += [f"{sc.name}: {key}" for key in sorted(_differing_fields(sc, actual))]
     current = {c.name for c in sidecars}
-    out += [f"{n}: removed" for n in listed or [] if isinstance(n, str) and n not in current]
+    out += [f"{n}: removed" for n in _injected_sidecars(meta, ss.name) if n not in current]
     return out
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+def _differing_fields(sc: SidecarContainer, actual: Mapping[str, Any]) -> set[str]:
+    """The fields of sidecar `sc` that its container in the pod, `actual`, does not carry."""
+    keys = (set(sc.container) | set(actual)) - {"image", "name"}
+    return {key for key in keys if _field_differs(sc, key, actual)}
 
 
-def _annotation_json(meta: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    raw = _map(meta.get("annotations")).get(key)
-    try:
-        parsed = orjson.loads(raw) if isinstance(raw, str) else {}
-    except orjson.JSONDecodeError:
-        return {}
-    return _map(parsed)
+def _field_differs(sc: SidecarContainer, key: str, actual: Mapping[str, Any]) -> bool:
+    wanted = sc.container
+    if key == "env":
+        return _env_differs(sc, actual)
+    if key in ("volumeMounts", "volumeDevices") and (sc.share_volumes or sc.share_volume_devices):
+        # Shared volumes add the app containers' mounts: only the sidecar's own must be there.
+        got = _by_name(actual.get(key))
+        return not all(_covers(m, got.get(n)) for n, m in _by_name(wanted.get(key)).items())
+    if key == "resources" and sc.resources_policy is not None:
+        return False  # computed per pod by the resourcesPolicy
+    if key not in wanted:
+        return key not in API_DEFAULTED_FIELDS and not _empty(actual.get(key))
+    return not _covers(wanted[key], actual.get(key))
+
+
+def _env_differs(sc: SidecarContainer, actual: Mapping[str, Any]) -> bool:
+    """Injection adds IS_INJECTED and the transferred vars the sidecar does not set itself: those
+    are not differences."""
+    own = _env_of(sc.container.get("env"), frozenset())
+    transferred = frozenset(n for t in sc.transfer_env for n in t.env_names)
+    got = _env_of(actual.get("env"), frozenset({names.ENV_IS_INJECTED}) | (transferred - set(own)))
+    return own != got
+
+
+def _injected_sidecars(meta: Mapping[str, Any], ss_name: str) -> list[str]:
+    """The sidecars the pod's hash annotation says this SidecarSet injected."""
+    listed = resolve(_hash_entry(meta, ss_name), "sidecarList")
+    return [n for n in listed or [] if isinstance(n, str)]
 
 
 def _working(meta: Mapping[str, Any]) -> dict[str, str]:
-    return {str(k): str(v) for k, v in _annotation_json(meta, names.ANN_WORKING_HOT).items()}
+    working = parse_object(resolve(meta, "annotations", names.ANN_WORKING_HOT))
+    return {str(k): str(v) for k, v in working.items()}
 
 
 def _hash_entry(meta: Mapping[str, Any], ss_name: str, key: str = names.ANN_HASH) -> Any:
-    return _annotation_json(meta, key).get(ss_name)
+    return parse_object(resolve(meta, "annotations", key)).get(ss_name)
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ def why_not_upgradable(
     ControllerRevisions) by that hash and compared field by field; when none has it, the pod's own
     containers are compared with the new spec.
     """
-    meta = _map(pod.get("metadata"))
+    meta = mapping(pod, "metadata")
     entry = _hash_entry(meta, ss.name, names.ANN_HASH_WITHOUT_IMAGE)
     recorded = entry.get("hash") if isinstance(entry, Mapping) else entry if isinstance(entry, str) else None
     key = pod_key(pod)
@@ -284,8 +284,7 @@ def known_specs(
         except revisions.RevisionError:
             ordered = [dict(r) for r in mine]
         for r in reversed(ordered):
-            data = r.get("data")
-            spec = data.get("spec") if isinstance(data, Mapping) else None
+            spec = resolve(r, "data", "spec")
             if isinstance(spec, Mapping):
-                out.append((f"ControllerRevision {(r.get('metadata') or {}).get('name')}", spec))
+                out.append((f"ControllerRevision {resolve(r, 'metadata', 'name')}", spec))
     return out

@@ -66,7 +66,7 @@ def matched_pods(
     return out
 
 
-def evaluate(ss: SidecarSet, matched: Sequence[PodProjection]) -> podstate.Verdicts:
+def pod_verdicts(ss: SidecarSet, matched: Sequence[PodProjection]) -> podstate.Verdicts:
     """The per-pod verdicts for `matched` against the SidecarSet's current spec, computed once so
     `compute_status` and `planner.plan_upgrade` can share them."""
     hot = hotsidecars.hot_sidecars(ss)
@@ -74,7 +74,7 @@ def evaluate(ss: SidecarSet, matched: Sequence[PodProjection]) -> podstate.Verdi
         matched,
         sidecarset=ss.name,
         spec_hash=ss.hash,
-        containers=hotsidecars.physical_names(ss),
+        containers=ss.container_names_in_pod,
         also_ready=(lambda p: hotupgrade.empties_done(p, ss)) if hot else None,
     )
 
@@ -87,9 +87,9 @@ def compute_status(
     collision_count: int | None,
     verdicts: podstate.Verdicts | None = None,
 ) -> JsonObj:
-    """The status for `matched`; `verdicts` from `evaluate(ss, matched)` saves evaluating the pods again."""
+    """The status for `matched`; `verdicts` from `pod_verdicts(ss, matched)` saves evaluating the pods again."""
     if verdicts is None:
-        verdicts = evaluate(ss, matched)
+        verdicts = pod_verdicts(ss, matched)
     elif not verdicts.is_for(matched, sidecarset=ss.name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
     updated = sum(verdicts.updated)

@@ -2,8 +2,9 @@
 
 What the spec says about them, read the same way by injection (injector.engine.hotupgrade), by
 the status counters and by the rollout (sidecarsets.rollout.hotupgrade): the logical name, the
-image, the `hotUpgradeEmptyImage` the idle container runs, and every container name the
-SidecarSet's sidecars occupy in a pod.
+image, and the `hotUpgradeEmptyImage` the idle container runs. The pair's names are
+`sidecar.hot_pair`; every name a SidecarSet's sidecars take in a pod is the model's
+`container_names_in_pod`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import hot_pair
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class HotSidecar:
 
     @property
     def pair(self) -> tuple[str, str]:
-        return f"{self.name}-1", f"{self.name}-2"
+        return hot_pair(self.name)
 
     @property
     def field(self) -> str:
@@ -37,18 +40,8 @@ def hot_sidecars(ss: SidecarSet) -> list[HotSidecar]:
     for key in ("containers", "initContainers"):
         for raw in ss.spec.get(key) or []:
             if isinstance(raw, Mapping):
-                strategy = raw.get("upgradeStrategy")
-                value = strategy.get("hotUpgradeEmptyImage") if isinstance(strategy, Mapping) else None
+                value = resolve(raw, "upgradeStrategy", "hotUpgradeEmptyImage")
                 empty[str(raw.get("name"))] = value if isinstance(value, str) else ""
     out = [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), False) for c in ss.containers if c.hot]
     natives = [c for c in ss.init_containers if c.hot and c.native]
     return out + [HotSidecar(c.name, c.image or "", empty.get(c.name, ""), True) for c in natives]
-
-
-def physical_names(ss: SidecarSet) -> set[str]:
-    """Every container the SidecarSet's sidecars occupy in a pod: cold names, native init names,
-    and both containers of each HotUpgrade pair."""
-    out = {c.name for c in ss.containers if not c.hot} | {c.name for c in ss.init_containers if c.native and not c.hot}
-    for h in hot_sidecars(ss):
-        out.update(h.pair)
-    return out

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from dataclasses import field as _derived
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.spec import hashing, names, selectors
 from sidecarsets.spec.conversion import is_v1beta1
-from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, mapping, type_name
+from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, type_name
 from sidecarsets.spec.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
 from sidecarsets.spec.strategies import RevisionPin, UpdateStrategy, read_revision_pin, read_update_strategy
 from sidecarsets.values.jsontemplate import JsonTemplate
@@ -96,12 +96,11 @@ class SidecarSet:
             tuple(c.name for c in self.containers) + tuple(c.name for c in self.init_containers if c.native),
         )
         derive("_all_container_names", frozenset(c.name for c in self.containers + self.init_containers))
-        # A HotUpgrade sidecar (a container, or a native-sidecar init container) is a -1/-2 pair in the pod.
         in_pod: dict[str, tuple[str, ...]] = {}
         for c in self.init_containers:
-            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot and c.native else (c.name,)
+            in_pod[c.name] = c.names_in_pod
         for c in self.containers:  # a container wins over an init container of its name, as before
-            in_pod[c.name] = (f"{c.name}-1", f"{c.name}-2") if c.hot else (c.name,)
+            in_pod[c.name] = c.names_in_pod
         derive("_names_in_pod", in_pod)
         by_name: dict[str, tuple[JsonObj, JsonTemplate]] = {}
         for vol in self.volumes:
@@ -141,8 +140,6 @@ class SidecarSet:
         _check_names(reader, containers, init_containers)
         _check_images(reader, spec.get("containers"))
         injection = reader.object(spec.get("injectionStrategy"), "spec.injectionStrategy")
-        labels = metadata.get("labels")
-        annotations = metadata.get("annotations")
         generation = metadata.get("generation", 0)
         latest = status.get("latestRevision")
         return cls(
@@ -153,8 +150,8 @@ class SidecarSet:
             resource_version=str(metadata.get("resourceVersion") or ""),
             generation=generation if _is_int(generation) else 0,
             creation_timestamp=str(metadata.get("creationTimestamp") or ""),
-            labels=labels if isinstance(labels, Mapping) else {},
-            annotations=annotations if isinstance(annotations, Mapping) else {},
+            labels=mapping(metadata, "labels"),
+            annotations=mapping(metadata, "annotations"),
             status=status,
             selector=selector,
             namespace_selector=ns_selector,
@@ -193,8 +190,16 @@ class SidecarSet:
 
     @property
     def all_names_in_pod(self) -> frozenset[str]:
-        """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each)."""
+        """Every container name this SidecarSet's sidecars take in a pod (`names_in_pod` of each),
+        plain init containers included."""
         return frozenset(n for taken in self._names_in_pod.values() for n in taken)
+
+    @property
+    def container_names_in_pod(self) -> frozenset[str]:
+        """The containers that stay in a pod for this SidecarSet (`container_names`, each as it is
+        named in the pod: both of a HotUpgrade pair); the ones the rollout and the status count."""
+        sidecars = (*self.containers, *(c for c in self.init_containers if c.native))
+        return frozenset(n for c in sidecars for n in c.names_in_pod)
 
     @property
     def sidecar_list(self) -> list[str]:
@@ -383,7 +388,7 @@ def _collision_count(reader: Reader, value: Any) -> int:
 def _only_name_label(selector: Mapping[str, Any]) -> bool:
     """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
     try:
-        keys = set(mapping(selector.get("matchLabels")).keys())
+        keys = set(mapping(selector, "matchLabels").keys())
         for expr in selector.get("matchExpressions") or []:
             if isinstance(expr, Mapping):
                 keys.add(str(expr.get("key")))

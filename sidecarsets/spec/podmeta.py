@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.spec.enums import PatchPolicy
 from sidecarsets.spec.sidecar import MetadataPatch
 
@@ -27,7 +27,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else replaces."""
     if not isinstance(patch, dict):
         return patch
-    result = dict(target) if isinstance(target, dict) else {}
+    result = dict(mapping(target))
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)

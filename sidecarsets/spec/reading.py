@@ -13,7 +13,6 @@ Some problems are never fatal, even in strict mode (`advisory`): fields injectio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -129,7 +128,3 @@ def first_problem(problems: tuple[Problem, ...], *prefixes: str, exact: bool = F
             if f == prefix or (not exact and f.startswith((prefix + ".", prefix + "["))):
                 return problem
     return None
-
-
-def mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}

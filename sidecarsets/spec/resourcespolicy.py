@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from dataclasses import field as _derived
 from typing import Any
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarsets.spec.reading import Reader
 from sidecarsets.values import calculator, quantity
 from sidecarsets.values.gofmt import float_to_int64, quote
@@ -182,8 +182,7 @@ def _targets(policy: ResourcesPolicy, pod_spec: Mapping[str, Any], excluded: fro
 
 
 def _quantities(path: str, container: Mapping[str, Any], section: str) -> dict[str, Quantity]:
-    resources = container.get("resources")
-    values = resources.get(section) if isinstance(resources, Mapping) else None
+    values = resolve(container, "resources", section)
     if values is None:
         return {}
     if not isinstance(values, Mapping):

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping, resolve
 from sidecarsets.spec import selectors
 from sidecarsets.spec.enums import RevisionPolicy
 from sidecarsets.spec.hashing import spec_hash, spec_hash_without_image
@@ -67,11 +67,6 @@ class PinnedRevisionNotFound(RevisionError):
     """`injectionStrategy.revision` names a revision that does not exist (pod creation must fail)."""
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def _ss_name(ss: SidecarSet) -> str:
     if not ss.name:
         raise RevisionError("metadata.name is required")
@@ -83,11 +78,6 @@ def _require(ss: SidecarSet, *fields: str, exact: bool = False) -> None:
     problem = ss.problem(*fields, exact=exact)
     if problem is not None:
         raise RevisionError(problem.message)
-
-
-def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = _meta(obj).get("labels")
-    return labels if isinstance(labels, Mapping) else {}
 
 
 def revision_data(ss: SidecarSet) -> JsonObj:
@@ -114,7 +104,7 @@ def revision_name(ss_name: str, hash: str) -> str:
 def revision_number(revision: Mapping[str, Any]) -> int:
     value = revision.get("revision")
     if isinstance(value, bool) or not isinstance(value, int):
-        name = _meta(revision).get("name")
+        name = resolve(revision, "metadata", "name")
         raise RevisionError(f"ControllerRevision {name}: revision must be an integer, got {value!r}")
     return value
 
@@ -123,7 +113,11 @@ def sort_revisions(revisions: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
     """Oldest first: by `.revision`, then creation time, then name (client-go's order)."""
     return sorted(
         (dict(r) for r in revisions),
-        key=lambda r: (revision_number(r), str(_meta(r).get("creationTimestamp") or ""), str(_meta(r).get("name"))),
+        key=lambda r: (
+            revision_number(r),
+            str(resolve(r, "metadata", "creationTimestamp") or ""),
+            str(resolve(r, "metadata", "name")),
+        ),
     )
 
 
@@ -180,14 +174,14 @@ def _pinned(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> tuple[str
     name, version = pin.revision_name, pin.custom_version
     revs = list(revisions)
     if name:
-        found = next((r for r in revs if _meta(r).get("name") == name), None)
+        found = next((r for r in revs if resolve(r, "metadata", "name") == name), None)
         return f"revisionName {name!r}", (dict(found) if found is not None else None)
     ss_name = _ss_name(ss)
     matching = [
         r
         for r in revs
-        if _labels(r).get(SS_LABEL_CUSTOM_VERSION) == version
-        and _labels(r).get(REVISION_LABEL_SIDECARSET, ss_name) == ss_name
+        if mapping(r, "metadata", "labels").get(SS_LABEL_CUSTOM_VERSION) == version
+        and mapping(r, "metadata", "labels").get(REVISION_LABEL_SIDECARSET, ss_name) == ss_name
     ]
     return f"customVersion {version!r}", (sort_revisions(matching)[-1] if matching else None)
 
@@ -218,7 +212,7 @@ def _pinned_name(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> str 
         return pin.revision_name  # kept even if not listed: it may be created later under that name
     pinned = _pinned(ss, revisions)
     found = pinned[1] if pinned else None
-    return str(_meta(found).get("name")) if found is not None else None
+    return str(resolve(found, "metadata", "name")) if found is not None else None
 
 
 def apply_revision(ss: SidecarSet, revision: Mapping[str, Any]) -> JsonObj:
@@ -228,24 +222,21 @@ def apply_revision(ss: SidecarSet, revision: Mapping[str, Any]) -> JsonObj:
     current ones. The hash annotations and `status.latestRevision` describe the revision, so pods
     injected from it record the right hash and `controllerRevision`.
     """
-    data = revision.get("data")
-    stored = data.get("spec") if isinstance(data, Mapping) else None
-    rev_name = str(_meta(revision).get("name") or "")
+    stored = resolve(revision, "data", "spec")
+    rev_name = str(resolve(revision, "metadata", "name") or "")
     if not isinstance(stored, Mapping):
         raise RevisionError(f"ControllerRevision {rev_name}: data.spec must be an object")
     out: JsonObj = copy.deepcopy(dict(ss.obj))
-    spec = out.get("spec")
-    spec = dict(spec) if isinstance(spec, Mapping) else {}
+    spec = dict(mapping(out, "spec"))
     for key in REVISION_FIELDS:
         if stored.get(key) is not None:
             spec[key] = copy.deepcopy(stored[key])
         else:
             spec.pop(key, None)
     out["spec"] = spec
-    meta = dict(_meta(out))
+    meta = dict(mapping(out, "metadata"))
     annotations = dict(meta.get("annotations") or {})
-    rev_annotations = _meta(revision).get("annotations")
-    rev_annotations = rev_annotations if isinstance(rev_annotations, Mapping) else {}
+    rev_annotations = mapping(revision, "metadata", "annotations")
     annotations[SS_ANN_HASH] = str(rev_annotations.get(SS_ANN_HASH) or spec_hash(spec))
     annotations[SS_ANN_HASH_WITHOUT_IMAGE] = str(
         rev_annotations.get(SS_ANN_HASH_WITHOUT_IMAGE) or spec_hash_without_image(spec)
@@ -320,10 +311,10 @@ def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_us
         latest = revs[-1]
     elif equal:
         latest = {**equal[-1], "revision": next_number}
-        renumber = str(_meta(latest).get("name"))
+        renumber = str(resolve(latest, "metadata", "name"))
         revs = [r for r in revs if r is not equal[-1]] + [latest]
     else:
-        taken = {str(_meta(r).get("name")) for r in revs}
+        taken = {str(resolve(r, "metadata", "name")) for r in revs}
         name = revision_name(ss_name, revision_hash(data, collisions))
         while name in taken:
             collisions += 1
@@ -333,13 +324,13 @@ def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_us
         create = latest = new_revision(ss, name=name, number=next_number)
         revs.append(latest)
 
-    latest_name = str(_meta(latest).get("name"))
+    latest_name = str(resolve(latest, "metadata", "name"))
     version = ss.custom_version
     relabel = None
-    if version and _labels(latest).get(SS_LABEL_CUSTOM_VERSION) != version:
+    if version and mapping(latest, "metadata", "labels").get(SS_LABEL_CUSTOM_VERSION) != version:
         relabel = version
-        meta = dict(_meta(latest))
-        meta["labels"] = {**_labels(latest), SS_LABEL_CUSTOM_VERSION: version}
+        meta = dict(mapping(latest, "metadata"))
+        meta["labels"] = {**mapping(latest, "metadata", "labels"), SS_LABEL_CUSTOM_VERSION: version}
         revs[-1] = {**latest, "metadata": meta}
 
     limit = history_limit(ss)
@@ -353,7 +344,7 @@ def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_us
         for r in revs[:-1]:
             if excess == 0:
                 break
-            name = str(_meta(r).get("name"))
+            name = str(resolve(r, "metadata", "name"))
             if name in keep:
                 continue
             delete.append(name)

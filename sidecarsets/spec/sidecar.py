@@ -32,6 +32,13 @@ SIDECAR_ONLY_FIELDS = frozenset(
 SUBSCRIPTED_PATH = re.compile(r"^(metadata\.labels|metadata\.annotations)\['([^']*)'\]$")
 
 
+def hot_pair(name: str) -> tuple[str, str]:
+    """The two containers HotUpgrade sidecar `name` is in a pod: `<name>-1`, the one injected
+    serving, and `<name>-2`, the one injected empty (Kruise's GetHotUpgradeContainerName). The one
+    place these names are spelled, so that injection, rollout, status and validation agree."""
+    return f"{name}-1", f"{name}-2"
+
+
 @dataclass(frozen=True, slots=True)
 class TransferEnv:
     """Env vars copied from an app container of the pod into the sidecar.
@@ -93,6 +100,7 @@ class SidecarContainer:
     transfer_env: tuple[TransferEnv, ...]
     native: bool
     resources_policy: ResourcesPolicy | None
+    init: bool = False  # listed in the SidecarSet's initContainers
     _volume_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
     _template: JsonTemplate = _derived(init=False, repr=False, compare=False)
 
@@ -115,6 +123,15 @@ class SidecarContainer:
     @property
     def hot(self) -> bool:
         return self.upgrade_type is UpgradeType.HOT
+
+    @property
+    def names_in_pod(self) -> tuple[str, ...]:
+        """The container names this sidecar takes in a pod: its `hot_pair` when HotUpgrade splits
+        it (a container, or a native-sidecar init container; a plain init container runs once and
+        is injected whole), else its own name."""
+        if self.hot and (self.native or not self.init):
+            return hot_pair(self.name)
+        return (self.name,)
 
     @property
     def has_resources_policy(self) -> bool:
@@ -161,6 +178,7 @@ def read_containers(reader: Reader, value: Any, field: str, *, init: bool) -> tu
                 transfer_env=_transfer_env(reader, raw.get("transferEnv"), f"{where}.transferEnv"),
                 native=init and raw.get("restartPolicy") == "Always",
                 resources_policy=read_resources_policy(reader, raw.get("resourcesPolicy"), f"{where}.resourcesPolicy"),
+                init=init,
             )
         )
     return tuple(out)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import mapping, resolve
+
 LAUNCH_PRIORITY = "apps.kruise.io/container-launch-priority"
 PRIORITY_ENV = "KRUISE_CONTAINER_PRIORITY"  # Kruise's other trigger: a container's start priority
 _NOT_HERE = (
@@ -22,17 +24,16 @@ _NOT_HERE = (
 def warnings(obj: Any) -> list[str]:
     """One warning per patchPodMetadata entry or sidecar that asks for what sidecarctl gives no effect
     (each under the 256 characters the API server keeps of a warning)."""
-    spec = obj.get("spec") if isinstance(obj, Mapping) else None
-    entries = spec.get("patchPodMetadata") if isinstance(spec, Mapping) else None
+    spec = mapping(obj, "spec")
+    entries = spec.get("patchPodMetadata")
     out: list[str] = []
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
-        annotations = entry.get("annotations") if isinstance(entry, Mapping) else None
-        if isinstance(annotations, Mapping) and LAUNCH_PRIORITY in annotations:
+        if LAUNCH_PRIORITY in mapping(entry, "annotations"):
             out.append(f"spec.patchPodMetadata[{i}] sets {LAUNCH_PRIORITY}, {_NOT_HERE}")
     for key in ("containers", "initContainers"):
-        sidecars = spec.get(key) if isinstance(spec, Mapping) else None
+        sidecars = spec.get(key)
         for i, c in enumerate(sidecars if isinstance(sidecars, list) else []):
-            env = c.get("env") if isinstance(c, Mapping) else None
+            env = resolve(c, "env")
             names = [e.get("name") for e in (env if isinstance(env, list) else []) if isinstance(e, Mapping)]
             if PRIORITY_ENV in names:
                 out.append(f"spec.{key}[{i}] sets the env {PRIORITY_ENV}, {_NOT_HERE}")

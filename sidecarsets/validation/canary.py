@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import mapping, resolve
 from sidecarsets.spec import names
 from sidecarsets.spec.enums import UpdateType
 from sidecarsets.validation.base import Errors, invalid
@@ -23,10 +24,7 @@ BASE_FIELD = f"metadata.annotations[{names.ANN_BASE}]"
 
 def canary_base(obj: Mapping[str, Any]) -> str | None:
     """The base SidecarSet named by the canary `obj`, or None if `obj` is not a canary."""
-    meta = obj.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if not isinstance(annotations, Mapping):
-        return None
+    annotations = mapping(obj, "metadata", "annotations")
     base = annotations.get(names.ANN_BASE)
     if annotations.get(names.ANN_CANARY) == "true" and isinstance(base, str) and base:
         return base
@@ -34,8 +32,7 @@ def canary_base(obj: Mapping[str, Any]) -> str | None:
 
 
 def _name(obj: Mapping[str, Any]) -> Any:
-    meta = obj.get("metadata")
-    return meta.get("name") if isinstance(meta, Mapping) else None
+    return resolve(obj, "metadata", "name")
 
 
 def validate_canary(obj: Mapping[str, Any], old: Mapping[str, Any] | None, others: Iterable[Any], errs: Errors) -> None:
@@ -46,9 +43,7 @@ def validate_canary(obj: Mapping[str, Any], old: Mapping[str, Any] | None, other
     if base == _name(obj):
         errs.append(invalid(BASE_FIELD, base, "base sidecarSet cannot be itself"))
     if old is not None:
-        meta = old.get("metadata")
-        old_annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-        old_base = old_annotations.get(names.ANN_BASE) if isinstance(old_annotations, Mapping) else None
+        old_base = resolve(old, "metadata", "annotations", names.ANN_BASE)
         if (old_base or "") != base:
             errs.append(invalid(BASE_FIELD, base, f"annotations[{names.ANN_BASE}] is immutable"))
     found = next((o for o in others if isinstance(o, Mapping) and _name(o) == base), None)
@@ -57,8 +52,6 @@ def validate_canary(obj: Mapping[str, Any], old: Mapping[str, Any] | None, other
         errs.append(invalid(BASE_FIELD, base, detail))
     elif canary_base(found) is not None:
         errs.append(invalid(BASE_FIELD, base, "base sidecarSet cannot be canary"))
-    spec = obj.get("spec")
-    strategy = spec.get("updateStrategy") if isinstance(spec, Mapping) else None
-    kind = strategy.get("type") if isinstance(strategy, Mapping) else None
+    kind = resolve(obj, "spec", "updateStrategy", "type")
     if kind != UpdateType.NOT_UPDATE:
         errs.append(invalid("spec.updateStrategy.type", kind, "RollingUpdate is not supported for canary sidecarSet"))

@@ -19,15 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import mapping
 from sidecarsets.spec import selectors
 from sidecarsets.spec.enums import PatchPolicy
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
-
-
-def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, Mapping) else {}
 
 
 def _may_share_pods(a: SidecarSet, b: SidecarSet) -> bool:
@@ -73,7 +69,7 @@ def validate_conflicts(
     The fields of `obj` are walked as JSON so each error names the field by its index.
     """
     own = SidecarSet.from_object(obj, tolerant=True)
-    spec = _spec(obj)
+    spec = mapping(obj, "spec")
     for raw in others:
         if not isinstance(raw, Mapping):
             continue

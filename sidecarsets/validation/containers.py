@@ -16,7 +16,9 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec.enums import InjectPolicy, SharePolicy, UpgradeType, values
+from sidecarsets.spec.sidecar import hot_pair
 from sidecarsets.validation.base import (
     Errors,
     FieldError,
@@ -146,12 +148,13 @@ def validate_containers(spec: Mapping[str, Any], errs: Errors, *, volumes: Colle
             if _is_hot(container, init=key == "initContainers") and isinstance(container.get("name"), str):
                 hot.append((path, container["name"]))
     for path, name in hot:
-        for taken in (f"{name}-1", f"{name}-2"):
+        first, second = pair = hot_pair(name)
+        for taken in pair:
             if taken in seen:
                 errs.append(
                     FieldError(
                         f"{path}.name",
-                        f"HotUpgrade container {name} is injected as {name}-1 and {name}-2, "
+                        f"HotUpgrade container {name} is injected as {first} and {second}, "
                         f"and this SidecarSet has another container named {taken}",
                     )
                 )
@@ -159,7 +162,6 @@ def validate_containers(spec: Mapping[str, Any], errs: Errors, *, volumes: Colle
 
 def _is_hot(container: Mapping[str, Any], *, init: bool) -> bool:
     """Injected as a -1/-2 pair: HotUpgrade on a container or on a native-sidecar init container."""
-    upgrade = container.get("upgradeStrategy")
-    if not isinstance(upgrade, Mapping) or upgrade.get("upgradeType") != UpgradeType.HOT.value:
+    if resolve(container, "upgradeStrategy", "upgradeType") != UpgradeType.HOT.value:
         return False
     return not init or container.get("restartPolicy") == "Always"

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kuberuntime.jsontypes import mapping, resolve
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
@@ -87,11 +88,6 @@ def violations(ss: SidecarSet, level: str) -> list[Violation]:
     return found
 
 
-def _sc(c: Mapping[str, Any]) -> Mapping[str, Any]:
-    sc = c.get("securityContext")
-    return sc if isinstance(sc, Mapping) else {}
-
-
 def _names(items: Iterable[Mapping[str, Any]]) -> list[str]:
     return [str(c.get("name")) for c in items]
 
@@ -116,13 +112,15 @@ def _baseline(
     def add(reason: str, detail: str) -> None:
         out.append(Violation(BASELINE, reason, detail))
 
-    privileged = [c for c in containers if _sc(c).get("privileged") is True]
+    privileged = [c for c in containers if resolve(c, "securityContext", "privileged") is True]
     if privileged:
         add("privileged", f"{_containers(_names(privileged))} must not set securityContext.privileged=true")
     if not restricted:  # restricted's capabilities check replaces this one
         bad, caps = [], set()
         for c in containers:
-            added = {str(x) for x in (_sc(c).get("capabilities") or {}).get("add") or []} - _BASELINE_CAPABILITIES
+            added = {
+                str(x) for x in resolve(c, "securityContext", "capabilities", "add") or []
+            } - _BASELINE_CAPABILITIES
             if added:
                 bad.append(str(c.get("name")))
                 caps |= added
@@ -144,15 +142,15 @@ def _baseline(
         host_path = [str(v.get("name")) for v in volumes if "hostPath" in v]
         if host_path:
             add("hostPath volumes", f"{'volume' if len(host_path) == 1 else 'volumes'} {_quote(host_path)}")
-    proc = [c for c in containers if _sc(c).get("procMount") not in (None, "", "Default")]
+    proc = [c for c in containers if resolve(c, "securityContext", "procMount") not in (None, "", "Default")]
     if proc:
         add("procMount", f"{_containers(_names(proc))} must not set securityContext.procMount to "
-            f"{_quote(sorted({str(_sc(c)['procMount']) for c in proc}))}")  # fmt: skip
-    selinux = [c for c in containers if not _selinux_ok(_sc(c).get("seLinuxOptions"))]
+            f"{_quote(sorted({str(resolve(c, 'securityContext', 'procMount')) for c in proc}))}")  # fmt: skip
+    selinux = [c for c in containers if not _selinux_ok(resolve(c, "securityContext", "seLinuxOptions"))]
     if selinux:
         add("seLinuxOptions", f"{_containers(_names(selinux))} set forbidden securityContext.seLinuxOptions")
     if not restricted:
-        unconfined = [c for c in containers if ((_sc(c).get("seccompProfile") or {}).get("type")) == "Unconfined"]
+        unconfined = [c for c in containers if resolve(c, "securityContext", "seccompProfile", "type") == "Unconfined"]
         if unconfined:
             add(
                 "seccompProfile",
@@ -161,7 +159,7 @@ def _baseline(
     apparmor = _apparmor(containers, annotations)
     if apparmor:
         add("forbidden AppArmor profile", apparmor)
-    host_process = [c for c in containers if ((_sc(c).get("windowsOptions") or {}).get("hostProcess")) is True]
+    host_process = [c for c in containers if resolve(c, "securityContext", "windowsOptions", "hostProcess") is True]
     if host_process:
         add(
             "hostProcess",
@@ -175,7 +173,7 @@ def _baseline(
 
 def _apparmor(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, str]) -> str | None:
     """The baseline AppArmor check's detail, or None when it passes."""
-    apparmor = [c for c in containers if ((_sc(c).get("appArmorProfile") or {}).get("type")) == "Unconfined"]
+    apparmor = [c for c in containers if resolve(c, "securityContext", "appArmorProfile", "type") == "Unconfined"]
     apparmor_annotations = [
         f'{k}="{v}"' for k, v in annotations.items()
         if k.startswith(_APPARMOR_ANNOTATION) and v != "runtime/default" and not v.startswith("localhost/")
@@ -197,7 +195,7 @@ def _probe_hosts(containers: Sequence[Mapping[str, Any]]) -> str | None:
     for c in containers:
         for handler in _handlers(c):
             for kind in ("httpGet", "tcpSocket"):
-                host = (handler.get(kind) or {}).get("host") if isinstance(handler.get(kind), Mapping) else None
+                host = resolve(handler, kind, "host")
                 if host:
                     hosts.setdefault(str(c.get("name")), []).append(str(host))
     if not hosts:
@@ -238,13 +236,13 @@ def _restricted(containers: Sequence[Mapping[str, Any]], volumes: Sequence[Mappi
             f"{'volumes' if plural else 'volume'} {_quote(_names(bad_volumes))} {'use' if plural else 'uses'} "
             f"{kinds} {_quote(types)}",
         )
-    escalating = [c for c in containers if _sc(c).get("allowPrivilegeEscalation") is not False]
+    escalating = [c for c in containers if resolve(c, "securityContext", "allowPrivilegeEscalation") is not False]
     if escalating:
         add("allowPrivilegeEscalation != false",
             f"{_containers(_names(escalating))} must set securityContext.allowPrivilegeEscalation=false")  # fmt: skip
     missing_drop, adding, caps = [], [], set()
     for c in containers:
-        capabilities = _sc(c).get("capabilities") or {}
+        capabilities = mapping(c, "securityContext", "capabilities")
         if "ALL" not in (capabilities.get("drop") or []):
             missing_drop.append(str(c.get("name")))
         added = {str(x) for x in capabilities.get("add") or []} - {"NET_BIND_SERVICE"}
@@ -260,8 +258,8 @@ def _restricted(containers: Sequence[Mapping[str, Any]], volumes: Sequence[Mappi
         )
     if details:
         add("unrestricted capabilities", "; ".join(details))
-    explicit_root = [c for c in containers if _sc(c).get("runAsNonRoot") is False]
-    implicit_root = [c for c in containers if _sc(c).get("runAsNonRoot") is None]
+    explicit_root = [c for c in containers if resolve(c, "securityContext", "runAsNonRoot") is False]
+    implicit_root = [c for c in containers if resolve(c, "securityContext", "runAsNonRoot") is None]
     if explicit_root:
         add(
             "runAsNonRoot != true",
@@ -272,17 +270,17 @@ def _restricted(containers: Sequence[Mapping[str, Any]], volumes: Sequence[Mappi
             "runAsNonRoot != true",
             f"pod or {_containers(_names(implicit_root))} must set securityContext.runAsNonRoot=true",
         )
-    uid0 = [c for c in containers if _sc(c).get("runAsUser") == 0]
+    uid0 = [c for c in containers if resolve(c, "securityContext", "runAsUser") == 0]
     if uid0:
         add("runAsUser=0", f"{_containers(_names(uid0))} must not set runAsUser=0")
     bad_seccomp = [
         c
         for c in containers
-        if (_sc(c).get("seccompProfile") or {}).get("type") not in (None, "RuntimeDefault", "Localhost")
+        if resolve(c, "securityContext", "seccompProfile", "type") not in (None, "RuntimeDefault", "Localhost")
     ]
-    no_seccomp = [c for c in containers if not _sc(c).get("seccompProfile")]
+    no_seccomp = [c for c in containers if not resolve(c, "securityContext", "seccompProfile")]
     if bad_seccomp:
-        values = sorted({str((_sc(c).get("seccompProfile") or {}).get("type")) for c in bad_seccomp})
+        values = sorted({str(resolve(c, "securityContext", "seccompProfile", "type")) for c in bad_seccomp})
         add(
             "seccompProfile",
             f"{_containers(_names(bad_seccomp))} must not set securityContext.seccompProfile.type to {_quote(values)}",

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import resolve
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.validation.base import Errors, FieldError
 
 
 def _upgrade_type(container: Mapping[str, Any]) -> Any:
-    strategy = container.get("upgradeStrategy")
-    return strategy.get("upgradeType") if isinstance(strategy, Mapping) else None
+    return resolve(container, "upgradeStrategy", "upgradeType")
 
 
 def _indexed(spec: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, Any], str]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kuberuntime.jsontypes import mapping, resolve
 from sidecarsets.spec import names
 from sidecarsets.spec.conversion import is_v1beta1
 from sidecarsets.validation.base import (
@@ -53,19 +54,12 @@ def _other_version(spec: Mapping[str, Any], instead: Mapping[str, str], version:
             errs.append(FieldError(f"spec.{field}", f"is not a field of {names.GROUP}/{version}: use {use}"))
 
 
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The object's annotations, or none when metadata or annotations are missing or malformed."""
-    meta = obj.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    return annotations if isinstance(annotations, Mapping) else {}
-
-
 def _v1alpha1(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> None:
     _other_version(spec, _ALPHA_INSTEAD, names.VERSION, errs)
     _namespace(spec.get("namespace"), "spec.namespace", errs)
     validate_selector(spec.get("namespaceSelector"), "spec.namespaceSelector", errs, required=False)
     # The conversion makes this annotation a v1beta1 label again: it must be a label value.
-    stashed = _annotations(obj).get(names.ANN_CONVERSION_VERSION_LABEL)
+    stashed = resolve(obj, "metadata", "annotations", names.ANN_CONVERSION_VERSION_LABEL)
     if stashed is not None:
         problem = label_value_problem(stashed) if isinstance(stashed, str) else "must be a string"
         if problem:
@@ -95,7 +89,7 @@ def _v1beta1(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> N
         elif problem := label_value_problem(version):
             # It becomes a label on the SidecarSet's ControllerRevisions (and in v1alpha1).
             errs.append(FieldError("spec.customVersion", problem))
-    for key in sorted(_annotations(obj)):
+    for key in sorted(mapping(obj, "metadata", "annotations")):
         if isinstance(key, str) and key.startswith(names.CONVERSION_ANNOTATION_PREFIX):
             errs.append(
                 FieldError(

@@ -124,36 +124,55 @@ class _Lexer:
         return "char", ch
 
     def _number(self) -> str:
+        """A number token: the numeral (`_Numeral`), then the letters of its unit, if any (`Gi`)."""
         start = self.pos
-        seen_dot = seen_e = seen_percent = expect_exponent = False
-        while (ch := self.peek()) != "\0":
-            if ch in _DIGITS:
-                expect_exponent = False
-            elif ch == ".":
-                if seen_dot or seen_e or seen_percent:
-                    break
-                seen_dot = True
-            elif ch in "eE":
-                if seen_e or seen_percent:
-                    break
-                seen_e = expect_exponent = True
-            elif ch in "+-":
-                if not expect_exponent:
-                    break
-                expect_exponent = False
-            elif ch == "%":
-                if seen_percent:
-                    break
-                seen_percent = True
-            elif ch.isalpha():
-                if not expect_exponent:
-                    while (c := self.peek()) != "\0" and c.isalpha():
-                        self.next()
-                break
-            else:
-                break
+        numeral = _Numeral()
+        while numeral.takes(self.peek()):
             self.next()
+        if numeral.unit_follows(self.peek()):
+            while self.peek().isalpha():
+                self.next()
         return self.text[start : self.pos]
+
+
+class _Numeral:
+    """What the numeral scanned so far holds, which decides whether the next character continues
+    it: digits, at most one `.` (not after the exponent or `%`), at most one exponent `e`/`E` (a
+    sign may follow it), at most one `%`."""
+
+    __slots__ = ("dot", "exponent", "percent", "sign_next")
+
+    def __init__(self) -> None:
+        self.dot = self.exponent = self.percent = self.sign_next = False
+
+    def takes(self, ch: str) -> bool:
+        """Whether `ch` continues the numeral (and if so, note it)."""
+        if ch in _DIGITS:
+            self.sign_next = False
+        elif ch == ".":
+            if self.dot or self.exponent or self.percent:
+                return False
+            self.dot = True
+        elif ch in "eE":
+            if self.exponent or self.percent:
+                return False
+            self.exponent = self.sign_next = True
+        elif ch in "+-":
+            if not self.sign_next:
+                return False
+            self.sign_next = False
+        elif ch == "%":
+            if self.percent:
+                return False
+            self.percent = True
+        else:
+            return False
+        return True
+
+    def unit_follows(self, ch: str) -> bool:
+        """Letters after the numeral are its unit, read whole; not where the exponent's sign or
+        digits were due (`1ex` reads `1e`), nor an `e` the numeral refused (`1e5e`)."""
+        return ch.isalpha() and ch not in "eE" and not self.sign_next
 
 
 def _is_quantity(text: str) -> bool:

@@ -8,7 +8,6 @@ loop, with an idle control plane and manager."""
 from __future__ import annotations
 
 import base64
-import re
 import secrets
 import tempfile
 from collections.abc import Callable, Iterator
@@ -19,9 +18,10 @@ import pytest
 
 from kuberuntime import api, kubeapi, kubeconfig
 from sidecarsets.spec import names
-from tests.conftest import IN_CI
 from tests.e2e.certsupport import Rig, open_rig
 from tests.e2e.helpers import SS_PATH, make_sidecarset
+from tests.kube import builders
+from tests.kube.ci import IN_CI
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError, free_port
 from tests.kube.fakekubelet import FakeKubelet
@@ -181,15 +181,10 @@ def crd(kube: Kube, manager_port: int) -> dict[str, object]:
     return obj
 
 
-def _ns_name(nodeid: str) -> str:
-    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
-    return f"{base or 't'}-{secrets.token_hex(3)}"
-
-
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, kube: Kube, kubelet: FakeKubelet) -> Iterator[str]:
     """A fresh namespace per test, managed by the fake kubelet, deleted afterwards."""
-    name = _ns_name(request.node.nodeid)
+    name = builders.namespace_name(request.node.nodeid)
     kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     kubelet.namespaces.add(name)
     eventually(

@@ -46,8 +46,9 @@ def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> subproces
 
 def make_sidecarset(name: str, app: str, **spec: Any) -> dict[str, Any]:
     """The default SidecarSet for the `app: <app>` pods, with an init container too."""
-    spec.setdefault("selector", {"matchLabels": {"app": app}})
-    return builders.sidecarset(name, init_containers=[builders.container("proxy-init", "proxy-init:1")], **spec)
+    return builders.sidecarset(
+        name, app=app, init_containers=[builders.container("proxy-init", "proxy-init:1")], **spec
+    )
 
 
 def make_pod(name: str, app: str, **labels: str) -> dict[str, Any]:

@@ -13,18 +13,17 @@ import base64
 import contextlib
 import os
 import signal
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kuberuntime import api, kubeapi, kubeconfig
+from kuberuntime import api
 from sidecarsets.spec import names
 from tests.kube.balancer import Balancer
 from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import ControlPlane, free_port
+from tests.kube.cluster import PrivateCluster, install_crd
+from tests.kube.controlplane import free_port
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import (
     MANAGER_NS,
@@ -36,24 +35,50 @@ from tests.kube.managerharness import (
     start_process,
     wait_ready,
     webhook_configs,
-    write_cert_dir,
 )
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller"
 
 
-@dataclass
-class PrivateCluster:
-    cp: ControlPlane
-    kube: Kube
-    client: kubeapi.KubeClient
-    injection: str
-    port: int
-    cert_dir: Path
-    extra: tuple[str, ...]
-    manager: ManagerProcess | None = None
-    balancer: Balancer | None = None  # in front of every kube-apiserver, when there are several
+class PolicyCluster(PrivateCluster):
+    """A control plane of its own led by `sidecarctl run --injection=<injection>` on `port`.
+
+    `peers`: binary directories of more kube-apiservers to run on the same etcd (an HA control plane,
+    of one minor or of several, as during an upgrade); the manager then talks to all of them through
+    a load balancer (`balancer`), as it does through the `kubernetes` Service."""
+
+    def __init__(
+        self,
+        aloop: BackgroundLoop,
+        bin_dir: Path,
+        *,
+        injection: str,
+        extra: tuple[str, ...],
+        controller_manager: bool,
+        apiserver_flags: tuple[str, ...] = (),
+        peers: tuple[Path, ...] = (),
+    ) -> None:
+        super().__init__(
+            aloop,
+            bin_dir=bin_dir,
+            controller_manager=controller_manager,
+            prefix=f"sidecarctl-{injection}-",
+            apiserver_flags=apiserver_flags,
+        )
+        self.injection = injection
+        self.extra = extra
+        self.port = free_port()
+        self.manager: ManagerProcess | None = None
+        self.balancer: Balancer | None = None
+        if peers:
+            ports = [self.cp.port] + [int(self.cp.add_apiserver(peer).rsplit(":", 1)[1]) for peer in peers]
+            self.balancer = Balancer(aloop, ports).start()
+
+    def close(self) -> None:
+        if self.balancer is not None:
+            self.balancer.stop()
+        super().close()
 
     def start_manager(self) -> ManagerProcess:
         m = start_process(
@@ -92,13 +117,7 @@ class PrivateCluster:
 
 
 def _install(kube: Kube, url: str) -> None:
-    kube.apply(CRD_PATH, conversion_crd(url))
-
-    def established() -> bool:
-        got = kube.get(f"{CRD_PATH}/{names.PLURAL}.{names.GROUP}")
-        return any(c["type"] == "Established" and c["status"] == "True" for c in got["status"].get("conditions") or [])
-
-    eventually(established, timeout=30, what="CRD Established")
+    install_crd(kube, conversion_crd(url))
     with contextlib.suppress(api.Conflict):
         kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
     mwc, vwc = webhook_configs(url, mutating=names.MUTATING_WEBHOOK_CONFIG, validating=names.VALIDATING_WEBHOOK_CONFIG)
@@ -153,42 +172,36 @@ def private_cluster(
     controller_manager: bool = False,
     apiserver_flags: tuple[str, ...] = (),
     peers: tuple[Path, ...] = (),
-) -> Iterator[PrivateCluster]:
+) -> Iterator[PolicyCluster]:
     """A control plane of its own (with kube-controller-manager if asked: ReplicaSets, disruption
-    budgets; and more kube-apiserver flags if given) and `sidecarctl run --injection=<injection>` leading it.
-
-    `peers`: binary directories of more kube-apiservers to run on the same etcd (an HA control plane,
-    of one minor or of several, as during an upgrade); the manager then talks to all of them through
-    a load balancer (`cluster.balancer`), as it does through the `kubernetes` Service."""
-    cp = ControlPlane(bin_dir=bin_dir, controller_manager=controller_manager, apiserver_flags=apiserver_flags).start()
-    client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
-    port = free_port()
-    cert_dir = Path(tempfile.mkdtemp(prefix=f"sidecarctl-{injection}-certs-"))
-    write_cert_dir(cert_dir)
-    cluster = PrivateCluster(cp, Kube(aloop, client), client, injection, port, cert_dir, extra)
+    budgets; more kube-apiserver flags, more kube-apiservers (PolicyCluster)) and
+    `sidecarctl run --injection=<injection>` leading it."""
+    cluster = PolicyCluster(
+        aloop,
+        bin_dir,
+        injection=injection,
+        extra=extra,
+        controller_manager=controller_manager,
+        apiserver_flags=apiserver_flags,
+        peers=peers,
+    )
     try:
-        if peers:
-            ports = [cp.port] + [int(cp.add_apiserver(peer).rsplit(":", 1)[1]) for peer in peers]
-            cluster.balancer = Balancer(aloop, ports).start()
-        _install(cluster.kube, f"https://127.0.0.1:{port}")
+        _install(cluster.kube, f"https://127.0.0.1:{cluster.port}")
         cluster.start_manager()
         eventually(lambda: bundle_synced(cluster.kube), timeout=20, what="caBundle synced")
         yield cluster
     finally:
         if cluster.manager is not None:
             cluster.manager.kill()
-        if cluster.balancer is not None:
-            cluster.balancer.stop()
-        aloop.run(client.close())
-        cp.stop()
+        cluster.close()
 
 
 @contextlib.contextmanager
-def private_clusters(aloop: BackgroundLoop, bin_dir: Path, *injections: str) -> Iterator[list[PrivateCluster]]:
+def private_clusters(aloop: BackgroundLoop, bin_dir: Path, *injections: str) -> Iterator[list[PolicyCluster]]:
     """Several private clusters started side by side (two took 16 s one after the other, 11 s
     together: each start mostly waits on its own API server and manager)."""
 
-    def enter(injection: str) -> tuple[contextlib.AbstractContextManager[PrivateCluster], PrivateCluster]:
+    def enter(injection: str) -> tuple[contextlib.AbstractContextManager[PolicyCluster], PolicyCluster]:
         cm = private_cluster(aloop, bin_dir, injection=injection)
         return cm, cm.__enter__()
 
@@ -240,7 +253,7 @@ def policy_holding(kube: Kube, sidecarset: str) -> str | None:
     return None
 
 
-def webhook_pod(c: PrivateCluster, ss_name: str, pod: dict[str, Any], *, namespace: str, plain: str) -> dict[str, Any]:
+def webhook_pod(c: PolicyCluster, ss_name: str, pod: dict[str, Any], *, namespace: str, plain: str) -> dict[str, Any]:
     """The webhook's pod for `pod` in labelled `namespace`, as stored: the engine run on the pod as the
     API server hands it over (a dry run in the unlabelled `plain`), then stored by a dry run again."""
     import copy

@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import REGISTRY
 
+from cabundle.syncer import SyncResult
 from certwatcher import pem
-from certwatcher.cabundle import SyncResult
 from sidecarsets.spec import names
 from tests.certutil import make_ca, pems, write_dir
 from tests.e2e.certsupport import (

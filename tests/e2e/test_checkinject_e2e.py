@@ -50,8 +50,7 @@ def sidecarctl(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def sidecarset(name: str, app: str, container: str, image: str = "agent:1", **spec: Any) -> dict[str, Any]:
-    spec.setdefault("selector", {"matchLabels": {"app": app}})
-    return builders.sidecarset(name, containers=[builders.container(container, image)], **spec)
+    return builders.sidecarset(name, app=app, containers=[builders.container(container, image)], **spec)
 
 
 def namespace(kube: Kube, name: str, value: str) -> None:

@@ -16,7 +16,7 @@ import pytest
 from kuberuntime import kubeapi, kubeconfig
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset, set_image, status_of, upgradable
-from tests.e2e.policysupport import PrivateCluster, policy_holding, private_cluster
+from tests.e2e.policysupport import PolicyCluster, policy_holding, private_cluster
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import binaries_dir, supported_versions
 from tests.kube.fakekubelet import FakeKubelet
@@ -46,12 +46,12 @@ def _sidecar_names(pod: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture
-def clients(aloop: BackgroundLoop) -> Iterator[Callable[[PrivateCluster, int], Kube]]:
+def clients(aloop: BackgroundLoop) -> Iterator[Callable[[PolicyCluster, int], Kube]]:
     """`open(cluster, port)`: a client of the cluster's kube-apiserver on `port` alone (not through
     its balancer), closed after the test."""
     opened: list[kubeapi.KubeClient] = []
 
-    def open_one(c: PrivateCluster, port: int) -> Kube:
+    def open_one(c: PolicyCluster, port: int) -> Kube:
         client = kubeapi.KubeClient(kubeconfig.load_config(str(c.cp.kubeconfig_for(f"https://127.0.0.1:{port}"))))
         opened.append(client)
         return Kube(aloop, client)
@@ -79,7 +79,7 @@ def _create_through(
 
 
 def test_two_apiserver_minors_on_one_etcd_inject_every_pod_while_a_sidecarset_changes(
-    aloop: BackgroundLoop, clients: Callable[[PrivateCluster, int], Kube]
+    aloop: BackgroundLoop, clients: Callable[[PolicyCluster, int], Kube]
 ) -> None:
     """An HA control plane half way through its upgrade: the newest minor and the one before on one
     etcd, the manager talking to both through a load balancer. Pods are created through each while
@@ -130,7 +130,7 @@ def _by_policy_through(kubes: list[Kube], app: str) -> bool:
 
 
 def test_while_one_kube_apiserver_lacks_policies_the_webhook_serves_every_pod(
-    aloop: BackgroundLoop, clients: Callable[[PrivateCluster, int], Kube]
+    aloop: BackgroundLoop, clients: Callable[[PolicyCluster, int], Kube]
 ) -> None:
     """The upgrade to the first minor with MutatingAdmissionPolicy v1 (1.35 to 1.36), part way: one
     kube-apiserver of each behind the load balancer. A pod the 1.35 one admits would get neither a

@@ -98,7 +98,15 @@ def test_dockerfile_builds_a_wheel_and_runs_it_unprivileged_from_a_venv() -> Non
     assert set(expose.split()) == {"9443", "8080"}
 
     allowed = context_allowlist()
-    for needed in ("pyproject.toml", "constraints.txt", "injector", "sidecarsets", "certwatcher"):
+    for needed in (
+        "pyproject.toml",
+        "constraints.txt",
+        "injector",
+        "sidecarsets",
+        "certwatcher",
+        "cabundle",
+        "selfsigned",
+    ):
         assert needed in allowed, f".dockerignore keeps {needed} out of the build context"
 
 

@@ -24,7 +24,7 @@ import pytest
 from sidecarsets.pods import missed
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset, wait_injecting
-from tests.e2e.policysupport import PrivateCluster, kill_all, private_cluster
+from tests.e2e.policysupport import PolicyCluster, kill_all, private_cluster
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane
 from tests.kube.fakekubelet import FakeKubelet
@@ -43,7 +43,7 @@ CONDITION = "PodsMissingSidecars"
 
 
 @pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PrivateCluster]:
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PolicyCluster]:
     extra = ("--missed-scan-interval=1", "--recreate-missed", f"--recreate-missed-per-minute={PER_MINUTE:g}")
     with private_cluster(aloop, control_plane.bin_dir, injection="webhook", extra=extra, controller_manager=True) as c:
         kubelet = FakeKubelet(c.client, node="missed-node", restart_delay=0.1)
@@ -59,17 +59,17 @@ def _injected(pod: dict[str, Any]) -> bool:
     return SS in ((pod["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_LIST) or "").split(",")
 
 
-def _running(c: PrivateCluster, ns: str, name: str) -> bool:
+def _running(c: PolicyCluster, ns: str, name: str) -> bool:
     pod = c.kube.get_or_none(f"{PODS.format(ns)}/{name}")
     return pod is not None and (pod.get("status") or {}).get("phase") == "Running"
 
 
-def _condition(c: PrivateCluster) -> dict[str, Any] | None:
+def _condition(c: PolicyCluster) -> dict[str, Any] | None:
     status = c.kube.get(f"{SS_PATH}/{SS}").get("status") or {}
     return next((x for x in status.get("conditions") or [] if x["type"] == CONDITION), None)
 
 
-def _rs_pods(c: PrivateCluster) -> list[dict[str, Any]]:
+def _rs_pods(c: PolicyCluster) -> list[dict[str, Any]]:
     return [
         p
         for p in c.kube.get(PODS.format(NS), labelSelector=f"app={APP},tier=rs")["items"]
@@ -77,7 +77,7 @@ def _rs_pods(c: PrivateCluster) -> list[dict[str, Any]]:
     ]
 
 
-def _gauge(c: PrivateCluster) -> float | None:
+def _gauge(c: PolicyCluster) -> float | None:
     assert c.manager is not None
     with urllib.request.urlopen(c.manager.probe_url + "/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -92,7 +92,7 @@ def _stamp(value: str) -> float:
 
 
 def test_pods_that_missed_injection_are_reported_and_owned_ones_recreated_at_the_bounded_rate(
-    cluster: PrivateCluster,
+    cluster: PolicyCluster,
 ) -> None:
     c = cluster
     c.namespace(NS, ENABLED)

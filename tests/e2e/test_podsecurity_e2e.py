@@ -86,7 +86,7 @@ def sidecarset(case: Case, name: str, app: str, **meta: Any) -> dict[str, Any]:
         container["securityContext"] = security
     return builders.sidecarset(
         name,
-        selector={"matchLabels": {"app": app}},
+        app=app,
         containers=[container],
         volumes=list(case.volumes),
         metadata=meta,

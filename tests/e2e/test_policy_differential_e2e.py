@@ -36,7 +36,7 @@ from injector.policysync.support import POLICIES
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests import golden_cases
-from tests.e2e.policysupport import PrivateCluster, private_clusters, stored_pod
+from tests.e2e.policysupport import PolicyCluster, private_clusters, stored_pod
 from tests.kube.client import eventually
 from tests.kube.controlplane import REPO, ControlPlane
 from tests.kube.loop import BackgroundLoop
@@ -150,11 +150,11 @@ if os.environ.get("SIDECARCTL_POLICY_CASES"):  # a subset, by name, when looking
 
 @dataclass
 class Paths:
-    webhook: PrivateCluster
-    policy: PrivateCluster
+    webhook: PolicyCluster
+    policy: PolicyCluster
 
     @property
-    def both(self) -> tuple[PrivateCluster, PrivateCluster]:
+    def both(self) -> tuple[PolicyCluster, PolicyCluster]:
         return self.webhook, self.policy
 
 
@@ -166,7 +166,7 @@ NEIGHBOURED = {
 PROBE_NS = "neighbours-probe"
 
 
-def _neighbours(stack: contextlib.ExitStack, aloop: BackgroundLoop, cluster: PrivateCluster) -> None:
+def _neighbours(stack: contextlib.ExitStack, aloop: BackgroundLoop, cluster: PolicyCluster) -> None:
     cluster.namespace(PROBE_NS, {})
     probe = functools.partial(
         cluster.kube.create,
@@ -229,7 +229,7 @@ def _neighboured(pod: dict[str, Any]) -> str | None:
 
 
 @contextlib.contextmanager
-def _unvalidated(cluster: PrivateCluster, skip: bool) -> Iterator[None]:
+def _unvalidated(cluster: PolicyCluster, skip: bool) -> Iterator[None]:
     """The SidecarSet webhook out of the way, for the cases that show what happens without it."""
     if not skip:
         yield
@@ -287,7 +287,7 @@ def _wait_revisions(paths: Paths, case: Case, refused: dict[str, str]) -> None:
             eventually(functools.partial(_revision, cluster, name), timeout=20, what=f"{name} has a revision")
 
 
-def _revision(cluster: PrivateCluster, name: str) -> str | None:
+def _revision(cluster: PolicyCluster, name: str) -> str | None:
     status = cluster.kube.get(f"{SS_PATH}/{name}").get("status") or {}
     return status.get("latestRevision")
 
@@ -316,7 +316,7 @@ def _pod_for(case_index: int, pod: dict[str, Any], j: int) -> dict[str, Any]:
     return p
 
 
-def _create(cluster: PrivateCluster, ns: str, pod: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+def _create(cluster: PolicyCluster, ns: str, pod: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     params = {"dryRun": "All"} if dry_run else {}
     return cluster.kube.create(f"/api/v1/namespaces/{ns}/pods", pod, **params)
 

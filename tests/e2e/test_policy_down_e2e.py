@@ -20,7 +20,7 @@ import pytest
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset
-from tests.e2e.policysupport import PrivateCluster, descendants, private_cluster, stored_pod, webhook_pod
+from tests.e2e.policysupport import PolicyCluster, descendants, private_cluster, stored_pod, webhook_pod
 from tests.kube import builders
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane
@@ -34,7 +34,7 @@ ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
 
 
 @pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PrivateCluster]:
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PolicyCluster]:
     """The cluster, with a fake kubelet running its pods (in-place upgrades need running pods)."""
     with private_cluster(aloop, control_plane.bin_dir, injection="auto", extra=("--webhook-workers=2",)) as c:
         kubelet = FakeKubelet(c.client, node="down-node", restart_delay=0.1)
@@ -46,12 +46,12 @@ def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Priv
             aloop.run(kubelet.stop())
 
 
-def expected_pod(c: PrivateCluster, ss_name: str, pod: dict[str, object]) -> dict[str, object]:
+def expected_pod(c: PolicyCluster, ss_name: str, pod: dict[str, object]) -> dict[str, object]:
     return webhook_pod(c, ss_name, pod, namespace=NS, plain=PLAIN)
 
 
 def test_with_every_manager_process_killed_policy_pods_are_injected_and_webhook_pods_refused(
-    cluster: PrivateCluster,
+    cluster: PolicyCluster,
 ) -> None:
     c = cluster
     c.namespace(NS, ENABLED)
@@ -131,7 +131,7 @@ def test_with_every_manager_process_killed_policy_pods_are_injected_and_webhook_
     eventually(upgraded, timeout=90, interval=0.5, what="the 100 policy-injected pods upgraded in place")
 
 
-def _try_create(c: PrivateCluster, pod: dict[str, object]) -> dict[str, object] | None:
+def _try_create(c: PolicyCluster, pod: dict[str, object]) -> dict[str, object] | None:
     try:
         return c.kube.create(PODS.format(NS), pod)
     except api.Conflict:

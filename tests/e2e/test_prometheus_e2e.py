@@ -45,7 +45,7 @@ import yaml
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, create_ready_pods, make_pod, make_sidecarset, set_image, wait_injecting
-from tests.e2e.policysupport import PrivateCluster, kill_all, private_cluster
+from tests.e2e.policysupport import PolicyCluster, kill_all, private_cluster
 from tests.kube import builders, prometheus
 from tests.kube.client import eventually
 from tests.kube.controlplane import REPO, ControlPlane, free_port
@@ -70,7 +70,7 @@ Obj = dict[str, Any]
 
 @dataclass
 class Stack:
-    cluster: PrivateCluster
+    cluster: PolicyCluster
     kubelet: FakeKubelet
     prometheus: subprocess.Popen[bytes]
     url: str
@@ -100,7 +100,7 @@ class Stack:
         return out
 
 
-def _token(c: PrivateCluster, name: str) -> str:
+def _token(c: PolicyCluster, name: str) -> str:
     c.kube.create(
         f"/api/v1/namespaces/{MANAGER_NS}/serviceaccounts",
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
@@ -112,7 +112,7 @@ def _token(c: PrivateCluster, name: str) -> str:
     return token
 
 
-def _grant_metrics(c: PrivateCluster, account: str) -> None:
+def _grant_metrics(c: PolicyCluster, account: str) -> None:
     role = yaml.safe_load((REPO / "config" / "rbac" / "metrics_reader_clusterrole.yaml").read_text())
     c.kube.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
     c.kube.create(
@@ -142,7 +142,7 @@ def _rules(directory: Path) -> Path:
     return path
 
 
-def _config(directory: Path, c: PrivateCluster, metrics_port: int, tokens: dict[str, str]) -> Path:
+def _config(directory: Path, c: PolicyCluster, metrics_port: int, tokens: dict[str, str]) -> Path:
     pki = c.cp.workdir / "pki"
     target = {"targets": [f"127.0.0.1:{metrics_port}"], "labels": {"namespace": MANAGER_NS, "pod": "sidecarctl-0"}}
     jobs: list[Obj] = []
@@ -244,7 +244,7 @@ def stack(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Stack]
 # The workload
 
 
-def _denied_pod(c: PrivateCluster) -> str:
+def _denied_pod(c: PolicyCluster) -> str:
     try:
         c.kube.create(f"/api/v1/namespaces/{APPS}/pods", make_pod(f"deny-{time.monotonic_ns()}", "deny"))
     except api.ApiError as e:
@@ -252,7 +252,7 @@ def _denied_pod(c: PrivateCluster) -> str:
     raise AssertionError("the webhook admitted a pod its SidecarSet cannot be injected into")
 
 
-def _bad_requests(c: PrivateCluster) -> None:
+def _bad_requests(c: PolicyCluster) -> None:
     """A request over the body limit (refused: too_large), a review without a request (bad_request)
     and a connection closed at once."""
     ctx = ssl.create_default_context(cafile=str(c.cert_dir / "ca.crt"))

@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 import yaml
 
-from kuberuntime import kubeapi
 from kuberuntime.kubeconfig import load_config
 from sidecarsets.spec import names
 from sidecarsets.spec.revisions import revision_data, revision_hash, revision_name
@@ -52,8 +51,8 @@ from tests.e2e.policysupport import policy_holding
 from tests.kube import builders
 from tests.kube.builders import model
 from tests.kube.client import Kube, eventually
+from tests.kube.cluster import PrivateCluster, crd_established
 from tests.kube.controlplane import REPO, ControlPlane, free_port
-from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import (
     MWC_PATH,
@@ -282,30 +281,13 @@ def by_url(obj: dict[str, Any], url: str) -> dict[str, Any]:
     return {**obj, "webhooks": hooks}
 
 
-@dataclass
-class Cluster:
-    cp: ControlPlane
-    kube: Kube
-    kubelet: FakeKubelet
-
-
 @pytest.fixture
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Cluster]:
-    cp = ControlPlane(bin_dir=control_plane.bin_dir).start()
-    client = kubeapi.KubeClient(load_config(str(cp.kubeconfig)))
-    kubelet = FakeKubelet(client, node="rbac-node", restart_delay=0.2)
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PrivateCluster]:
+    c = PrivateCluster(aloop, bin_dir=control_plane.bin_dir, kubelet_node="rbac-node", kubelet_restart_delay=0.2)
     try:
-        aloop.run(kubelet.start())
-        yield Cluster(cp, Kube(aloop, client), kubelet)
+        yield c
     finally:
-        aloop.run(kubelet.stop())
-        aloop.run(client.close())
-        cp.stop()
-
-
-def _established(kube: Kube, name: str) -> bool:
-    conds = (kube.get(f"{CRD_PATH}/{name}").get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+        c.close()
 
 
 def _bundle_synced(kube: Kube) -> bool:
@@ -315,7 +297,7 @@ def _bundle_synced(kube: Kube) -> bool:
     return conversion_bundle_synced(kube)
 
 
-def _start(cluster: Cluster, kubeconfig: Path, port: int, metrics_port: int) -> ManagerProcess:
+def _start(cluster: PrivateCluster, kubeconfig: Path, port: int, metrics_port: int) -> ManagerProcess:
     cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-rbac-certs-"))
     m = start_process(
         cluster.cp,
@@ -374,7 +356,9 @@ def _stop(m: ManagerProcess) -> None:
 # The audit
 
 
-def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster: Cluster, tmp_path: Path) -> None:
+def test_the_manager_uses_exactly_the_permissions_config_default_grants(
+    cluster: PrivateCluster, tmp_path: Path
+) -> None:
     cp, kube = cluster.cp, cluster.kube
     rendered = rendered_default(cp)
     port = free_port()
@@ -382,7 +366,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
     early = [o for o in installed if o["kind"] in ("Namespace", "CustomResourceDefinition")]
     kubectl(cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(early))
     crd_name = next(o["metadata"]["name"] for o in early if o["kind"] == "CustomResourceDefinition")
-    eventually(lambda: _established(kube, crd_name), timeout=30, what="CRD Established")
+    eventually(lambda: crd_established(kube, crd_name), timeout=30, what="CRD Established")
 
     # Take the name the SidecarSet's first revision will get, with other data: the manager must
     # read it back (get), see the collision and pick the next name.
@@ -458,6 +442,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(cluster:
                 "metadata": {"name": ns, "labels": {"sidecar-injection": "enabled"}},
             },
         )
+        assert cluster.kubelet is not None
         cluster.kubelet.namespaces.add(ns)
         eventually(lambda: kube.get_or_none(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), timeout=30)
         kube.create(SS_PATH, ss_body)

@@ -7,17 +7,16 @@ acting on its pods: the session manager never sees them.
 from __future__ import annotations
 
 import secrets
-import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from kuberuntime import api, kubeapi, kubeconfig
+from kuberuntime import api
 from sidecarsets.spec import names
 from tests.e2e.helpers import (
     SS_PATH,
@@ -32,8 +31,8 @@ from tests.e2e.helpers import (
     wait_status,
 )
 from tests.kube.client import Kube, eventually
+from tests.kube.cluster import PrivateCluster, install_crd
 from tests.kube.controlplane import REPO, ControlPlane
-from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import (
     MANAGER_NS,
@@ -44,7 +43,6 @@ from tests.kube.managerharness import (
     start_process,
     wait_ready,
     webhook_configs,
-    write_cert_dir,
 )
 
 PODS = 50
@@ -52,44 +50,16 @@ MAX_UNAVAILABLE = 5  # 10% of 50
 MAX_SAMPLE_GAP = 1.0  # seconds between two LISTs: a longer stall would leave part of the rollout unwatched
 
 
-class Cluster:
-    def __init__(self, cp: ControlPlane, kube: Kube, kubelet: FakeKubelet, cert_dir: Path) -> None:
-        self.cp, self.kube, self.kubelet, self.cert_dir = cp, kube, kubelet, cert_dir
-
-
 @pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Cluster]:
-    cp = ControlPlane(bin_dir=control_plane.bin_dir).start()
-    client = kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
-    kube = Kube(aloop, client)
-    kubelet = FakeKubelet(client, node="rollout-node", restart_delay=0.3)
-    aloop.run(kubelet.start())
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PrivateCluster]:
+    c = PrivateCluster(aloop, bin_dir=control_plane.bin_dir, kubelet_node="rollout-node", kubelet_restart_delay=0.3)
     try:
-        import yaml
-
         crd = yaml.safe_load((REPO / "config/crd/sidecarctl.io_sidecarsets.yaml").read_text())
-        kube.apply("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        eventually(
-            lambda: any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in (
-                    kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}").get(
-                        "status"
-                    )
-                    or {}
-                ).get("conditions")
-                or []
-            ),
-            timeout=30,
-        )
-        ensure_namespace(kube, MANAGER_NS)
-        cert_dir = Path(tempfile.mkdtemp(prefix="sidecarctl-rollout-certs-"))
-        write_cert_dir(cert_dir)
-        yield Cluster(cp, kube, kubelet, cert_dir)
+        install_crd(c.kube, crd)
+        ensure_namespace(c.kube, MANAGER_NS)
+        yield c
     finally:
-        aloop.run(kubelet.stop())
-        aloop.run(client.close())
-        cp.stop()
+        c.close()
 
 
 class UnavailableSampler:
@@ -125,11 +95,11 @@ class UnavailableSampler:
         self._thread.join(timeout=10)
 
 
-def _start(cluster: Cluster, identity: str, port: int | None = None) -> ManagerProcess:
+def _start(cluster: PrivateCluster, identity: str, port: int | None = None) -> ManagerProcess:
     return start_process(cluster.cp, cluster.cert_dir, identity=identity, webhook_port=port, lease_duration=3)
 
 
-def test_rollout_of_50_pods_never_exceeds_max_unavailable_across_a_leader_kill(cluster: Cluster) -> None:
+def test_rollout_of_50_pods_never_exceeds_max_unavailable_across_a_leader_kill(cluster: PrivateCluster) -> None:
     kube = cluster.kube
     first = _start(cluster, "rollout-a")
     standby: ManagerProcess | None = None
@@ -154,6 +124,7 @@ def test_rollout_of_50_pods_never_exceeds_max_unavailable_across_a_leader_kill(c
                 "metadata": {"name": ns, "labels": {names.NS_INJECTION_LABEL: "enabled"}},
             },
         )
+        assert cluster.kubelet is not None
         cluster.kubelet.namespaces.add(ns)
         eventually(lambda: kube.get_or_none(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), timeout=30)
         ss = make_sidecarset("rollout", "roll", initContainers=[], updateStrategy={"maxUnavailable": "10%"})

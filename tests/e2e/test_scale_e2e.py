@@ -22,7 +22,7 @@ from injector.policy import bundle, selecting
 from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH
-from tests.e2e.policysupport import PrivateCluster, policy_holding, private_cluster, stored_pod, webhook_pod
+from tests.e2e.policysupport import PolicyCluster, policy_holding, private_cluster, stored_pod, webhook_pod
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane
 from tests.kube.loop import BackgroundLoop
@@ -36,7 +36,7 @@ POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
 
 
 @pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PrivateCluster]:
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PolicyCluster]:
     with private_cluster(aloop, control_plane.bin_dir, injection="auto") as c:
         c.namespace(NS, ENABLED)
         c.namespace(PLAIN, {})
@@ -50,7 +50,7 @@ def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Priv
         yield c
 
 
-def inject_calls(c: PrivateCluster) -> float:
+def inject_calls(c: PolicyCluster) -> float:
     assert c.manager is not None
     with urllib.request.urlopen(c.manager.probe_url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -61,12 +61,12 @@ def inject_calls(c: PrivateCluster) -> float:
     )
 
 
-def injected_by(c: PrivateCluster, team: str) -> str | None:
+def injected_by(c: PolicyCluster, team: str) -> str | None:
     pod = c.kube.create(PODS.format(NS), team_pod(team), dryRun="All")
     return (pod["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
 
 
-def revision_recorded(c: PrivateCluster, team: str) -> bool:
+def revision_recorded(c: PolicyCluster, team: str) -> bool:
     """Whether a pod of `team` now records the revision the controller stored in its SidecarSet's status."""
     ss = c.kube.get(f"{SS_PATH}/scale-{team}")
     revision = (ss.get("status") or {}).get("latestRevision")
@@ -75,13 +75,13 @@ def revision_recorded(c: PrivateCluster, team: str) -> bool:
     return bool(revision) and f'"controllerRevision":"{revision}"' in recorded
 
 
-def condition(c: PrivateCluster) -> str | None:
+def condition(c: PolicyCluster) -> str | None:
     hook = c.kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")["webhooks"][0]
     return next((m["expression"] for m in hook.get("matchConditions") or [] if m["name"] == CONDITION_NAME), None)
 
 
 def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_never_call_it(
-    cluster: PrivateCluster,
+    cluster: PolicyCluster,
 ) -> None:
     c = cluster
     eventually(

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
+from injector.http.decisions import WebhookSettings
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels
 from tests.http.test_inject_app import pod, review, sidecarset

@@ -17,7 +17,8 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
+from injector.http.decisions import WebhookSettings
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.store import TemplateStore, namespace_labels

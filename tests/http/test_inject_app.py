@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
+from injector.http.decisions import WebhookSettings
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels
 from tests.kube import builders
@@ -53,13 +54,18 @@ def review(
     return {"apiVersion": api_version, "kind": "AdmissionReview", "request": request}
 
 
-@pytest.fixture
-def store() -> TemplateStore:
+def shop_store() -> TemplateStore:
+    """Namespace `shop` labelled for injection, `plain` not, and the default SidecarSet."""
     s = TemplateStore()
     s.on_namespace("ADDED", None, namespace_labels(ns("shop", **{names.NS_INJECTION_LABEL: "enabled"})))
     s.on_namespace("ADDED", None, namespace_labels(ns("plain")))
     s.on_sidecarset("ADDED", None, sidecarset())
     return s
+
+
+@pytest.fixture
+def store() -> TemplateStore:
+    return shop_store()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ the tier skips, except under `CI=true`, where a missing oracle fails the run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,13 +13,14 @@ import pytest
 from tests.kruise import summary
 from tests.kruise.cases import corpus_pods, corpus_sidecarsets
 from tests.kruise.oracle import Oracle, binary
+from tests.kube.ci import IN_CI
 
 
 @pytest.fixture(scope="session")
 def oracle() -> Iterator[Oracle]:
     path = binary()
     if not path.exists():
-        if os.environ.get("CI") == "true":
+        if IN_CI:
             pytest.fail(f"the Kruise oracle {path} is missing: run tools/build-kruise-oracle.sh")
         pytest.skip(f"the Kruise oracle {path} is not built: run tools/build-kruise-oracle.sh")
     proc = Oracle(path)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tests.kube.controlplane import ControlPlane
@@ -76,19 +74,3 @@ class AdminRest:
             if e.status == 404:
                 return None
             raise
-
-
-def wait_for(check: Callable[[], T | None], *, timeout: float, interval: float = 0.05, what: str = "") -> T:
-    """Poll `check` until it returns something truthy; AssertionError with `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except (AssertionError, ApiError) as e:
-            last = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s: {what}") from last
-        time.sleep(interval)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
+import secrets
 from typing import Any
 
 import jsonpatch
@@ -56,19 +58,23 @@ def sidecarset(
     containers: Any = None,
     init_containers: Any = None,
     selector: Any = None,
+    app: str = "web",
     namespace_selector: Any = None,
     labels: dict[str, str] | None = None,
     metadata: JsonObj | None = None,
     status: JsonObj | None = None,
+    api_version: str = names.API_VERSION,
     **spec: Any,
 ) -> JsonObj:
-    """A SidecarSet object; by default one `proxy` sidecar (`proxy:1`) for the `app: web` pods.
+    """A SidecarSet object; by default one `proxy` sidecar (`proxy:1`) for the `app: <app>` pods
+    (`app: web`), in `api_version` (v1alpha1).
 
     `containers`, `init_containers` and `selector` may be anything (tests of bad input pass
-    strings); `init_containers` and `namespace_selector` are left out unless given. Other spec
-    fields go in `**spec` under their API names and win over the named arguments.
+    strings; a `selector` replaces the one `app` gives); `init_containers` and
+    `namespace_selector` are left out unless given. Other spec fields go in `**spec` under their
+    API names and win over the named arguments.
     """
-    body: JsonObj = {"selector": selector if selector is not None else {"matchLabels": {"app": "web"}}}
+    body: JsonObj = {"selector": selector if selector is not None else {"matchLabels": {"app": app}}}
     if namespace_selector is not None:
         body["namespaceSelector"] = namespace_selector
     if init_containers is not None:
@@ -79,7 +85,7 @@ def sidecarset(
     if labels is not None:
         meta["labels"] = labels
     meta.update(metadata or {})
-    obj: JsonObj = {"apiVersion": names.API_VERSION, "kind": "SidecarSet", "metadata": meta, "spec": body}
+    obj: JsonObj = {"apiVersion": api_version, "kind": "SidecarSet", "metadata": meta, "spec": body}
     if status is not None:
         obj["status"] = status
     return obj
@@ -315,3 +321,9 @@ def kubelet_sync(pod_json: JsonObj, *, ready: bool = True) -> JsonObj:
             cs["imageID"] = image_id(cs["image"])
             cs["restartCount"] += 1
     return set_ready(out, ready)
+
+
+def namespace_name(nodeid: str) -> str:
+    """A fresh namespace name for the test `nodeid`: its name, made a DNS label, and a random suffix."""
+    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
+    return f"{base or 't'}-{secrets.token_hex(3)}"

@@ -65,16 +65,26 @@ class Kube:
         raise AssertionError("unreachable")
 
 
-def eventually(check: Callable[[], T | None], *, timeout: float = 10.0, interval: float = 0.05, what: str = "") -> T:
-    """Poll `check` until it returns a truthy value (or stops raising AssertionError)."""
+def eventually(
+    check: Callable[[], T | None],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    what: str = "",
+    retrying: tuple[type[Exception], ...] = (),
+) -> T:
+    """Poll `check` until it returns a truthy value; an AssertionError (or one of `retrying`, say an
+    API error while a server restarts) counts as not yet. On timeout, an AssertionError naming `what`
+    from the last of those errors."""
     deadline = time.monotonic() + timeout
+    not_yet: tuple[type[Exception], ...] = (AssertionError, *retrying)
     last: BaseException | None = None
     while True:
         try:
             value = check()
             if value:
                 return value
-        except AssertionError as e:
+        except not_yet as e:
             last = e
         if time.monotonic() >= deadline:
             msg = f"not true within {timeout}s: {what or getattr(check, '__name__', 'condition')}"

@@ -1,13 +1,16 @@
-"""An in-memory API server with the runtime's contract (kuberuntime.api), for unit tests.
+"""The in-memory API server of the unit tests, with the runtime's contract (kuberuntime.api).
 
 Objects live under their API paths; every write bumps one global resourceVersion and notifies
 listeners (as a watch would, synchronously, so a test decides when a cache sees a write by when it
-delivers). Errors follow the real server: NotFound, Conflict (AlreadyExists, a stale
-resourceVersion), Invalid (a failed JSON Patch `test`). `fail` injects errors for a verb and path.
+delivers). Errors follow the real server: NotFound (a missing object; a collection lists empty),
+Conflict (AlreadyExists, a stale resourceVersion), Invalid (a failed JSON Patch `test`). `fail`
+injects errors for a verb and path, `foreign_write` is another writer's change, and `latency`
+makes every call take that long (so that concurrent writers interleave as they would).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 from collections.abc import AsyncIterator, Callable
@@ -76,8 +79,19 @@ def _label_match(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+def is_collection(path: str) -> bool:
+    """Whether an API path names a collection (`/api/v1/pods`, `/apis/g/v/namespaces/ns/things`)
+    rather than one object (`.../things/name`, `/api/v1/namespaces/name`)."""
+    parts = [p for p in path.split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    return len(rest) == 1
+
+
 class FakeApiServer:
-    def __init__(self) -> None:
+    def __init__(self, *, latency: float = 0.0) -> None:
+        self.latency = latency
         self.objects: dict[str, JsonObj] = {}
         self.calls: list[tuple[str, str]] = []
         self.listeners: list[Listener] = []
@@ -100,6 +114,12 @@ class FakeApiServer:
         meta.setdefault("creationTimestamp", "2024-05-01T10:00:00Z")
         return self._store(path, obj)
 
+    def foreign_write(self, path: str, mutate: Callable[[JsonObj], None]) -> JsonObj:
+        """Another writer's change to the object at `path` (a new resourceVersion, listeners told)."""
+        obj = copy.deepcopy(self._stored(path))
+        mutate(obj)
+        return self._store(path, obj)
+
     def writes(self, verb: str | None = None, prefix: str = "") -> list[str]:
         return [p for v, p in self.calls if v != "get" and (verb is None or v == verb) and p.startswith(prefix)]
 
@@ -118,7 +138,9 @@ class FakeApiServer:
             listener(path, copy.deepcopy(old), copy.deepcopy(obj))
         return copy.deepcopy(new)
 
-    def _enter(self, verb: str, path: str) -> None:
+    async def _enter(self, verb: str, path: str) -> None:
+        if self.latency:
+            await asyncio.sleep(self.latency)
         self.calls.append((verb, path))
         for fault in list(self._faults):
             if fault.verb == verb and fault.path.search(path):
@@ -136,9 +158,11 @@ class FakeApiServer:
 
     # -- the contract ----------------------------------------------------------------------------
     async def get(self, path: str, *, params: api.Params | None = None) -> JsonObj:
-        self._enter("get", path)
+        await self._enter("get", path)
         if path in self.objects:
             return copy.deepcopy(self.objects[path])
+        if not is_collection(path):
+            raise api.NotFound(404, "NotFound", f"{path} not found")
         prefix = path.rstrip("/") + "/"
         selector = str((params or {}).get("labelSelector") or "")
         items = [
@@ -148,12 +172,10 @@ class FakeApiServer:
             and "/" not in p[len(prefix) :]
             and _label_match((obj.get("metadata") or {}).get("labels") or {}, selector)
         ]
-        if not items and not any(p.startswith(prefix) for p in self.objects) and path.count("/") < 4:
-            raise api.NotFound(404, "NotFound", f"{path} not found")
         return {"metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     async def create(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
-        self._enter("create", path)
+        await self._enter("create", path)
         meta = body.get("metadata") or {}
         name = meta.get("name") or f"{meta.get('generateName', 'obj-')}{self._rv}"
         target = f"{path}/{name}"
@@ -165,7 +187,7 @@ class FakeApiServer:
         return self.put(target, obj)
 
     async def update(self, path: str, body: JsonObj, *, params: api.Params | None = None) -> JsonObj:
-        self._enter("update", path)
+        await self._enter("update", path)
         stored = self._stored(path)
         if (body.get("metadata") or {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
             raise api.Conflict(409, "Conflict", "the object has been modified")
@@ -174,7 +196,7 @@ class FakeApiServer:
     async def patch(
         self, path: str, body: Any, *, patch_type: api.PatchType = "merge", params: api.Params | None = None
     ) -> JsonObj:
-        self._enter("patch", path)
+        await self._enter("patch", path)
         target = path[: -len("/status")] if path.endswith("/status") else path
         stored = copy.deepcopy(self._stored(target))
         if patch_type == "json":
@@ -190,7 +212,7 @@ class FakeApiServer:
         return self._store(target, patched)
 
     async def delete(self, path: str, *, params: api.Params | None = None) -> Any:
-        self._enter("delete", path)
+        await self._enter("delete", path)
         self._stored(path)
         self._store(path, None)
         return {"kind": "Status", "status": "Success"}

@@ -12,8 +12,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from tests.kube.ci import IN_CI
 from tests.kube.controlplane import BUILD_SCRIPT, REPO, ControlPlaneError, binaries_dir, supported_versions
 
 CHART = REPO / "charts" / "sidecarctl"
@@ -44,6 +46,15 @@ def missing_reason(*names: str) -> str | None:
         return None
     script = BUILD_SCRIPT.relative_to(REPO)
     return f"{' and '.join(absent)} not built: run `bash {script} --node` (tools/setup.sh does, as root)"
+
+
+def require(*names: str, checking: str) -> None:
+    """Skip unless the binaries `names` are built; under CI=true, fail instead (naming what cannot
+    be checked: `checking`)."""
+    if reason := missing_reason(*names):
+        if IN_CI:
+            pytest.fail(f"{checking} cannot be checked under CI=true: {reason}", pytrace=False)
+        pytest.skip(reason)
 
 
 def run(binary: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,8 @@ from typing import Any
 import yaml
 
 from certwatcher.atomicdir import write_atomic
-from certwatcher.issuing import Issued, generate_ca, issue_leaf
 from kuberuntime import api
+from selfsigned.issuing import Issued, generate_ca, issue_leaf
 from sidecarctl.manager.inprocess import Manager
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.spec import names
@@ -216,8 +217,10 @@ def start_process(
     lease_duration: int = 15,
     extra: tuple[str, ...] = (),
     kubeconfig: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ManagerProcess:
-    """`sidecarctl run` against `cp` (or through `kubeconfig`, say one naming a load balancer)."""
+    """`sidecarctl run` as a child process against `cp` (or through `kubeconfig`, say one naming a
+    load balancer); `env` is added to its environment (and its children's)."""
     webhook_port = webhook_port or free_port()
     probe_port = free_port()
     log = Path(tempfile.mkstemp(prefix=f"sidecarctl-{identity}-", suffix=".log")[1])
@@ -239,7 +242,7 @@ def start_process(
     ]
     out = open(log, "wb")  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(
-        args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+        args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     )
     out.close()
     return ManagerProcess(proc, f"http://127.0.0.1:{probe_port}", f"https://127.0.0.1:{webhook_port}", log)

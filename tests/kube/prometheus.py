@@ -9,16 +9,15 @@ CI=true a missing Go toolchain or a failed build fails the test instead of skipp
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.kube.ci import IN_CI
 from tests.kube.controlplane import REPO
 
 BUILD_SCRIPT = REPO / "tools" / "build-prometheus.sh"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 @functools.cache

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import re
-import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,12 +25,14 @@ from typing import Any, NoReturn
 
 import pytest
 
-from tests.kube.adminrest import AdminRest, wait_for
+from tests.kube import builders
+from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.ci import IN_CI
+from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.managerimage import Built, ImageBuildError, manager_archive
 from tests.kube.node import NodeError, NodeUnavailable, RealNode, node_cluster, unavailable_reason
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 TIMINGS: dict[str, str] = {}
 INSTALL = Path(__file__).with_name("install")
 MANAGER_NS = "sidecarctl-system"
@@ -76,7 +75,10 @@ def record_value(what: str, value: str) -> None:
 
 
 @dataclasses.dataclass
-class Cluster:
+class NodeCluster:
+    """The control plane with a real node (kubelet, containerd, runc) on this machine, and a REST
+    client for it: what the real-node tier runs the manager's image on."""
+
     cp: ControlPlane
     node: RealNode
     api: AdminRest
@@ -88,7 +90,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     if reason := unavailable_reason():
         not_here(reason)
     stack = contextlib.ExitStack()
@@ -101,11 +103,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for what, seconds in node.timings.items():
         record(f"node: {what}", seconds)
     with stack:
-        yield Cluster(cp, node, AdminRest(cp))
+        yield NodeCluster(cp, node, AdminRest(cp))
 
 
 @pytest.fixture(scope="package")
-def manager_image(cluster: Cluster) -> Built:
+def manager_image(cluster: NodeCluster) -> Built:
     """The Dockerfile's image (built on the local Debian base, cached), imported into the node."""
     try:
         built = manager_archive()
@@ -120,26 +122,22 @@ def manager_image(cluster: Cluster) -> Built:
     return built
 
 
-def _ns_name(nodeid: str) -> str:
-    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
-    return f"{base or 't'}-{secrets.token_hex(3)}"
-
-
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]:
+def namespace(request: pytest.FixtureRequest, cluster: NodeCluster) -> Iterator[str]:
     """A fresh namespace with its default ServiceAccount; deleted (with its pods) afterwards."""
-    name = _ns_name(request.node.nodeid)
+    name = builders.namespace_name(request.node.nodeid)
     cluster.api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(
+    eventually(
         lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
         timeout=30,
         what=f"default ServiceAccount in {name}",
+        retrying=(ApiError,),
     )
     yield name
     cluster.api.delete(f"/api/v1/namespaces/{name}")
 
 
-def kubectl(cluster: Cluster, *args: str, timeout: float = 120) -> str:
+def kubectl(cluster: NodeCluster, *args: str, timeout: float = 120) -> str:
     proc = subprocess.run(
         [str(cluster.kubectl), f"--kubeconfig={cluster.cp.kubeconfig}", *args],
         capture_output=True,
@@ -151,13 +149,13 @@ def kubectl(cluster: Cluster, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def manager_pods(cluster: Cluster) -> list[dict[str, Any]]:
+def manager_pods(cluster: NodeCluster) -> list[dict[str, Any]]:
     path = f"/api/v1/namespaces/{MANAGER_NS}/pods?labelSelector={MANAGER_SELECTOR}"
     pods: list[dict[str, Any]] = cluster.api.get(path)["items"]
     return pods
 
 
-def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2 manager replicas Ready") -> float:
+def wait_manager_ready(cluster: NodeCluster, *, timeout: float = 180, what: str = "2 manager replicas Ready") -> float:
     """Until the Deployment has 2 updated, ready replicas and no other pod; the seconds it took."""
     started = time.monotonic()
 
@@ -173,7 +171,7 @@ def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2
         )
 
     try:
-        wait_for(settled, timeout=timeout, interval=0.2, what=what)
+        eventually(settled, timeout=timeout, interval=0.2, what=what, retrying=(ApiError,))
     except AssertionError:
         pods = kubectl(cluster, "-n", MANAGER_NS, "get", "pods,events", "-o", "wide")
         logs = "\n".join(
@@ -185,7 +183,7 @@ def wait_manager_ready(cluster: Cluster, *, timeout: float = 180, what: str = "2
     return time.monotonic() - started
 
 
-def ensure_namespace(cluster: Cluster, name: str) -> None:
+def ensure_namespace(cluster: NodeCluster, name: str) -> None:
     """Create `name` if absent, waiting out an earlier deletion of it."""
 
     def usable() -> bool:
@@ -196,7 +194,7 @@ def ensure_namespace(cluster: Cluster, name: str) -> None:
             return True
         return (got.get("status") or {}).get("phase") != "Terminating"
 
-    wait_for(usable, timeout=120, interval=0.2, what=f"namespace {name} usable")
+    eventually(usable, timeout=120, interval=0.2, what=f"namespace {name} usable", retrying=(ApiError,))
 
 
 @dataclasses.dataclass
@@ -207,7 +205,7 @@ class Installed:
 
 
 @pytest.fixture(scope="package")
-def installed(cluster: Cluster, manager_image: Built) -> Iterator[Installed]:
+def installed(cluster: NodeCluster, manager_image: Built) -> Iterator[Installed]:
     """One install for every node test that needs the manager (tests that disturb it wait until it
     has settled again: 2 ready replicas of the current revision)."""
     api = cluster.api

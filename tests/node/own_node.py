@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from tests.kube import images
-from tests.kube.adminrest import AdminRest, wait_for
+from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.client import eventually
 from tests.kube.node import node_cluster
 from tests.node.pods import app_container, create_and_wait_ready, pod, sidecar_container
 
@@ -23,7 +24,11 @@ from tests.node.pods import app_container, create_and_wait_ready, pod, sidecar_c
 def main() -> None:
     with node_cluster(log_dir=Path(sys.argv[1])) as (cp, node):
         api = AdminRest(cp)
-        wait_for(lambda: api.get_or_none("/api/v1/namespaces/default/serviceaccounts/default"), timeout=30)
+        eventually(
+            lambda: api.get_or_none("/api/v1/namespaces/default/serviceaccounts/default"),
+            timeout=30,
+            retrying=(ApiError,),
+        )
         body = pod("leak-me", [app_container(), sidecar_container(images.stubborn_image("v1"))])
         created, _ = create_and_wait_ready(api, "default", body)
         made = {

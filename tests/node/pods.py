@@ -7,7 +7,8 @@ import urllib.request
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import AdminRest, wait_for
+from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.client import eventually
 
 
 def http_probe(port: int, path: str = "/ready") -> dict[str, Any]:
@@ -69,7 +70,7 @@ def create_and_wait_ready(api: AdminRest, ns: str, body: dict[str, Any], *, time
         got = api.get(path)
         return got if is_ready(got) else None
 
-    got = wait_for(ready, timeout=timeout, what=f"pod {ns}/{body['metadata']['name']} Ready")
+    got = eventually(ready, timeout=timeout, what=f"pod {ns}/{body['metadata']['name']} Ready", retrying=(ApiError,))
     return got, time.monotonic() - started
 
 

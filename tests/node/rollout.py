@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tests.kube import images
-from tests.kube.adminrest import AdminRest, ApiError, wait_for
+from tests.kube import builders, images
+from tests.kube.adminrest import AdminRest, ApiError
+from tests.kube.client import eventually
 from tests.node.pods import app_container, http_probe, is_ready, statuses
 
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
@@ -47,17 +48,8 @@ def sidecarset(
     }
     if resources is not None:
         sidecar["resources"] = resources
-    return {
-        "apiVersion": "sidecarctl.io/v1alpha1",
-        "kind": "SidecarSet",
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": app}},
-            "namespace": namespace,
-            "containers": [sidecar],
-            "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": max_unavailable},
-        },
-    }
+    strategy = {"type": "RollingUpdate", "maxUnavailable": max_unavailable}
+    return builders.sidecarset(name, app=app, containers=[sidecar], namespace=namespace, updateStrategy=strategy)
 
 
 def deployment(name: str, replicas: int, *, app: str, grace: int = 5) -> dict[str, Any]:
@@ -148,7 +140,9 @@ def create_workload(
             return False
         return SIDECAR in [c["name"] for c in got["spec"]["containers"]]
 
-    wait_for(store_has_it, timeout=30, interval=0.2, what=f"SidecarSet {name} in the manager's store")
+    eventually(
+        store_has_it, timeout=30, interval=0.2, what=f"SidecarSet {name} in the manager's store", retrying=(ApiError,)
+    )
     api.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment(app, replicas, app=app, grace=grace))
 
     seen: dict[str, Any] = {}
@@ -174,7 +168,13 @@ def create_workload(
         )
 
     try:
-        wait_for(all_ready, timeout=timeout, interval=0.2, what=f"{replicas} pods of {app} Ready and counted")
+        eventually(
+            all_ready,
+            timeout=timeout,
+            interval=0.2,
+            what=f"{replicas} pods of {app} Ready and counted",
+            retrying=(ApiError,),
+        )
     except AssertionError as e:
         raise AssertionError(f"{e}; last seen: {seen}") from None
     return w

@@ -25,12 +25,13 @@ import pytest
 
 from sidecarsets.spec import names
 from tests.kube import helm, images
-from tests.kube.adminrest import ApiError, wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.kube.managerimage import Built
 from tests.node.conftest import (
     LEASE,
     MANAGER_NS,
-    Cluster,
+    NodeCluster,
     manager_pods,
     record,
     record_value,
@@ -51,7 +52,7 @@ class Release:
     values: Path
 
 
-def run_helm(cluster: Cluster, env: dict[str, str], *args: str, timeout: float = 300) -> str:
+def run_helm(cluster: NodeCluster, env: dict[str, str], *args: str, timeout: float = 300) -> str:
     binary = helm.cached_binary("helm")
     assert binary is not None, helm.missing_reason("helm")
     proc = subprocess.run(
@@ -90,7 +91,7 @@ def object_path(obj: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, manager_image: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(cluster: NodeCluster, manager_image: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     api = cluster.api
     mwc = f"{POLICY_GROUP}/mutatingwebhookconfigurations/{names.MUTATING_WEBHOOK_CONFIG}"
     assert api.get_or_none(mwc) is None, "the manager is installed already: the Helm test must run first"
@@ -128,11 +129,17 @@ def release(cluster: Cluster, manager_image: Built, tmp_path_factory: pytest.Tem
         _wait_gone(cluster, f"/api/v1/namespaces/{MANAGER_NS}", timeout=180)
 
 
-def _wait_gone(cluster: Cluster, path: str, *, timeout: float) -> None:
-    wait_for(lambda: cluster.api.get_or_none(path) is None, timeout=timeout, interval=0.2, what=f"{path} deleted")
+def _wait_gone(cluster: NodeCluster, path: str, *, timeout: float) -> None:
+    eventually(
+        lambda: cluster.api.get_or_none(path) is None,
+        timeout=timeout,
+        interval=0.2,
+        what=f"{path} deleted",
+        retrying=(ApiError,),
+    )
 
 
-def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Release, namespace: str) -> None:
+def test_helm_install_runs_the_manager_and_injects(cluster: NodeCluster, release: Release, namespace: str) -> None:
     api = cluster.api
     running = [p for p in manager_pods(cluster) if p["status"].get("phase") == "Running"]
     assert len(running) == 2
@@ -156,7 +163,13 @@ def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Re
                 return "validate.sidecarctl.io" in str(e)
             return False
 
-        wait_for(rival_refused, timeout=30, interval=0.2, what="conflicting SidecarSet refused by the webhook")
+        eventually(
+            rival_refused,
+            timeout=30,
+            interval=0.2,
+            what="conflicting SidecarSet refused by the webhook",
+            retrying=(ApiError,),
+        )
         api.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
 
         def injected() -> bool:
@@ -167,7 +180,7 @@ def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Re
                 return False
             return [c["name"] for c in got["spec"]["containers"]] == ["proxy", "app"]
 
-        wait_for(injected, timeout=30, interval=0.2, what="a pod injected after helm install")
+        eventually(injected, timeout=30, interval=0.2, what="a pod injected after helm install", retrying=(ApiError,))
         created, took = create_and_wait_ready(api, namespace, pod("web-1", [app_container()], app="web"))
         assert [c["name"] for c in created["spec"]["containers"]] == ["proxy", "app"]
         assert fetch(created["status"]["podIP"], images.SIDECAR_PORT, "/version") == "v1"
@@ -180,7 +193,7 @@ def test_helm_install_runs_the_manager_and_injects(cluster: Cluster, release: Re
 
 
 @pytest.fixture(scope="module")
-def uninstalled(cluster: Cluster, release: Release) -> float:
+def uninstalled(cluster: NodeCluster, release: Release) -> float:
     started = time.monotonic()
     run_helm(cluster, release.env, "uninstall", RELEASE, "--namespace", "default", "--wait")
     took = time.monotonic() - started
@@ -188,7 +201,7 @@ def uninstalled(cluster: Cluster, release: Release) -> float:
     return took
 
 
-def test_helm_uninstall_removes_what_the_chart_made(cluster: Cluster, release: Release, uninstalled: float) -> None:
+def test_helm_uninstall_removes_what_the_chart_made(cluster: NodeCluster, release: Release, uninstalled: float) -> None:
     assert len(release.rendered) >= 14
     for obj in release.rendered:
         # The namespace and the CRD finish deleting in the background (their contents go first).
@@ -196,10 +209,16 @@ def test_helm_uninstall_removes_what_the_chart_made(cluster: Cluster, release: R
 
     # The policies the manager made (for SidecarSets, and its support probe) are owned by the
     # SidecarSets and by its namespace: the garbage collector removes them with those.
-    wait_for(lambda: not _managed_policies(cluster), timeout=60, interval=0.2, what="the manager's policies removed")
+    eventually(
+        lambda: not _managed_policies(cluster),
+        timeout=60,
+        interval=0.2,
+        what="the manager's policies removed",
+        retrying=(ApiError,),
+    )
 
 
-def _managed_policies(cluster: Cluster) -> list[str]:
+def _managed_policies(cluster: NodeCluster) -> list[str]:
     return [
         f"{kind}/{p['metadata']['name']}"
         for kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")

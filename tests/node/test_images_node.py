@@ -11,14 +11,15 @@ import time
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import wait_for
-from tests.node.conftest import Cluster, record
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
+from tests.node.conftest import NodeCluster, record
 from tests.node.pods import app_container, create_and_wait_ready, pod, sidecar_container, statuses
 
 GRACE = 2
 
 
-def test_bad_image_is_never_pulled(cluster: Cluster, namespace: str) -> None:
+def test_bad_image_is_never_pulled(cluster: NodeCluster, namespace: str) -> None:
     api = cluster.api
     body = pod("bad", [app_container(), sidecar_container(images.BAD_IMAGE)])
     started = time.monotonic()
@@ -29,12 +30,14 @@ def test_bad_image_is_never_pulled(cluster: Cluster, namespace: str) -> None:
         waiting = (proxy.get("state") or {}).get("waiting") or {}
         return waiting if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
 
-    waiting = wait_for(pull_failed, timeout=30, interval=0.1, what="ErrImagePull for the bad image")
+    waiting = eventually(
+        pull_failed, timeout=30, interval=0.1, what="ErrImagePull for the bad image", retrying=(ApiError,)
+    )
     record("bad image: create to ErrImagePull", time.monotonic() - started)
     assert "connection refused" in waiting.get("message", ""), waiting
 
 
-def test_stubborn_sidecar_is_killed_after_the_grace_period(cluster: Cluster, namespace: str) -> None:
+def test_stubborn_sidecar_is_killed_after_the_grace_period(cluster: NodeCluster, namespace: str) -> None:
     api = cluster.api
     body = pod("stubborn", [app_container(), sidecar_container(images.stubborn_image("v1"))], grace=GRACE)
     created, _ = create_and_wait_ready(api, namespace, body)

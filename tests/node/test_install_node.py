@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import ApiError, wait_for
-from tests.node.conftest import LEASE, MANAGER_NS, Cluster, Installed, manager_pods, record
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
+from tests.node.conftest import LEASE, MANAGER_NS, Installed, NodeCluster, manager_pods, record
 from tests.node.pods import app_container, create_and_wait_ready, fetch, pod
 
 UID = 65532
 SS_PATH = "/apis/sidecarctl.io/v1alpha1/sidecarsets"
 
 
-def _process_of(cluster: Cluster, container_id: str) -> int:
+def _process_of(cluster: NodeCluster, container_id: str) -> int:
     """The host PID of a container's first process, from the node's containerd."""
     cid = container_id.removeprefix("containerd://")
     out = cluster.node.ctr("tasks", "ps", cid)
@@ -48,7 +49,7 @@ def _root_mount_options(pid: int) -> list[str]:
     raise AssertionError(f"no root mount for pid {pid}")
 
 
-def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, installed: Installed) -> None:
+def test_manager_replicas_run_unprivileged_from_the_image(cluster: NodeCluster, installed: Installed) -> None:
     api = cluster.api
     pods = manager_pods(cluster)
     running = [p for p in pods if p["status"].get("phase") == "Running"]
@@ -80,7 +81,7 @@ def test_manager_replicas_run_unprivileged_from_the_image(cluster: Cluster, inst
 
 
 def test_api_server_calls_the_webhooks_through_the_service(
-    cluster: Cluster, installed: Installed, namespace: str
+    cluster: NodeCluster, installed: Installed, namespace: str
 ) -> None:
     api = cluster.api
     name = f"node-proxy-{namespace[-6:]}"
@@ -115,7 +116,13 @@ def test_api_server_calls_the_webhooks_through_the_service(
             return "validate.sidecarctl.io" in str(e)
         return False
 
-    wait_for(rival_refused, timeout=30, interval=0.2, what="conflicting SidecarSet refused by the webhook")
+    eventually(
+        rival_refused,
+        timeout=30,
+        interval=0.2,
+        what="conflicting SidecarSet refused by the webhook",
+        retrying=(ApiError,),
+    )
     try:
         api.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
 
@@ -128,7 +135,9 @@ def test_api_server_calls_the_webhooks_through_the_service(
                 return None
             return got if [c["name"] for c in got["spec"]["containers"]] == ["proxy", "app"] else None
 
-        wait_for(injected, timeout=30, interval=0.2, what="dry-run pod injected through the Service")
+        eventually(
+            injected, timeout=30, interval=0.2, what="dry-run pod injected through the Service", retrying=(ApiError,)
+        )
         created, took = create_and_wait_ready(api, namespace, pod("web-1", [app_container()], app="web"))
         record("injected pod create to Ready", took)
         assert [c["name"] for c in created["spec"]["containers"]] == ["proxy", "app"]

@@ -19,11 +19,12 @@ from typing import Any
 
 from sidecarsets.spec import names
 from tests.kube import images
-from tests.kube.adminrest import wait_for
+from tests.kube.adminrest import ApiError
 from tests.kube.audit import pod_patches
+from tests.kube.client import eventually
 from tests.kube.loop import BackgroundLoop
 from tests.kube.neighbours import digest_pinning_app, neighbour, pinned
-from tests.node.conftest import Cluster, Installed, record
+from tests.node.conftest import Installed, NodeCluster, record
 from tests.node.pods import app_container, is_ready, statuses
 from tests.node.rollout import SIDECAR, create_workload
 
@@ -31,7 +32,7 @@ REPLICAS = 3
 
 
 @contextlib.contextmanager
-def _digests(cluster: Cluster, *refs: str) -> Iterator[dict[str, str]]:
+def _digests(cluster: NodeCluster, *refs: str) -> Iterator[dict[str, str]]:
     """The manifest digest containerd holds for each image (what a registry would have served), each
     also named `repo@digest` meanwhile, as a pull from a registry names it beside the tag (an import
     does not); the names are removed afterwards, so the tier's other tests see the images as before."""
@@ -56,14 +57,16 @@ def _not_upgradable(pod: dict[str, Any]) -> bool:
 
 
 def test_a_rollout_beside_a_digest_pinning_webhook_runs_the_digest_and_counts_it(
-    cluster: Cluster, installed: Installed, namespace: str, aloop: BackgroundLoop
+    cluster: NodeCluster, installed: Installed, namespace: str, aloop: BackgroundLoop
 ) -> None:
     v1, v2 = images.sidecar_image("v1"), images.sidecar_image("v2")
     with _digests(cluster, v1, v2, images.APP_IMAGE) as digests:  # the pinner pins the app's image too
         _roll_beside_the_pinner(cluster, namespace, aloop, digests)
 
 
-def _roll_beside_the_pinner(cluster: Cluster, namespace: str, aloop: BackgroundLoop, digests: dict[str, str]) -> None:
+def _roll_beside_the_pinner(
+    cluster: NodeCluster, namespace: str, aloop: BackgroundLoop, digests: dict[str, str]
+) -> None:
     v1, v2 = images.sidecar_image("v1"), images.sidecar_image("v2")
     calls: list[tuple[str, str]] = []
     probe_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}}
@@ -111,7 +114,9 @@ def _roll_beside_the_pinner(cluster: Cluster, namespace: str, aloop: BackgroundL
 
         # 3 pods one at a time (maxUnavailable 1), each a container stop, start and readiness
         # probe (2-5 s here under the suite's load): 90 s is several times that, still a bound.
-        after = wait_for(rolled, timeout=90, interval=0.2, what="every pod running v2's digest and counted")
+        after = eventually(
+            rolled, timeout=90, interval=0.2, what="every pod running v2's digest and counted", retrying=(ApiError,)
+        )
         took = time.monotonic() - patched_at
     patches = pod_patches(cluster.cp, start, namespace)
     assert sorted(patches) == sorted(before) and max(patches.values()) == 1, f"patches per pod: {patches}"

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import wait_for
-from tests.node.conftest import Cluster, Installed, record
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
+from tests.node.conftest import Installed, NodeCluster, record
 from tests.node.pods import is_ready, statuses
 from tests.node.rollout import SIDECAR, create_workload
 
@@ -27,7 +28,7 @@ def _sidecar(pod: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod["spec"]["containers"] if c["name"] == SIDECAR)
 
 
-def _cpu_quota(cluster: Cluster, container_id: str) -> int:
+def _cpu_quota(cluster: NodeCluster, container_id: str) -> int:
     """The running container's CFS quota, read from its cgroup through its process."""
     tasks = cluster.node.ctr("tasks", "ls")  # the node's ctr names the k8s.io namespace itself
     pid = next(line.split()[1] for line in tasks.splitlines()[1:] if line.split()[0] == container_id)
@@ -42,7 +43,7 @@ def _cpu_quota(cluster: Cluster, container_id: str) -> int:
 
 
 def test_a_sidecar_cpu_limit_and_memory_request_are_resized_in_place_on_the_real_kubelet(
-    cluster: Cluster, installed: Installed, namespace: str
+    cluster: NodeCluster, installed: Installed, namespace: str
 ) -> None:
     w = create_workload(
         cluster.api,
@@ -75,7 +76,9 @@ def test_a_sidecar_cpu_limit_and_memory_request_are_resized_in_place_on_the_real
         )
         return got if done else None
 
-    after = wait_for(resized, timeout=90, interval=0.2, what="every pod resized, applied and counted")
+    after = eventually(
+        resized, timeout=90, interval=0.2, what="every pod resized, applied and counted", retrying=(ApiError,)
+    )
     took = time.monotonic() - started
     record(f"in-place resize of {REPLICAS} pods (maxUnavailable 1): SidecarSet patch to all applied", took)
     for p in after:

@@ -44,13 +44,14 @@ from injector.policysync import stored
 from injector.policysync.support import POLICIES
 from sidecarsets.spec import names
 from tests.kube import images
-from tests.kube.adminrest import wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.node.conftest import (
     LEASE,
     MANAGER_DEPLOYMENT,
     MANAGER_NS,
-    Cluster,
     Installed,
+    NodeCluster,
     ensure_namespace,
     kubectl,
     manager_pods,
@@ -86,24 +87,29 @@ def other(image: str) -> str:
 
 
 @pytest.fixture
-def fresh_ns(cluster: Cluster) -> Iterator[str]:
+def fresh_ns(cluster: NodeCluster) -> Iterator[str]:
     name = f"ro-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
-    wait_for(
+    eventually(
         lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
         timeout=30,
         what=f"default ServiceAccount in {name}",
+        retrying=(ApiError,),
     )
     yield name
     cluster.api.delete(f"/api/v1/namespaces/{name}")
 
 
 @pytest.fixture(scope="module")
-def fleet(cluster: Cluster, installed: Installed) -> Iterator[Workload]:
+def fleet(cluster: NodeCluster, installed: Installed) -> Iterator[Workload]:
     """12 pods of one Deployment with the `proxy` sidecar (v1 at first), maxUnavailable 3."""
     name = f"fleet-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
-    wait_for(lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"), timeout=30)
+    eventually(
+        lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        retrying=(ApiError,),
+    )
     started = time.monotonic()
     w = create_workload(
         cluster.api, name, image=images.sidecar_image("v1"), replicas=FLEET, max_unavailable=FLEET_MAX_UNAVAILABLE
@@ -114,20 +120,20 @@ def fleet(cluster: Cluster, installed: Installed) -> Iterator[Workload]:
     cluster.api.delete(f"/api/v1/namespaces/{name}")
 
 
-def _containerd_tasks(cluster: Cluster) -> dict[str, str]:
+def _containerd_tasks(cluster: NodeCluster) -> dict[str, str]:
     """containerd's task id -> status (RUNNING, STOPPED, ...) in the node's k8s.io namespace."""
     out = cluster.node.ctr("tasks", "ls")
     return {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.strip()}
 
 
-def _containerd_images(cluster: Cluster) -> dict[str, str]:
+def _containerd_images(cluster: NodeCluster) -> dict[str, str]:
     """containerd's container id -> the image it was created from."""
     out = cluster.node.ctr("containers", "ls")
     return {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip()}
 
 
 def test_a_deployment_in_a_labelled_namespace_gets_its_sidecars_and_containerd_runs_them(
-    cluster: Cluster, fleet: Workload
+    cluster: NodeCluster, fleet: Workload
 ) -> None:
     pods = fleet.pods()
     assert len(pods) == FLEET
@@ -200,7 +206,7 @@ def _check_sampling(report: RolloutReport, seconds: float) -> None:
     assert report.max_gap < 1.0, f"a {report.max_gap:.2f}s gap between samples"
 
 
-def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: Cluster, fleet: Workload) -> None:
+def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: NodeCluster, fleet: Workload) -> None:
     before = {p["metadata"]["name"]: p for p in fleet.pods()}
     target = other(fleet.image())
     report, took, _ = _rollout(fleet, target)
@@ -235,7 +241,9 @@ def _first(samples: list[Sample], pod: str, check: Any) -> float | None:
     return None
 
 
-def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(cluster: Cluster, fresh_ns: str) -> None:
+def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(
+    cluster: NodeCluster, fresh_ns: str
+) -> None:
     grace, replicas, budget = 2, 6, 2
     w = create_workload(
         cluster.api,
@@ -285,10 +293,14 @@ BAD_REPLICAS, BAD_BUDGET, BAD_HOLD = 6, 2, 6.0
 
 
 @pytest.fixture(scope="module")
-def broken(cluster: Cluster, installed: Installed) -> Iterator[Broken]:
+def broken(cluster: NodeCluster, installed: Installed) -> Iterator[Broken]:
     name = f"bad-{secrets.token_hex(3)}"
     ensure_namespace(cluster, name)
-    wait_for(lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"), timeout=30)
+    eventually(
+        lambda: cluster.api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        retrying=(ApiError,),
+    )
     v1 = images.sidecar_image("v1")
     w = create_workload(cluster.api, name, image=v1, replicas=BAD_REPLICAS, max_unavailable=BAD_BUDGET, app="bad")
     old_ids = frozenset(statuses(p)[SIDECAR]["imageID"] for p in w.pods())
@@ -320,7 +332,7 @@ def test_a_bad_image_stops_the_rollout_at_max_unavailable(broken: Broken) -> Non
     record("bad image: SidecarSet patch to maxUnavailable pods in ErrImagePull", broken.stuck_at - broken.patched_at)
 
 
-def test_a_bad_image_rollout_recovers_when_the_image_is_fixed(cluster: Cluster, broken: Broken) -> None:
+def test_a_bad_image_rollout_recovers_when_the_image_is_fixed(cluster: NodeCluster, broken: Broken) -> None:
     w, old_ids, target = broken.w, broken.old_ids, images.sidecar_image("v2")
     last = broken.held[-1]
     healthy = {p.name for p in last.pods if p.ready}
@@ -360,7 +372,7 @@ def _holder_pod(holder: str, pods: list[dict[str, Any]]) -> str | None:
 
 
 def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
-    cluster: Cluster, installed: Installed, fleet: Workload, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fleet: Workload, fresh_ns: str
 ) -> None:
     api = cluster.api
     api.patch(f"/api/v1/namespaces/{fresh_ns}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
@@ -407,19 +419,24 @@ def test_manager_roll_under_pod_load_and_leader_loss_in_a_rollout(
             time.sleep(0.3)
             # The deleted pod keeps leading through its preStop pause and until SIGTERM releases the
             # Lease, and the rollout may finish in that time: watch until the other replica holds it.
-            wait_for(
+            eventually(
                 lambda: any(t > deleted_at and h and not h.startswith(leader) for t, h in holders),
                 timeout=LEASE_DURATION + 30,
                 interval=0.2,
                 what=f"another replica holds the Lease after {leader} was deleted",
+                retrying=(ApiError,),
             )
             # The load must span the handover: pods created after the other replica took the Lease
             # too. The wait above returns within its 0.2 s poll of the takeover and the rollout may
             # be done by then; a busy run once stopped the load 0.05 s before the takeover it saw.
             # One second of the load past it.
             took_over = next(t for t, h in holders if t > deleted_at and h and not h.startswith(leader))
-            wait_for(
-                lambda: load.made_since(took_over) >= LOAD_RATE, timeout=30, interval=0.1, what="load past the takeover"
+            eventually(
+                lambda: load.made_since(took_over) >= LOAD_RATE,
+                timeout=30,
+                interval=0.1,
+                what="load past the takeover",
+                retrying=(ApiError,),
             )
         rollout_done = sampler.latest()
         assert rollout_done is not None
@@ -524,11 +541,13 @@ def _log_time(log: str, needle: str) -> float | None:
     return None
 
 
-def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
+def _delete_the_leader(cluster: NodeCluster) -> tuple[float, float]:
     """Delete the leader's pod; (seconds to another holder, SIGTERM to release in its own log)."""
     api = cluster.api
     wait_manager_ready(cluster, what="2 manager replicas before deleting the leader's pod")
-    holder = wait_for(lambda: api.get(LEASE)["spec"].get("holderIdentity"), timeout=30, what="a leader")
+    holder = eventually(
+        lambda: api.get(LEASE)["spec"].get("holderIdentity"), timeout=30, what="a leader", retrying=(ApiError,)
+    )
     leader = _holder_pod(holder, manager_pods(cluster))
     assert leader is not None, f"Lease holder {holder!r} is no manager pod"
     follower = LogFollower(cluster, leader)
@@ -540,7 +559,13 @@ def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
         def taken_over() -> float | None:
             return next((t for t, h in holders if t > deleted_at and h and not h.startswith(leader)), None)
 
-        took = wait_for(taken_over, timeout=LEASE_DURATION + 30, interval=0.1, what=f"another holder after {leader}")
+        took = eventually(
+            taken_over,
+            timeout=LEASE_DURATION + 30,
+            interval=0.1,
+            what=f"another holder after {leader}",
+            retrying=(ApiError,),
+        )
     handover = took - deleted_at
     log = follower.wait_ended(timeout=40)
     history = ", ".join(f"+{t - deleted_at:.2f}s {h or '(released)'}" for t, h in holders)
@@ -555,7 +580,7 @@ def _delete_the_leader(cluster: Cluster) -> tuple[float, float]:
 
 
 def test_the_deleted_leaders_lease_is_released_on_sigterm_and_taken_over_within_a_bound_under_load(
-    cluster: Cluster, installed: Installed, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fresh_ns: str
 ) -> None:
     api = cluster.api
     api.patch(f"/api/v1/namespaces/{fresh_ns}", {"metadata": {"labels": {"sidecar-injection": "enabled"}}})
@@ -588,16 +613,16 @@ def test_the_deleted_leaders_lease_is_released_on_sigterm_and_taken_over_within_
     record_value("pod creations during the deletions", f"{len(attempts)}, {len(failed)} failed")
 
 
-def _status_field(cluster: Cluster, path: str, field: str) -> Any:
+def _status_field(cluster: NodeCluster, path: str, field: str) -> Any:
     return (cluster.api.get(path).get("status") or {}).get(field)
 
 
-def _policy_condition_is(cluster: Cluster, path: str, want: str) -> bool:
+def _policy_condition_is(cluster: NodeCluster, path: str, want: str) -> bool:
     conds = {c.get("type"): c.get("status") for c in _status_field(cluster, path, "conditions") or []}
     return conds.get("PolicyInjection") == want
 
 
-def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, str]]:
+def load_sidecarsets(cluster: NodeCluster, namespace: str) -> dict[str, tuple[str, str]]:
     """Two SidecarSets for the load's pods: app -> (SidecarSet path, the injection path serving it).
 
     `load-policy` is served by a MutatingAdmissionPolicy inside the API server; `load-webhook` pins
@@ -611,16 +636,20 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
         cluster.api.create(SS_PATH, obj)
         ss_path = f"{SS_PATH}/{name}"
         if path == names.INJECTED_BY_WEBHOOK:
-            revision = wait_for(
-                functools.partial(_status_field, cluster, ss_path, "latestRevision"), timeout=30, what="a revision"
+            revision = eventually(
+                functools.partial(_status_field, cluster, ss_path, "latestRevision"),
+                timeout=30,
+                what="a revision",
+                retrying=(ApiError,),
             )
             pin = {"revision": {"revisionName": revision, "policy": "Always"}}
             cluster.api.patch(ss_path, {"spec": {"injectionStrategy": pin}})
         want = "True" if path == names.INJECTED_BY_POLICY else "False"
-        wait_for(
+        eventually(
             functools.partial(_policy_condition_is, cluster, ss_path, want),
             timeout=30,
             what=f"{name} PolicyInjection={want}",
+            retrying=(ApiError,),
         )
         probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "labels": {"app": app}}}
         probe["spec"] = {"containers": [{"name": "app", "image": images.APP_IMAGE}]}
@@ -630,14 +659,16 @@ def load_sidecarsets(cluster: Cluster, namespace: str) -> dict[str, tuple[str, s
             served = (got["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY)
             return SIDECAR in [c["name"] for c in got["spec"]["containers"]] and served == by
 
-        wait_for(injected, timeout=30, interval=0.2, what=f"pods of {app} injected by the {path} path")
+        eventually(
+            injected, timeout=30, interval=0.2, what=f"pods of {app} injected by the {path} path", retrying=(ApiError,)
+        )
         if path == names.INJECTED_BY_WEBHOOK:
             _until_no_policy_serves(cluster, name, injected)
         out[app] = (ss_path, path)
     return out
 
 
-def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[], bool]) -> None:
+def _until_no_policy_serves(cluster: NodeCluster, name: str, by_webhook: Callable[[], bool]) -> None:
     """`load-webhook` entered a policy when it was created (unpinned, after its first revision) and
     left it when pinned. A dry-run injected by the webhook can come before the API server enforces
     the version it entered, which then serves its pods until the version it left is enforced (a
@@ -648,7 +679,7 @@ def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[]
         listed = cluster.api.get(POLICIES)["items"]
         return not any(name in stored.members(p) for p in listed)
 
-    wait_for(in_no_policy, timeout=30, interval=0.2, what=f"{name} in no stored policy")
+    eventually(in_no_policy, timeout=30, interval=0.2, what=f"{name} in no stored policy", retrying=(ApiError,))
     steady_since = started = time.monotonic()
     while time.monotonic() - steady_since < 3.0:
         if not by_webhook():
@@ -658,7 +689,7 @@ def _until_no_policy_serves(cluster: Cluster, name: str, by_webhook: Callable[[]
 
 
 def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
-    cluster: Cluster, installed: Installed, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fresh_ns: str
 ) -> None:
     """An init container with restartPolicy Always (a Kubernetes native sidecar) gets its new image
     in place: the kubelet restarts only that init container, the pod keeps its UID and sandbox and
@@ -698,7 +729,7 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
             got = cluster.api.request("POST", f"/api/v1/namespaces/{fresh_ns}/pods?dryRun=All", probe)
             return "mesh-agent" in [c["name"] for c in got["spec"].get("initContainers") or []]
 
-        wait_for(injecting, timeout=30, interval=0.2, what="the native sidecar injected")
+        eventually(injecting, timeout=30, interval=0.2, what="the native sidecar injected", retrying=(ApiError,))
         deployment = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -724,8 +755,16 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
             )
             return got if ok else None
 
-        before = {p["metadata"]["name"]: p for p in wait_for(lambda: all_on(v1), timeout=120, what="3 pods Ready")}
-        wait_for(lambda: w.status().get("updatedReadyPods") == replicas, timeout=30, what="the status counts them")
+        before = {
+            p["metadata"]["name"]: p
+            for p in eventually(lambda: all_on(v1), timeout=120, what="3 pods Ready", retrying=(ApiError,))
+        }
+        eventually(
+            lambda: w.status().get("updatedReadyPods") == replicas,
+            timeout=30,
+            what="the status counts them",
+            retrying=(ApiError,),
+        )
         started = time.monotonic()
         cluster.api.patch(w.ss_path, {"spec": {"initContainers": [{**agent, "image": v2}]}})
         most_down = 0
@@ -736,9 +775,16 @@ def test_a_native_sidecar_is_rolled_in_place_on_the_real_kubelet(
             most_down = max(most_down, sum(1 for p in got if not is_ready(p)))
             return all_on(v2)
 
-        after = wait_for(rolled, timeout=120, interval=0.05, what="the native sidecar rolled to v2")
+        after = eventually(
+            rolled, timeout=120, interval=0.05, what="the native sidecar rolled to v2", retrying=(ApiError,)
+        )
         took = time.monotonic() - started
-        wait_for(lambda: w.status().get("updatedReadyPods") == replicas, timeout=30, what="the status counts them")
+        eventually(
+            lambda: w.status().get("updatedReadyPods") == replicas,
+            timeout=30,
+            what="the status counts them",
+            retrying=(ApiError,),
+        )
         assert most_down <= 1, f"maxUnavailable 1, {most_down} pods were down at once"
         assert sorted(before) == sorted(p["metadata"]["name"] for p in after), "pods were recreated"
         for p in after:
@@ -763,7 +809,7 @@ class LogFollower:
     kubectl ends by itself when the container stops; `tail` stops it in any case.
     """
 
-    def __init__(self, cluster: Cluster, pod: str) -> None:
+    def __init__(self, cluster: NodeCluster, pod: str) -> None:
         fd, name = tempfile.mkstemp(prefix=f"{pod}-", suffix=".log")
         self.path = Path(name)
         with os.fdopen(fd, "wb") as sink:  # mkstemp's descriptor, not a second open of the file

@@ -12,12 +12,13 @@ import time
 from typing import Any
 
 from tests.kube import images
-from tests.kube.adminrest import wait_for
-from tests.node.conftest import Cluster, record
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
+from tests.node.conftest import NodeCluster, record
 from tests.node.pods import app_container, create_and_wait_ready, fetch, is_ready, pod, sidecar_container, statuses
 
 
-def test_patching_the_sidecar_image_restarts_only_the_sidecar(cluster: Cluster, namespace: str) -> None:
+def test_patching_the_sidecar_image_restarts_only_the_sidecar(cluster: NodeCluster, namespace: str) -> None:
     api = cluster.api
     body = pod("web", [app_container(), sidecar_container(images.sidecar_image("v1"))])
     created, took = create_and_wait_ready(api, namespace, body)
@@ -44,7 +45,9 @@ def test_patching_the_sidecar_image_restarts_only_the_sidecar(cluster: Cluster, 
         done = proxy["restartCount"] == 1 and proxy.get("ready") and is_ready(got)
         return got if done and proxy["imageID"] != before["proxy"]["imageID"] else None
 
-    after_pod = wait_for(restarted, timeout=60, interval=0.05, what="sidecar restarted on v2 and pod Ready")
+    after_pod = eventually(
+        restarted, timeout=60, interval=0.05, what="sidecar restarted on v2 and pod Ready", retrying=(ApiError,)
+    )
     record("sidecar image patch to pod Ready again", time.monotonic() - started)
     after = statuses(after_pod)
 

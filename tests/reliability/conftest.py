@@ -10,18 +10,16 @@ label it selects, created before the first test).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.kube.apiproxy import ApiProxy
+from tests.kube.ci import IN_CI
 from tests.kube.controlplane import ControlPlaneError, binaries_dir
 from tests.kube.loop import BackgroundLoop
-from tests.reliability.harness import Cluster
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from tests.reliability.harness import ReliabilityCluster
 
 
 @pytest.fixture(scope="session")
@@ -36,11 +34,11 @@ def k8s_bin_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, aloop: BackgroundLoop, k8s_bin_dir: Path) -> Iterator[ReliabilityCluster]:
     """The module's own control plane, as its `KUBELET_RESTART_DELAY` and `SIDECARSETS` ask."""
     delay: float | None = getattr(request.module, "KUBELET_RESTART_DELAY", None)
     sidecarsets: dict[str, str] = getattr(request.module, "SIDECARSETS", {})
-    c = Cluster(aloop, k8s_bin_dir, kubelet_restart_delay=delay)
+    c = ReliabilityCluster(aloop, k8s_bin_dir, kubelet_restart_delay=delay)
     try:
         for name, app in sidecarsets.items():
             c.sidecarset(name, app)
@@ -50,7 +48,7 @@ def cluster(request: pytest.FixtureRequest, aloop: BackgroundLoop, k8s_bin_dir: 
 
 
 @pytest.fixture(scope="module")
-def proxy(aloop: BackgroundLoop, cluster: Cluster) -> Iterator[ApiProxy]:
+def proxy(aloop: BackgroundLoop, cluster: ReliabilityCluster) -> Iterator[ApiProxy]:
     """A proxy (tests.kube.apiproxy) in front of the module's own control plane (its `cluster`)."""
     p = aloop.run(ApiProxy(cluster.cp).start())
     try:

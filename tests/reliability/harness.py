@@ -1,7 +1,7 @@
 """The cluster the reliability tests run the real `sidecarctl run` process tree in, and what they
 read from it besides the measurements of tests/kube/measure.py.
 
-- `Cluster`: one control plane per test module (etcd, kube-apiserver with its JSON audit log,
+- `ReliabilityCluster`: one control plane per test module (etcd, kube-apiserver with its JSON audit log,
   kube-controller-manager), the SidecarSet CRD, the manager's namespace, a ServiceAccount bound to
   cluster-admin whose token kubeconfig makes every manager request attributable in the audit log,
   a serving certificate for 127.0.0.1, and `start_manager`, which runs `sidecarctl run` as a child
@@ -16,7 +16,6 @@ import contextlib
 import datetime as dt
 import itertools
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,14 +26,14 @@ from typing import Any
 import orjson
 import yaml
 
-from kuberuntime import api, kubeapi, kubeconfig
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from tests.kube import builders
 from tests.kube.adminrest import AdminRest
-from tests.kube.client import Kube, eventually
-from tests.kube.controlplane import REPO, ControlPlane
-from tests.kube.fakekubelet import FakeKubelet
+from tests.kube.client import eventually
+from tests.kube.cluster import PrivateCluster, install_crd
+from tests.kube.controlplane import REPO
 from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import (
     MANAGER_NS,
@@ -45,7 +44,6 @@ from tests.kube.managerharness import (
     start_process,
     wait_ready,
     webhook_configs,
-    write_cert_dir,
 )
 from tests.kube.measure import WebhookClient, descendants, injected_names, pod_review
 
@@ -176,45 +174,27 @@ def audit_events(path: Path, *, user: str | None = None) -> list[AuditEvent]:
 
 
 # -- the cluster ------------------------------------------------------------------------------------
-def _established(kube: Kube, name: str) -> bool:
-    conds = (kube.get(f"{CRD_PATH}/{name}").get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-
-class Cluster:
+class ReliabilityCluster(PrivateCluster):
     """A control plane of the module's own, ready for `sidecarctl run`; `close()` undoes everything."""
 
     def __init__(self, aloop: BackgroundLoop, bin_dir: Path, *, kubelet_restart_delay: float | None = None) -> None:
-        self.aloop = aloop
-        self.cp = ControlPlane(bin_dir=bin_dir).start()
-        self.rest = AdminRest(self.cp)
-        self.workdir = Path(tempfile.mkdtemp(prefix="sidecarctl-reliability-"))
         self.managers: list[ManagerProcess] = []
-        self.kubelet: FakeKubelet | None = None
-        self.client: kubeapi.KubeClient | None = None
+        super().__init__(
+            aloop,
+            bin_dir=bin_dir,
+            kubelet_node=None if kubelet_restart_delay is None else "reliability-node",
+            kubelet_restart_delay=kubelet_restart_delay or 0.0,
+            prefix="sidecarctl-reliability-",
+        )
         try:
-            self.client = self._new_client()
-            self.kube = Kube(aloop, self.client)
-            if kubelet_restart_delay is not None:
-                self.kubelet = FakeKubelet(self.client, node="reliability-node", restart_delay=kubelet_restart_delay)
-                aloop.run(self.kubelet.start())
-            crd = yaml.safe_load((REPO / "config/crd/sidecarctl.io_sidecarsets.yaml").read_text())
-            self.kube.apply(CRD_PATH, crd)
-            eventually(lambda: _established(self.kube, crd["metadata"]["name"]), timeout=30, what="CRD Established")
+            self.rest = AdminRest(self.cp)
+            install_crd(self.kube, yaml.safe_load((REPO / "config/crd/sidecarctl.io_sidecarsets.yaml").read_text()))
             ensure_namespace(self.kube, MANAGER_NS)
-            self.cert_dir = self.workdir / "certs"
-            write_cert_dir(self.cert_dir)
             self.ca_file = self.cert_dir / "ca.crt"
             self.token_kubeconfig = self._service_account_kubeconfig()
         except BaseException:
             self.close()
             raise
-
-    def _new_client(self) -> kubeapi.KubeClient:
-        async def make() -> kubeapi.KubeClient:
-            return kubeapi.KubeClient(kubeconfig.load_config(str(self.cp.kubeconfig)))
-
-        return self.aloop.run(make())
 
     def _service_account_kubeconfig(self) -> Path:
         """A token of a ServiceAccount bound to cluster-admin: the manager's requests carry its name."""
@@ -253,9 +233,15 @@ class Cluster:
 
     # -- the manager ------------------------------------------------------------------------------
     def start_manager(
-        self, identity: str, *, kubeconfig_path: Path | None = None, extra: tuple[str, ...] = ()
+        self,
+        identity: str,
+        *,
+        kubeconfig_path: Path | None = None,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> ManagerProcess:
-        """`sidecarctl run` with two admission workers, the manager's token (or `kubeconfig_path`)."""
+        """`sidecarctl run` with two admission workers, the manager's token (or `kubeconfig_path`);
+        `env` is added to the environment of its processes."""
         m = start_process(
             self.cp,
             self.cert_dir,
@@ -266,6 +252,7 @@ class Cluster:
                 "--log-format=text",
                 *extra,
             ),
+            env=env,
         )
         self.managers.append(m)
         try:
@@ -345,9 +332,7 @@ class Cluster:
 
     def sidecarset(self, name: str, app: str, image: str = "proxy:1", **spec: Any) -> JsonObj:
         """A SidecarSet with one `proxy` sidecar for `app` pods, created once the validating webhook allows it."""
-        obj = builders.sidecarset(
-            name, containers=[builders.container("proxy", image)], selector={"matchLabels": {"app": app}}, **spec
-        )
+        obj = builders.sidecarset(name, containers=[builders.container("proxy", image)], app=app, **spec)
 
         def create() -> JsonObj | None:
             try:
@@ -363,16 +348,10 @@ class Cluster:
         for m in self.managers:
             m.kill()
         self.managers.clear()
-        if self.kubelet is not None:
-            with contextlib.suppress(Exception):
-                self.aloop.run(self.kubelet.stop())
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                self.aloop.run(self.client.close())
-        self.cp.stop()
+        super().close()
 
 
-def ready_to_inject(cluster: Cluster, m: ManagerProcess) -> tuple[str, WebhookClient]:
+def ready_to_inject(cluster: ReliabilityCluster, m: ManagerProcess) -> tuple[str, WebhookClient]:
     """A labelled namespace whose pods the manager injects, and a client that has seen it do so."""
     ns = cluster.labelled_namespace("shop")
     client = WebhookClient(m.webhook_url, cluster.ca_file)

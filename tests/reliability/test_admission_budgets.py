@@ -25,8 +25,8 @@ from tests.kube.controlplane import REPO
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import MIB, Metrics, RssSampler, WebhookClient, injected_names, percentile, pod_review
 from tests.reliability.harness import (
-    Cluster,
     LeaseMonitor,
+    ReliabilityCluster,
     ready_to_inject,
     report,
     supervisor_restarts,
@@ -42,7 +42,7 @@ SIDECARSETS = {"mesh": APP}
 
 
 @pytest.fixture
-def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
+def manager(cluster: ReliabilityCluster) -> Iterator[ManagerProcess]:
     m = cluster.start_manager(IDENTITY)
     try:
         yield m
@@ -50,7 +50,7 @@ def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
         cluster.stop_manager(m)
 
 
-def _attack(cmd: str, m: ManagerProcess, cluster: Cluster, *args: str) -> subprocess.Popen[bytes]:
+def _attack(cmd: str, m: ManagerProcess, cluster: ReliabilityCluster, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -74,7 +74,7 @@ def _result(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, object]:
     return result
 
 
-def _wait_leading(cluster: Cluster) -> None:
+def _wait_leading(cluster: ReliabilityCluster) -> None:
     deadline = time.monotonic() + 30
     while (
         cluster.rest.get("/apis/coordination.k8s.io/v1/namespaces/sidecarctl-system/leases/sidecarctl-controller")[
@@ -86,7 +86,7 @@ def _wait_leading(cluster: Cluster) -> None:
 
 
 def test_large_bodies_and_a_huge_sidecarset_stay_within_memory_and_never_delay_inject_or_the_lease(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     ns, client = ready_to_inject(cluster, manager)
     _wait_leading(cluster)
@@ -156,7 +156,7 @@ def _closed_by(metrics: Metrics) -> dict[str, float]:
 
 
 def test_connection_flood_and_slow_drips_are_closed_in_time_while_inject_stays_fast(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     ns, warm = ready_to_inject(cluster, manager)
     warm.close()
@@ -228,7 +228,7 @@ def test_connection_flood_and_slow_drips_are_closed_in_time_while_inject_stays_f
 SOAK_COUNT = int(os.environ.get("SIDECARCTL_SOAK_COUNT", "10000"))  # tools/soak.py runs 100,000
 
 
-def test_fuzz_soak_gets_no_5xx_no_crash_and_flat_memory(cluster: Cluster, manager: ManagerProcess) -> None:
+def test_fuzz_soak_gets_no_5xx_no_crash_and_flat_memory(cluster: ReliabilityCluster, manager: ManagerProcess) -> None:
     ns, client = ready_to_inject(cluster, manager)
     client.close()
     plain = cluster.labelled_namespace("plain")

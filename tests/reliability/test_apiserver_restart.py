@@ -15,7 +15,7 @@ from tests.kube import builders
 from tests.kube.adminrest import ApiError
 from tests.kube.client import eventually
 from tests.kube.managerharness import ManagerProcess
-from tests.reliability.harness import MANAGER_USER, SS_PATH, WORKERS, Cluster, audit_events, report
+from tests.reliability.harness import MANAGER_USER, SS_PATH, WORKERS, ReliabilityCluster, audit_events, report
 
 IDENTITY = "restart"
 APP = "restart"
@@ -27,7 +27,7 @@ RESUME_BOUND = 10.0
 WATCHES = {"sidecarsets": 1 + WORKERS, "namespaces": 1 + WORKERS, "controllerrevisions": 1 + WORKERS, "pods": 1}
 
 
-def _pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+def _pods(cluster: ReliabilityCluster, ns: str) -> list[dict[str, Any]]:
     return list(cluster.kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"app={APP}")["items"])
 
 
@@ -41,7 +41,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 def test_watches_resume_and_the_rollout_completes_without_a_pod_patched_twice_across_an_apiserver_restart(
-    cluster: Cluster,
+    cluster: ReliabilityCluster,
 ) -> None:
     kube = cluster.kube
     cluster.sidecarset(APP, APP, updateStrategy={"type": "RollingUpdate", "maxUnavailable": 1})

@@ -26,7 +26,7 @@ from tests.reliability.harness import (
     MANAGER_USER,
     SS_PATH,
     AuditEvent,
-    Cluster,
+    ReliabilityCluster,
     audit_events,
     report,
 )
@@ -39,7 +39,7 @@ VAPB_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybind
 
 
 @pytest.fixture(scope="module")
-def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
+def manager(cluster: ReliabilityCluster) -> Iterator[ManagerProcess]:
     cluster.sidecarset("warm", "warm")
     m = cluster.start_manager(IDENTITY)
     try:
@@ -50,11 +50,11 @@ def manager(cluster: Cluster) -> Iterator[ManagerProcess]:
         cluster.stop_manager(m)
 
 
-def _holder(cluster: Cluster) -> str:
+def _holder(cluster: ReliabilityCluster) -> str:
     return str((cluster.kube.get(LEASE_PATH).get("spec") or {}).get("holderIdentity") or "")
 
 
-def _pods(cluster: Cluster, ns: str, app: str) -> list[dict[str, Any]]:
+def _pods(cluster: ReliabilityCluster, ns: str, app: str) -> list[dict[str, Any]]:
     items = cluster.kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"app={app}")["items"]
     return sorted(items, key=lambda p: p["metadata"]["name"])
 
@@ -68,11 +68,11 @@ def _ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def _upgraded(cluster: Cluster, ns: str, app: str, image: str) -> set[str]:
+def _upgraded(cluster: ReliabilityCluster, ns: str, app: str, image: str) -> set[str]:
     return {p["metadata"]["name"] for p in _pods(cluster, ns, app) if _image(p) == image and _ready(p)}
 
 
-def _rollout(cluster: Cluster, app: str, count: int) -> str:
+def _rollout(cluster: ReliabilityCluster, app: str, count: int) -> str:
     """A labelled namespace with `count` Ready pods injected with proxy:1 by SidecarSet `app`."""
     ns = cluster.labelled_namespace(app, kubelet=True)
     cluster.sidecarset(app, app, updateStrategy={"type": "RollingUpdate", "maxUnavailable": 1})
@@ -86,7 +86,7 @@ def _rollout(cluster: Cluster, app: str, count: int) -> str:
     return ns
 
 
-def _set_image(cluster: Cluster, name: str, image: str) -> None:
+def _set_image(cluster: ReliabilityCluster, name: str, image: str) -> None:
     cluster.kube.patch(
         f"{SS_PATH}/{name}", [{"op": "replace", "path": "/spec/containers/0/image", "value": image}], patch_type="json"
     )
@@ -98,7 +98,7 @@ def _pod_patches(events: list[AuditEvent], ns: str) -> list[AuditEvent]:
 
 
 def test_a_pod_whose_upgrade_is_always_refused_backs_off_while_the_other_nine_upgrade(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     kube = cluster.kube
     app, refused = "refuse", "refuse-3"
@@ -193,7 +193,7 @@ def test_a_pod_whose_upgrade_is_always_refused_backs_off_while_the_other_nine_up
     assert events, "no UpgradeFailed Event names the refused pod"
 
 
-def _takeover(cluster: Cluster, holder: str, duration: int) -> tuple[float, float]:
+def _takeover(cluster: ReliabilityCluster, holder: str, duration: int) -> tuple[float, float]:
     """Write the Lease for `holder` as another candidate would; (wall time before, after) the write."""
     for _ in range(20):
         lease = cluster.kube.get(LEASE_PATH)
@@ -217,7 +217,7 @@ def _takeover(cluster: Cluster, holder: str, duration: int) -> tuple[float, floa
 
 
 def test_a_leader_that_loses_the_lease_stops_writing_and_plans_from_a_fresh_list_when_it_wins_it_back(
-    cluster: Cluster, manager: ManagerProcess
+    cluster: ReliabilityCluster, manager: ManagerProcess
 ) -> None:
     assert cluster.kubelet is not None
     cluster.kubelet.restart_delay = 1.0  # a rollout that lasts: the takeover lands in its middle

@@ -20,7 +20,7 @@ from tests.kube import builders
 from tests.kube.apiproxy import ApiProxy
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import Metrics
-from tests.reliability.harness import SS_PATH, Cluster, report
+from tests.reliability.harness import SS_PATH, ReliabilityCluster, report
 
 LAG = 3.0
 LAG_ROUNDS = 50
@@ -33,7 +33,7 @@ STALL_BOUND = WATCH_TIMEOUT + WATCH_TIMEOUT // 5 + STALL_MARGIN + 8.0
 
 
 @pytest.fixture(scope="module")
-def manager(cluster: Cluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
+def manager(cluster: ReliabilityCluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
     cluster.sidecarset("lag", "lag")
     # The webhook's snapshot is what lags or stalls here, so the webhook injects every pod (in the
     # default mode, SidecarSets that a MutatingAdmissionPolicy can express are injected by the API server).
@@ -56,7 +56,7 @@ def _containers(pod: dict[str, object]) -> list[str]:
 
 
 def test_a_namespace_the_watch_has_not_delivered_never_admits_a_pod_without_its_sidecars(
-    cluster: Cluster, proxy: ApiProxy, manager: ManagerProcess
+    cluster: ReliabilityCluster, proxy: ApiProxy, manager: ManagerProcess
 ) -> None:
     kube = cluster.kube
     metrics = Metrics(manager.probe_url)
@@ -104,7 +104,7 @@ def test_a_namespace_the_watch_has_not_delivered_never_admits_a_pod_without_its_
 
 
 def test_a_stalled_sidecarset_watch_is_restarted_and_new_pods_get_the_new_image_within_its_bound(
-    cluster: Cluster, proxy: ApiProxy, manager: ManagerProcess
+    cluster: ReliabilityCluster, proxy: ApiProxy, manager: ManagerProcess
 ) -> None:
     kube = cluster.kube
     ns = cluster.labelled_namespace("stall")

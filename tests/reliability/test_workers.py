@@ -25,7 +25,7 @@ from sidecarsets.spec import names
 from tests.kube.apiproxy import ApiProxy
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import WebhookClient, injected_names, percentile, pod_review
-from tests.reliability.harness import Cluster, child_pids, ready_to_inject, report, supervisor_restarts
+from tests.reliability.harness import ReliabilityCluster, child_pids, ready_to_inject, report, supervisor_restarts
 
 APP = "web"
 SIDECARSETS = {"mesh": APP}
@@ -35,7 +35,7 @@ TCP_ESTABLISHED = "01"  # /proc/net/tcp state
 
 
 @pytest.fixture
-def manager(cluster: Cluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
+def manager(cluster: ReliabilityCluster, proxy: ApiProxy) -> Iterator[ManagerProcess]:
     m = cluster.start_manager("workers", kubeconfig_path=cluster.kubeconfig_for(proxy.url))
     try:
         yield m
@@ -123,7 +123,7 @@ def wait_all_closed(m: ManagerProcess) -> None:
     assert not any(handed_out(m)), f"connections still counted 5 s after their clients closed: {handed_out(m)}"
 
 
-def open_connections(m: ManagerProcess, cluster: Cluster, ns: str, count: int) -> list[WebhookClient]:
+def open_connections(m: ManagerProcess, cluster: ReliabilityCluster, ns: str, count: int) -> list[WebhookClient]:
     """`count` keep-alive connections, each of which has had one pod injected."""
     clients = []
     for i in range(count):
@@ -142,7 +142,7 @@ class Probe:
 
 
 def probe_fresh_connections(
-    m: ManagerProcess, cluster: Cluster, ns: str, t0: float, stop: threading.Event
+    m: ManagerProcess, cluster: ReliabilityCluster, ns: str, t0: float, stop: threading.Event
 ) -> list[Probe]:
     """One pod per new connection, every 50 ms, until `stop`: what a client opening connections sees."""
     probes = []
@@ -164,7 +164,7 @@ def probe_fresh_connections(
 
 
 def test_connections_split_evenly_over_the_workers_and_a_killed_worker_is_replaced_without_a_bare_pod(
-    cluster: Cluster, proxy: ApiProxy, manager: ManagerProcess
+    cluster: ReliabilityCluster, proxy: ApiProxy, manager: ManagerProcess
 ) -> None:
     ns, warm = ready_to_inject(cluster, manager)
     warm.close()

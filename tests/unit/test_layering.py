@@ -4,11 +4,14 @@ kuberuntime knows nothing of ours. Within sidecarsets the rooms import downwards
 spec <- validation, pods <- rollout <- controller (which also reads validation's Pod Security
 checks), with the admission store and pins beside them
 reading the spec. Within injector: engine <- policy <- policysync, and policy <- http and
-manifests, none of them reading the SidecarSet controller or rollout. sidecarctl, the program,
-wires everything; its manager never imports its cli, and nothing in the product imports
-sidecarctl. bench/ and tools/ may use the product and the test helpers of tests/kube (the demo and
-the benchmarks drive the same control plane and fakes as the tests), and bench/ the Kruise oracle
-harness of tests/kruise (bench_kruise times Kruise's code through it), never a test module itself.
+manifests, none of them reading the SidecarSet controller or rollout. The three TLS jobs are three
+packages: certwatcher (serving the certificate) knows only kuberuntime; cabundle (publishing the
+CA) and selfsigned (issuing into a Secret) read certwatcher's certificate files and checks, never
+each other. sidecarctl, the program, wires everything; its manager never imports its cli, and
+nothing in the product imports sidecarctl. bench/ and tools/ may use the product and the test
+helpers of tests/kube (the demo and the benchmarks drive the same control plane and fakes as the
+tests), and bench/ the Kruise oracle harness of tests/kruise (bench_kruise times Kruise's code
+through it), never a test module itself.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT = ("kuberuntime", "certwatcher", "sidecarsets", "injector", "sidecarctl")
+PRODUCT = ("kuberuntime", "certwatcher", "cabundle", "selfsigned", "sidecarsets", "injector", "sidecarctl")
 TOP = (*PRODUCT, "tests", "bench", "tools")
 
 _SPEC = {"sidecarsets.values", "sidecarsets.spec", "kuberuntime"}
@@ -29,6 +32,8 @@ _ADMISSION_READS = {*_SPEC, "sidecarsets.validation", "sidecarsets.store", "side
 ALLOWED: dict[str, set[str]] = {
     "kuberuntime": set(),
     "certwatcher": {"kuberuntime"},
+    "cabundle": {"kuberuntime", "certwatcher.pem"},
+    "selfsigned": {"kuberuntime", "certwatcher.pem", "certwatcher.files", "certwatcher.atomicdir", "certwatcher.tls"},
     "sidecarsets": set(),  # the package's own __init__: documentation only
     "sidecarsets.values": {"kuberuntime"},
     "sidecarsets.spec": _SPEC,
@@ -51,8 +56,16 @@ ALLOWED: dict[str, set[str]] = {
     "injector.http": {*_ADMISSION_READS, "injector.engine", "injector.policy"},
     "injector.manifests": {*_ADMISSION_READS, "injector.engine", "injector.policy"},
     "sidecarctl": set(),
-    "sidecarctl.manager": {"kuberuntime", "certwatcher", "sidecarsets", "injector"},
-    "sidecarctl.cli": {"kuberuntime", "certwatcher", "sidecarsets", "injector", "sidecarctl.manager"},
+    "sidecarctl.manager": {"kuberuntime", "certwatcher", "cabundle", "selfsigned", "sidecarsets", "injector"},
+    "sidecarctl.cli": {
+        "kuberuntime",
+        "certwatcher",
+        "cabundle",
+        "selfsigned",
+        "sidecarsets",
+        "injector",
+        "sidecarctl.manager",
+    },
     "bench": {*PRODUCT, "tests.kube", "tests.kruise.oracle", "tests.kruise.compare"},
     "tools": {*PRODUCT, "tests.kube"},
 }

@@ -33,6 +33,8 @@ from tests.certutil import (
     write_dir,
 )
 
+pytestmark = pytest.mark.serial  # bounds elapsed time: runs alone, not beside other tests
+
 CA = make_ca("reload-ca")
 
 

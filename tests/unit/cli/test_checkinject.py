@@ -17,11 +17,17 @@ from hypothesis import strategies as st
 
 from injector.engine import engine
 from kuberuntime.jsontypes import JsonObj
-from sidecarctl.cli import checkinject, clusterread
-from sidecarctl.cli import checkinjectwhy as why
+from sidecarctl.cli import clusterread
 from sidecarctl.cli import main as cli
+from sidecarctl.cli.checkinject import verdicts
+from sidecarctl.cli.checkinject.paths import policy_members, route_of
+from sidecarctl.cli.checkinject.render import render
+from sidecarctl.cli.checkinject.report import pod_report
+from sidecarctl.cli.checkinject.rules import selector_failures
+from sidecarctl.cli.checkinject.state import outdated, why_outdated
+from sidecarctl.cli.checkinject.target import Target, parse_target
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout import rolloutstatus
+from sidecarsets.rollout import glance
 from sidecarsets.rollout.planner import plan_upgrade
 from sidecarsets.spec import names, selectors
 from tests import golden_cases
@@ -37,11 +43,11 @@ def ns(name: str, labels: dict[str, str] | None = None) -> JsonObj:
     return {"metadata": {"name": name, "labels": labels if labels is not None else ENABLED}}
 
 
-def cluster(*sets: JsonObj, namespaces: list[JsonObj] | None = None, **kw: Any) -> why.Cluster:
+def cluster(*sets: JsonObj, namespaces: list[JsonObj] | None = None, **kw: Any) -> verdicts.Cluster:
     models = sorted((model(s) for s in sets), key=lambda s: s.name)
-    c = why.Cluster(models, namespaces if namespaces is not None else [ns("shop")], MANAGER, **kw)
-    members = checkinject.policy_members([])
-    c.routes.update({m.name: checkinject.route_of(m, members) for m in models})
+    c = verdicts.Cluster(models, namespaces if namespaces is not None else [ns("shop")], MANAGER, **kw)
+    members = policy_members([])
+    c.routes.update({m.name: route_of(m, members) for m in models})
     return c
 
 
@@ -49,11 +55,11 @@ def shop_pod(**labels: str) -> JsonObj:
     return pod("p", namespace="shop", labels={"app": "shop", **labels}, status={"phase": "Pending"})
 
 
-def verdict(report: why.PodReport, name: str) -> why.Verdict:
+def verdict(report: verdicts.PodReport, name: str) -> verdicts.Verdict:
     return next(v for v in report.verdicts if v.sidecarset == name)
 
 
-def codes(report: why.PodReport, name: str) -> list[str]:
+def codes(report: verdicts.PodReport, name: str) -> list[str]:
     return [r.code for r in verdict(report, name).reasons]
 
 
@@ -63,7 +69,7 @@ def codes(report: why.PodReport, name: str) -> list[str]:
 
 class TestReasons:
     def test_selected(self) -> None:
-        r = why.report(shop_pod(), cluster(shop_sidecarset()))
+        r = pod_report(shop_pod(), cluster(shop_sidecarset()))
         assert verdict(r, "mesh").selects and r.gate is None
 
     @pytest.mark.parametrize(
@@ -76,9 +82,9 @@ class TestReasons:
     def test_system_namespaces(self, namespace: str, message: str) -> None:
         p = shop_pod()
         p["metadata"]["namespace"] = namespace
-        r = why.report(p, cluster(shop_sidecarset(), namespaces=[ns(namespace)]))
-        assert r.gate == why.Reason(why.SYSTEM_NAMESPACE, message)
-        assert verdict(r, "mesh").reasons == (r.gate,) and verdict(r, "mesh").state == why.ABSENT
+        r = pod_report(p, cluster(shop_sidecarset(), namespaces=[ns(namespace)]))
+        assert r.gate == verdicts.Reason(verdicts.SYSTEM_NAMESPACE, message)
+        assert verdict(r, "mesh").reasons == (r.gate,) and verdict(r, "mesh").state == verdicts.ABSENT
 
     @pytest.mark.parametrize(
         ("labels", "has"),
@@ -88,37 +94,37 @@ class TestReasons:
         ],
     )
     def test_namespace_not_labelled_names_the_value_it_has(self, labels: dict[str, str], has: str) -> None:
-        r = why.report(shop_pod(), cluster(shop_sidecarset(), namespaces=[ns("shop", labels)]))
-        assert r.gate == why.Reason(
-            why.NAMESPACE_NOT_LABELLED, f"namespace shop is not labelled sidecar-injection=enabled ({has})"
+        r = pod_report(shop_pod(), cluster(shop_sidecarset(), namespaces=[ns("shop", labels)]))
+        assert r.gate == verdicts.Reason(
+            verdicts.NAMESPACE_NOT_LABELLED, f"namespace shop is not labelled sidecar-injection=enabled ({has})"
         )
 
     def test_opted_out_and_inactive(self) -> None:
-        r = why.report(shop_pod(**{names.POD_INJECT_LABEL: "false"}), cluster(shop_sidecarset()))
-        assert codes(r, "mesh") == [why.OPTED_OUT]
+        r = pod_report(shop_pod(**{names.POD_INJECT_LABEL: "false"}), cluster(shop_sidecarset()))
+        assert codes(r, "mesh") == [verdicts.OPTED_OUT]
         done = shop_pod()
         done["status"] = {"phase": "Succeeded"}
-        assert codes(why.report(done, cluster(shop_sidecarset())), "mesh") == [why.POD_INACTIVE]
+        assert codes(pod_report(done, cluster(shop_sidecarset())), "mesh") == [verdicts.POD_INACTIVE]
 
     def test_a_pod_wide_reason_comes_first_and_the_own_ones_follow(self) -> None:
         ss = shop_sidecarset(selector={"matchLabels": {"app": "web"}})
-        r = why.report(shop_pod(), cluster(ss, namespaces=[ns("shop", {})]))
-        assert codes(r, "mesh") == [why.NAMESPACE_NOT_LABELLED, why.SELECTOR_MISMATCH]
+        r = pod_report(shop_pod(), cluster(ss, namespaces=[ns("shop", {})]))
+        assert codes(r, "mesh") == [verdicts.NAMESPACE_NOT_LABELLED, verdicts.SELECTOR_MISMATCH]
 
     def test_paused_injection(self) -> None:
-        r = why.report(shop_pod(), cluster(shop_sidecarset(injectionStrategy={"paused": True})))
+        r = pod_report(shop_pod(), cluster(shop_sidecarset(injectionStrategy={"paused": True})))
         assert verdict(r, "mesh").reasons == (
-            why.Reason(why.INJECTION_PAUSED, "injection is paused (spec.injectionStrategy.paused: true)"),
+            verdicts.Reason(verdicts.INJECTION_PAUSED, "injection is paused (spec.injectionStrategy.paused: true)"),
         )
 
     def test_namespace_scope(self) -> None:
         pinned = shop_sidecarset(namespace="other")
-        r = why.report(shop_pod(), cluster(pinned))
+        r = pod_report(shop_pod(), cluster(pinned))
         assert verdict(r, "mesh").reasons == (
-            why.Reason(why.NAMESPACE_EXCLUDED, "it is for namespace other only (spec.namespace), not shop"),
+            verdicts.Reason(verdicts.NAMESPACE_EXCLUDED, "it is for namespace other only (spec.namespace), not shop"),
         )
         by_label = shop_sidecarset(namespaceSelector={"matchLabels": {"team": "a"}})
-        r = why.report(shop_pod(), cluster(by_label, namespaces=[ns("shop", {**ENABLED, "team": "b"})]))
+        r = pod_report(shop_pod(), cluster(by_label, namespaces=[ns("shop", {**ENABLED, "team": "b"})]))
         assert [m.message for m in verdict(r, "mesh").reasons] == [
             "spec.namespaceSelector matchLabels team=a: the namespace shop has team=b"
         ]
@@ -148,19 +154,19 @@ class TestReasons:
         ],
     )
     def test_the_failing_selector_term(self, selector: JsonObj, message: str) -> None:
-        r = why.report(shop_pod(), cluster(shop_sidecarset(selector=selector)))
-        assert verdict(r, "mesh").reasons == (why.Reason(why.SELECTOR_MISMATCH, message),)
+        r = pod_report(shop_pod(), cluster(shop_sidecarset(selector=selector)))
+        assert verdict(r, "mesh").reasons == (verdicts.Reason(verdicts.SELECTOR_MISMATCH, message),)
 
     def test_only_the_failing_terms_are_named(self) -> None:
         sel = {
             "matchLabels": {"app": "shop", "tier": "gold"},
             "matchExpressions": [{"key": "app", "operator": "Exists"}],
         }
-        assert why.selector_failures(sel, {"app": "shop"}, where="s") == [
+        assert selector_failures(sel, {"app": "shop"}, where="s") == [
             "s matchLabels tier=gold: the pod has no label tier"
         ]
-        assert why.selector_failures(None, {}, where="s") == ["s is not set: it selects nothing"]
-        bad = why.selector_failures({"matchExpressions": [{"key": "a", "operator": "Near"}]}, {}, where="s")
+        assert selector_failures(None, {}, where="s") == ["s is not set: it selects nothing"]
+        bad = selector_failures({"matchExpressions": [{"key": "a", "operator": "Near"}]}, {}, where="s")
         assert bad[0].startswith("s is invalid (matchExpressions[0].operator 'Near' is not one of")
 
     def test_a_canary_replaces_its_base(self) -> None:
@@ -170,21 +176,23 @@ class TestReasons:
             selector={"matchLabels": {"app": "shop", "track": "canary"}},
             metadata={"annotations": {names.ANN_CANARY: "true", names.ANN_BASE: "mesh"}},
         )
-        r = why.report(shop_pod(track="canary"), cluster(base, canary))
+        r = pod_report(shop_pod(track="canary"), cluster(base, canary))
         assert verdict(r, "mesh").reasons == (
-            why.Reason(why.REPLACED_BY_CANARY, "canary SidecarSet mesh-canary selects the pod and replaces it"),
+            verdicts.Reason(
+                verdicts.REPLACED_BY_CANARY, "canary SidecarSet mesh-canary selects the pod and replaces it"
+            ),
         )
         assert verdict(r, "mesh-canary").selects
-        assert verdict(why.report(shop_pod(), cluster(base, canary)), "mesh").selects
+        assert verdict(pod_report(shop_pod(), cluster(base, canary)), "mesh").selects
 
     def test_a_conflict_names_the_winner_in_the_engines_words(self) -> None:
         old = shop_sidecarset("a-old", metadata={"creationTimestamp": "2024-01-01T00:00:00Z"})
         new = shop_sidecarset("b-new", metadata={"creationTimestamp": "2024-02-01T00:00:00Z"})
-        r = why.report(shop_pod(), cluster(old, new))
+        r = pod_report(shop_pod(), cluster(old, new))
         assert verdict(r, "a-old").selects
         assert verdict(r, "b-new").reasons == (
-            why.Reason(
-                why.CONFLICT,
+            verdicts.Reason(
+                verdicts.CONFLICT,
                 "SidecarSet b-new is not injected: container envoy is also defined by SidecarSet a-old, "
                 "which takes precedence (older, or first by name)",
             ),
@@ -219,11 +227,11 @@ selector_st = st.fixed_dictionaries(
 def test_selector_failures_are_empty_exactly_when_the_selector_matches(
     selector: JsonObj, labels: dict[str, str]
 ) -> None:
-    failures = why.selector_failures(selector, labels, where="s")
+    failures = selector_failures(selector, labels, where="s")
     assert (failures == []) == selectors.matches(selector, labels)
 
 
-def _engine_injects(raw: JsonObj, c: why.Cluster, labels: dict[str, str] | None) -> set[str]:
+def _engine_injects(raw: JsonObj, c: verdicts.Cluster, labels: dict[str, str] | None) -> set[str]:
     namespace = raw["metadata"].get("namespace") or "default"
     result = engine.inject(
         copy.deepcopy(raw), namespace=namespace, namespace_labels=labels, sidecarsets=c.sidecarsets, now=NOW
@@ -231,8 +239,8 @@ def _engine_injects(raw: JsonObj, c: why.Cluster, labels: dict[str, str] | None)
     return set(result.injected)
 
 
-def _checked(raw: JsonObj, c: why.Cluster) -> set[str]:
-    return {v.sidecarset for v in why.report(raw, c).verdicts if v.selects}
+def _checked(raw: JsonObj, c: verdicts.Cluster) -> set[str]:
+    return {v.sidecarset for v in pod_report(raw, c).verdicts if v.selects}
 
 
 GOLDEN_PODS = [
@@ -255,7 +263,7 @@ def test_the_golden_pods_are_selected_as_the_engine_injects_them(case: str, inde
     raw["metadata"]["namespace"] = namespace
     labels = {**g.namespace_labels.get(namespace, {}), **ENABLED}
     sets = [s for s in g.sidecarsets if s.get("kind") == "SidecarSet"]
-    c = why.Cluster(sorted((model(s) for s in sets), key=lambda s: s.name), [ns(namespace, labels)], MANAGER)
+    c = verdicts.Cluster(sorted((model(s) for s in sets), key=lambda s: s.name), [ns(namespace, labels)], MANAGER)
     assert _checked(raw, c) == _engine_injects(raw, c, {**labels, names.NS_NAME_LABEL: namespace})
 
 
@@ -294,12 +302,12 @@ def test_generated_cases_agree_with_the_engine(
     objs = [_generated_set(i, *args) for i, args in enumerate(sets)]
     labels = {**ns_labels, **(ENABLED if enabled else {})}
     raw = pod("p", namespace=namespace, labels=pod_labels)
-    c = why.Cluster(sorted((model(o) for o in objs), key=lambda s: s.name), [ns(namespace, labels)], MANAGER)
-    report = why.report(raw, c)
+    c = verdicts.Cluster(sorted((model(o) for o in objs), key=lambda s: s.name), [ns(namespace, labels)], MANAGER)
+    report = pod_report(raw, c)
     assert _checked(raw, c) == _engine_injects(raw, c, {**labels, names.NS_NAME_LABEL: namespace})
     assert all(v.selects or v.reasons for v in report.verdicts)
     for v in report.verdicts:  # a conflict is only ever the engine's own warning, never a guess
-        said = [r.message for r in v.reasons if r.code == why.CONFLICT]
+        said = [r.message for r in v.reasons if r.code == verdicts.CONFLICT]
         assert all(m.startswith(f"SidecarSet {v.sidecarset} is not injected: ") for m in said), said
 
 
@@ -312,25 +320,25 @@ class TestPaths:
         cond = {"type": names.CONDITION_POLICY_INJECTION, "status": "True", "reason": "PolicyServed",
                 "message": "MutatingAdmissionPolicy sidecarctl-injection-3"}  # fmt: skip
         ss = model(shop_sidecarset(status={"conditions": [cond]}))
-        assert checkinject.route_of(ss, {}) == why.Route(
+        assert route_of(ss, {}) == verdicts.Route(
             "policy", "sidecarctl-injection-3", "MutatingAdmissionPolicy sidecarctl-injection-3"
         )
         policy = {
             "metadata": {"name": "sidecarctl-injection-0", "annotations": {"sidecarctl.io/sidecarsets": "x;mesh,y"}}
         }
-        members = checkinject.policy_members([policy])
+        members = policy_members([policy])
         assert members == {
             "x": "sidecarctl-injection-0",
             "mesh": "sidecarctl-injection-0",
             "y": "sidecarctl-injection-0",
         }
-        assert checkinject.route_of(model(shop_sidecarset()), members).policy == "sidecarctl-injection-0"
+        assert route_of(model(shop_sidecarset()), members).policy == "sidecarctl-injection-0"
 
     def test_the_webhook_and_why(self) -> None:
         cond = {"type": names.CONDITION_POLICY_INJECTION, "status": "False", "reason": "NeedsWebhook",
                 "message": f"annotation {names.ANN_INJECTION_PATH}=webhook"}  # fmt: skip
         ss = model(shop_sidecarset(status={"conditions": [cond]}))
-        assert checkinject.route_of(ss, {}) == why.Route(
+        assert route_of(ss, {}) == verdicts.Route(
             "webhook", None, f"NeedsWebhook: annotation {names.ANN_INJECTION_PATH}=webhook"
         )
         hot = shop_sidecarset(
@@ -338,23 +346,21 @@ class TestPaths:
                 container("envoy", "e:1", upgradeStrategy={"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "e:0"})
             ]
         )
-        assert checkinject.route_of(model(hot), {}).reason.startswith(
-            "NeedsWebhook: container envoy: upgradeStrategy HotUpgrade"
-        )
-        assert checkinject.route_of(model(shop_sidecarset()), {}).path == "unknown"
-        assert checkinject.route_of(model(shop_sidecarset(injectionStrategy={"paused": True})), {}).path == "none"
+        assert route_of(model(hot), {}).reason.startswith("NeedsWebhook: container envoy: upgradeStrategy HotUpgrade")
+        assert route_of(model(shop_sidecarset()), {}).path == "unknown"
+        assert route_of(model(shop_sidecarset(injectionStrategy={"paused": True})), {}).path == "none"
 
     def test_a_pod_that_a_webhook_served_sidecarset_selects_goes_to_the_webhook_whole(self) -> None:
         a, b = shop_sidecarset("a"), shop_sidecarset("b", containers=[container("log", "l:1")])
         c = cluster(a, b)
         c.routes = {
-            "a": why.Route("policy", "sidecarctl-injection-0", ""),
-            "b": why.Route("webhook", None, "NeedsWebhook: x"),
+            "a": verdicts.Route("policy", "sidecarctl-injection-0", ""),
+            "b": verdicts.Route("webhook", None, "NeedsWebhook: x"),
         }
-        r = why.report(shop_pod(), c)
-        assert r.route == why.Route("webhook", None, "SidecarSet b needs the webhook (NeedsWebhook: x)")
-        c.routes["b"] = why.Route("policy", "sidecarctl-injection-1", "")
-        assert why.report(shop_pod(), c).route.policy == "sidecarctl-injection-0, sidecarctl-injection-1"
+        r = pod_report(shop_pod(), c)
+        assert r.route == verdicts.Route("webhook", None, "SidecarSet b needs the webhook (NeedsWebhook: x)")
+        c.routes["b"] = verdicts.Route("policy", "sidecarctl-injection-1", "")
+        assert pod_report(shop_pod(), c).route.policy == "sidecarctl-injection-0, sidecarctl-injection-1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,37 +370,39 @@ class TestPaths:
 class TestStates:
     def test_current_running_and_not_running(self) -> None:
         ss = shop_sidecarset()
-        v = verdict(why.report(injected_pod("p", ss), cluster(ss)), "mesh")
-        assert (v.state, v.detail) == (why.CURRENT, "")
-        pending = verdict(why.report(injected_pod("p", ss, phase="Pending", with_statuses=False), cluster(ss)), "mesh")
-        assert pending.state == why.CURRENT and pending.detail.startswith("not running (phase Pending)")
+        v = verdict(pod_report(injected_pod("p", ss), cluster(ss)), "mesh")
+        assert (v.state, v.detail) == (verdicts.CURRENT, "")
+        pending = verdict(pod_report(injected_pod("p", ss, phase="Pending", with_statuses=False), cluster(ss)), "mesh")
+        assert pending.state == verdicts.CURRENT and pending.detail.startswith("not running (phase Pending)")
 
     def test_upgrading_until_the_kubelet_reports_the_new_image(self) -> None:
         v1, v2 = shop_sidecarset(), with_images(shop_sidecarset(), envoy="envoy:v2")
         plan = plan_upgrade(model(v2), [project(injected_pod("p", v1))], revision="mesh-2", now=NOW)
         patched = apply_patch(injected_pod("p", v1), plan.upgrades[0].patch)
-        v = verdict(why.report(patched, cluster(v2)), "mesh")
+        v = verdict(pod_report(patched, cluster(v2)), "mesh")
         assert (
-            v.state == why.UPGRADING
+            v.state == verdicts.UPGRADING
             and v.revision == "mesh-2"
-            and not why.PodReport("shop", "p", None, "Running", None, None, why.Route("none", None, ""), (v,)).ok
+            and not verdicts.PodReport(
+                "shop", "p", None, "Running", None, None, verdicts.Route("none", None, ""), (v,)
+            ).ok
         )
 
     def test_outdated_says_where_the_rollout_holds_it(self) -> None:
         v1 = shop_sidecarset()
         paused = with_images(shop_sidecarset(updateStrategy={"paused": True}), envoy="envoy:v2")
         p = injected_pod("p", v1)
-        glance = rolloutstatus.glance(model(paused), [project(p)], {"shop/p": p}, {"shop": ENABLED},
-                                      stored_revisions=[], missing=[], now=NOW)  # fmt: skip
-        assert checkinject.why_outdated("shop/p", glance) == "updates are paused (spec.updateStrategy.paused: true)"
+        at = glance.of(model(paused), [project(p)], {"shop/p": p}, {"shop": ENABLED},
+                       stored_revisions=[], missing=[], now=NOW)  # fmt: skip
+        assert why_outdated("shop/p", at) == "updates are paused (spec.updateStrategy.paused: true)"
         env = with_images(v1, envoy="envoy:v2")
         env["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "x"}]
-        glance = rolloutstatus.glance(model(env), [project(p)], {"shop/p": p}, {"shop": ENABLED},
-                                      stored_revisions=[], missing=[], now=NOW)  # fmt: skip
-        assert checkinject.why_outdated("shop/p", glance).startswith("not upgradable in place: envoy: env")
+        at = glance.of(model(env), [project(p)], {"shop/p": p}, {"shop": ENABLED},
+                       stored_revisions=[], missing=[], now=NOW)  # fmt: skip
+        assert why_outdated("shop/p", at).startswith("not upgradable in place: envoy: env")
         c = cluster(env, held={("mesh", "shop/p"): "why"})
-        assert (verdict(why.report(p, c), "mesh").state, verdict(why.report(p, c), "mesh").detail) == (
-            why.OUTDATED,
+        assert (verdict(pod_report(p, c), "mesh").state, verdict(pod_report(p, c), "mesh").detail) == (
+            verdicts.OUTDATED,
             "why",
         )
 
@@ -402,19 +410,19 @@ class TestStates:
         ss = shop_sidecarset(metadata={"creationTimestamp": "2024-01-01T00:00:00Z"})
         bare = shop_pod()
         bare["metadata"]["creationTimestamp"] = "2023-12-31T00:00:00Z"
-        v = verdict(why.report(bare, cluster(ss)), "mesh")
-        assert (v.state, v.detail) == (why.MISSING, "created before the SidecarSet")
+        v = verdict(pod_report(bare, cluster(ss)), "mesh")
+        assert (v.state, v.detail) == (verdicts.MISSING, "created before the SidecarSet")
         half = injected_pod("p", ss)
         half["spec"]["containers"] = [c for c in half["spec"]["containers"] if c["name"] != "envoy"]
-        assert verdict(why.report(half, cluster(ss)), "mesh").detail.startswith(
+        assert verdict(pod_report(half, cluster(ss)), "mesh").detail.startswith(
             "listed in sidecarctl.io/sidecarset-inj"
         )
         opted = injected_pod("p", ss, labels={names.POD_INJECT_LABEL: "false"})
-        assert verdict(why.report(opted, cluster(ss)), "mesh").state == why.CURRENT  # the controller counts it
+        assert verdict(pod_report(opted, cluster(ss)), "mesh").state == verdicts.CURRENT  # the controller counts it
         moved = injected_pod("p", ss, labels={"app": "web"})
-        assert verdict(why.report(moved, cluster(ss)), "mesh").state == why.PRESENT
-        r = why.report(shop_pod(), cluster(ss), template_of="deployment/web")
-        assert verdict(r, "mesh").state == why.WOULD_INJECT and r.ok and r.injected_by is None
+        assert verdict(pod_report(moved, cluster(ss)), "mesh").state == verdicts.PRESENT
+        r = pod_report(shop_pod(), cluster(ss), template_of="deployment/web")
+        assert verdict(r, "mesh").state == verdicts.WOULD_INJECT and r.ok and r.injected_by is None
 
 
 class TestTheControllersView:
@@ -423,22 +431,22 @@ class TestTheControllersView:
 
     V1 = shop_sidecarset()
 
-    def check(self, raw: JsonObj, v2: JsonObj, **kw: Any) -> tuple[why.Verdict, bool]:
-        r = why.report(raw, cluster(v2, **kw))
+    def check(self, raw: JsonObj, v2: JsonObj, **kw: Any) -> tuple[verdicts.Verdict, bool]:
+        r = pod_report(raw, cluster(v2, **kw))
         return verdict(r, "mesh"), r.ok
 
     def test_paused_injection_still_upgrades_the_pods_that_have_it(self) -> None:
         v2 = with_images(shop_sidecarset(injectionStrategy={"paused": True}), envoy="envoy:v2")
         v, ok = self.check(injected_pod("p", self.V1), v2)
-        assert (v.state, ok, [r.code for r in v.reasons]) == (why.OUTDATED, False, [why.INJECTION_PAUSED])
+        assert (v.state, ok, [r.code for r in v.reasons]) == (verdicts.OUTDATED, False, [verdicts.INJECTION_PAUSED])
         current, ok = self.check(injected_pod("p", v2), v2)
-        assert (current.state, ok) == (why.CURRENT, True)
+        assert (current.state, ok) == (verdicts.CURRENT, True)
 
     @pytest.mark.parametrize(
         ("labels", "namespace_labels", "code"),
         [
-            ({}, {}, why.NAMESPACE_NOT_LABELLED),
-            ({names.POD_INJECT_LABEL: "false"}, ENABLED, why.OPTED_OUT),
+            ({}, {}, verdicts.NAMESPACE_NOT_LABELLED),
+            ({names.POD_INJECT_LABEL: "false"}, ENABLED, verdicts.OPTED_OUT),
         ],
     )
     def test_the_namespace_label_and_opting_out_do_not_stop_upgrades(
@@ -447,17 +455,17 @@ class TestTheControllersView:
         v2 = with_images(self.V1, envoy="envoy:v2")
         raw = injected_pod("p", self.V1, labels=labels)
         v, ok = self.check(raw, v2, namespaces=[ns("shop", namespace_labels)])
-        assert (v.state, ok, [r.code for r in v.reasons]) == (why.OUTDATED, False, [code])
-        assert why.outdated(model(v2), project(raw), namespace_labels)
+        assert (v.state, ok, [r.code for r in v.reasons]) == (verdicts.OUTDATED, False, [code])
+        assert outdated(model(v2), project(raw), namespace_labels)
 
     def test_a_pod_the_controller_no_longer_matches_is_only_present(self) -> None:
         v2 = with_images(self.V1, envoy="envoy:v2")
         raw = injected_pod("p", self.V1, labels={"app": "web"})
         v, ok = self.check(raw, v2)
-        assert (v.state, ok, [r.code for r in v.reasons]) == (why.PRESENT, True, [why.SELECTOR_MISMATCH])
+        assert (v.state, ok, [r.code for r in v.reasons]) == (verdicts.PRESENT, True, [verdicts.SELECTOR_MISMATCH])
         pinned = with_images(shop_sidecarset(namespace="other"), envoy="envoy:v2")
-        assert self.check(injected_pod("p", self.V1), pinned)[0].state == why.PRESENT
-        assert not why.outdated(model(v2), project(raw), ENABLED)
+        assert self.check(injected_pod("p", self.V1), pinned)[0].state == verdicts.PRESENT
+        assert not outdated(model(v2), project(raw), ENABLED)
 
     def test_a_base_its_canary_replaced_is_absent_and_one_injected_before_the_canary_is_counted(self) -> None:
         v2 = with_images(self.V1, envoy="envoy:v2")
@@ -469,15 +477,19 @@ class TestTheControllersView:
         )
         # Injected by the canary: the base is not in the injected list, so the controller leaves it.
         by_canary = injected_pod("p", canary, labels={"track": "canary"})
-        r = why.report(by_canary, cluster(v2, canary))
-        assert (verdict(r, "mesh").state, verdict(r, "mesh-canary").state, r.ok) == (why.ABSENT, why.CURRENT, True)
+        r = pod_report(by_canary, cluster(v2, canary))
+        assert (verdict(r, "mesh").state, verdict(r, "mesh-canary").state, r.ok) == (
+            verdicts.ABSENT,
+            verdicts.CURRENT,
+            True,
+        )
         # Injected by the base before the canary: the controller counts and upgrades it as the base's.
-        r = why.report(injected_pod("p", self.V1, labels={"track": "canary"}), cluster(v2, canary))
-        assert (verdict(r, "mesh").state, codes(r, "mesh")) == (why.OUTDATED, [why.REPLACED_BY_CANARY])
+        r = pod_report(injected_pod("p", self.V1, labels={"track": "canary"}), cluster(v2, canary))
+        assert (verdict(r, "mesh").state, codes(r, "mesh")) == (verdicts.OUTDATED, [verdicts.REPLACED_BY_CANARY])
 
     def test_the_text_keeps_the_reasons(self) -> None:
         v2 = with_images(shop_sidecarset(injectionStrategy={"paused": True}), envoy="envoy:v2")
-        text = checkinject.render([why.report(injected_pod("p", self.V1), cluster(v2, held={("mesh", "shop/p"): "x"}))])
+        text = render([pod_report(injected_pod("p", self.V1), cluster(v2, held={("mesh", "shop/p"): "x"}))])
         assert "  mesh  OUT OF DATE at revision an unrecorded revision (current ?): x; not injected into new pods: " \
             "injection is paused (spec.injectionStrategy.paused: true)\n" in text  # fmt: skip
         assert text.endswith("Not present or not current (1): shop/p: mesh outdated\n")
@@ -555,7 +567,7 @@ def test_a_pod_outdated_under_paused_injection_in_an_unlabelled_namespace_is_exi
     )
     (v,) = json.loads(out)["pods"][0]["sidecarSets"]
     assert (code, err, v["state"], v["selects"]) == (1, "", "outdated", False)
-    assert [r["code"] for r in v["reasons"]] == [why.NAMESPACE_NOT_LABELLED, why.INJECTION_PAUSED]
+    assert [r["code"] for r in v["reasons"]] == [verdicts.NAMESPACE_NOT_LABELLED, verdicts.INJECTION_PAUSED]
     assert v["detail"] and v["detail"] != "its rollout could not be placed (pods not listed)", v
 
 
@@ -614,15 +626,15 @@ def test_bad_command_lines_are_status_2(argv: list[str], message: str, capsys: A
 @pytest.mark.parametrize(
     ("target", "namespace", "expected"),
     [
-        ("web", None, checkinject.Target("pod", "default", "web")),
-        ("shop/web", None, checkinject.Target("pod", "shop", "web")),
-        ("pod/web", "shop", checkinject.Target("pod", "shop", "web")),
-        ("deployments/web", "shop", checkinject.Target("deployment", "shop", "web")),
-        ("sts/db", "shop", checkinject.Target("statefulset", "shop", "db")),
-        ("ds/agent", "shop", checkinject.Target("daemonset", "shop", "agent")),
-        ("rs/web-1", "shop", checkinject.Target("replicaset", "shop", "web-1")),
-        ("job/x", "shop", checkinject.Target("job", "shop", "x")),
+        ("web", None, Target("pod", "default", "web")),
+        ("shop/web", None, Target("pod", "shop", "web")),
+        ("pod/web", "shop", Target("pod", "shop", "web")),
+        ("deployments/web", "shop", Target("deployment", "shop", "web")),
+        ("sts/db", "shop", Target("statefulset", "shop", "db")),
+        ("ds/agent", "shop", Target("daemonset", "shop", "agent")),
+        ("rs/web-1", "shop", Target("replicaset", "shop", "web-1")),
+        ("job/x", "shop", Target("job", "shop", "x")),
     ],
 )
-def test_targets(target: str, namespace: str | None, expected: checkinject.Target) -> None:
-    assert checkinject.parse_target(target, namespace, None) == expected
+def test_targets(target: str, namespace: str | None, expected: Target) -> None:
+    assert parse_target(target, namespace, None) == expected

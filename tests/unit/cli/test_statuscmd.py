@@ -16,8 +16,8 @@ from sidecarctl.cli import clusterread, statuscmd
 from sidecarctl.cli import main as cli
 from sidecarsets.pods import missed
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout import rolloutstatus
-from sidecarsets.rollout.planner import plan_upgrade
+from sidecarsets.rollout.glance import Glance
+from sidecarsets.rollout.planner import Stage, plan_upgrade
 from sidecarsets.spec import names
 from tests.kube.builders import apply_patch, injected_pod, model, pod, shop_sidecarset, with_images
 from tests.unit.rollout.test_preview import StubApi, kubeconfig_for, marked
@@ -65,7 +65,7 @@ def namespaces() -> list[JsonObj]:
     return [{"metadata": {"name": "shop", "labels": ENABLED}}, {"metadata": {"name": "other"}}]
 
 
-def glance_of(ss: JsonObj, pods: list[JsonObj], unlabelled: list[JsonObj]) -> rolloutstatus.Glance:
+def glance_of(ss: JsonObj, pods: list[JsonObj], unlabelled: list[JsonObj]) -> Glance:
     (g,) = statuscmd.build(
         statuscmd.Inputs([ss], pods, namespaces(), unlabelled, []), now=NOW, manager_namespace="sidecarctl-system"
     )
@@ -84,7 +84,7 @@ class TestGlance:
         assert (blocked.pod, blocked.fields) == ("shop/p1", ("envoy: env",))
         assert [(m.key, m.reason) for m in g.missing] == [("shop/bare", missed.ADMITTED_WITHOUT)]
         # The pod already not ready is upgraded for free while p0 holds the budget, as the planner says.
-        assert (g.stage, g.reason) == ("upgrading", "upgrading 1")
+        assert (g.stage, g.reason) == (Stage.UPGRADING, "upgrading 1")
         assert g.summary == "upgrading 1, 1 in flight, 1 not upgradable, 1 not ready"
 
     def test_stopped_by_the_progress_deadline(self) -> None:
@@ -99,7 +99,7 @@ class TestGlance:
             }
         ]
         g = glance_of(ss, pods, [])
-        assert g.stopped and g.stage == "stopped"
+        assert g.stopped and g.stage is Stage.STOPPED
         assert g.reason.startswith("rollout stopped: 1 upgraded pod(s)")
         assert g.summary.startswith("stopped: ProgressDeadlineExceeded")
         text = statuscmd.render_one(g)
@@ -116,7 +116,7 @@ class TestGlance:
         ss = v2_stored(matchedPods=2, updatedPods=2, readyPods=2, updatedReadyPods=2)
         pods = [marked(injected_pod(f"p{i}", ss)) for i in range(2)]
         g = glance_of(ss, pods, [])
-        assert (g.stage, g.summary, g.upgrading, g.not_ready) == ("done", "done", (), ())
+        assert (g.stage, g.summary, g.upgrading, g.not_ready) == (Stage.DONE, "done", (), ())
 
     def test_update_selector_exclusions(self) -> None:
         ss, pods, _ = scene()

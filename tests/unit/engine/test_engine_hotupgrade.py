@@ -25,7 +25,7 @@ from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout import hotupgrade
 from sidecarsets.rollout.planner import Stage, plan_upgrade
-from sidecarsets.rollout.status import compute_status, evaluate, matched_pods
+from sidecarsets.rollout.status import compute_status, matched_pods, pod_verdicts
 from sidecarsets.spec import hotsidecars, names
 from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
@@ -400,7 +400,7 @@ def running(injected: JsonObj, name: str) -> JsonObj:
 def counts(ss: JsonObj, raws: Sequence[JsonObj]) -> tuple[int, int, int, int]:
     m = builders.model(ss)
     pods = matched_pods(m, [project(r) for r in raws], NS_LABELS)
-    st = compute_status(m, pods, latest_revision="r", collision_count=0, verdicts=evaluate(m, pods))
+    st = compute_status(m, pods, latest_revision="r", collision_count=0, verdicts=pod_verdicts(m, pods))
     return st["matchedPods"], st["updatedPods"], st["readyPods"], st["updatedReadyPods"]
 
 

@@ -21,12 +21,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from certwatcher.reloader import CertReloader
 from certwatcher.tls import HTTP1_ONLY
 from injector.http.server import Limits, Listener
-from sidecarctl.manager.probes import listen
+from sidecarctl.manager.listeners import listen
 from tests import certutil
 from tests.kube.asgiapps import ok_app
+
+pytestmark = pytest.mark.serial  # bounds elapsed time: runs alone, not beside other tests
 
 SLOTS = 8
 

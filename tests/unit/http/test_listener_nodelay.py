@@ -18,7 +18,7 @@ from typing import Any
 from certwatcher.reloader import CertReloader
 from injector.http import server
 from injector.http.server import Limits, Listener
-from sidecarctl.manager.probes import listen
+from sidecarctl.manager.listeners import listen
 from tests import certutil
 from tests.kube.asgiapps import ok_app
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from certwatcher.reloader import CertReloader
 from injector.http.server import Limits, Listener
-from sidecarctl.manager.probes import listen
+from sidecarctl.manager.listeners import listen
 from tests import certutil
 from tests.kube.asgiapps import ok_app
 

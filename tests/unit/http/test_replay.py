@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 from starlette.testclient import TestClient
 
-from injector.http.app import WebhookSettings, create_webhook_app
+from injector.http.app import create_webhook_app
+from injector.http.decisions import WebhookSettings
 from injector.http.replay import ReplayCache, request_key
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels

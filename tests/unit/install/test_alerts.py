@@ -150,10 +150,7 @@ def test_the_component_adds_the_prometheusrule_only() -> None:
 
 @pytest.fixture(scope="module")
 def chart_helm() -> None:
-    if reason := helm.missing_reason("helm"):
-        if prometheus.IN_CI:
-            pytest.fail(f"the chart's PrometheusRule cannot be checked under CI=true: {reason}", pytrace=False)
-        pytest.skip(reason)
+    helm.require("helm", checking="the chart's PrometheusRule")
 
 
 def test_the_chart_rule_is_config_alerts_file() -> None:

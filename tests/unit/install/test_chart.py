@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,13 @@ from tests.kube import helm
 from tests.kube.helm import CHART, CONFIG, Obj
 from tests.unit.install.test_manifests import parse_run
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 Key = tuple[str, str, str]
 ABSENT = "<absent>"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def binaries() -> None:
-    if reason := helm.missing_reason("helm", "kubectl"):
-        if IN_CI:
-            pytest.fail(f"the chart tests cannot run under CI=true: {reason}", pytrace=False)
-        pytest.skip(reason)
+    helm.require("helm", "kubectl", checking="the chart")
 
 
 def keyed(objs: list[Obj]) -> dict[Key, Obj]:

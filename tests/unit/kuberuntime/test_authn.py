@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 
 from kuberuntime import api
 from kuberuntime.authn import ACCESS_REVIEWS, TOKEN_REVIEWS, DelegatedAuth
-from sidecarctl.manager.probes import create_metrics_app
+from sidecarctl.manager.healthport import create_metrics_app
 
 
 class Reviews:

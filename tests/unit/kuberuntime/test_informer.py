@@ -14,8 +14,10 @@ def obj(name: str, rv: str, value: str = "") -> dict[str, Any]:
     return {"metadata": {"name": name, "resourceVersion": rv}, "value": value}
 
 
-class FakeApi:
-    """Each list returns the current items; each watch call plays the next scripted stream."""
+class ScriptedApi:
+    """Each list returns the current items; each watch call plays the next scripted stream (what
+    goes wrong on the wire: 410s, broken streams, quiet ones), which the in-memory API server of
+    tests/kube/fakeapi.py, whose watches are its listeners, does not model."""
 
     def __init__(self, items: list[dict[str, Any]], streams: list[list[dict[str, Any]] | Exception | None]) -> None:
         self.items = items
@@ -41,7 +43,7 @@ class FakeApi:
             yield event
 
 
-def run(api: FakeApi, until: Any, timeout: float = 2.0) -> tuple[Informer[dict[str, Any]], list[tuple[str, str]]]:
+def run(api: ScriptedApi, until: Any, timeout: float = 2.0) -> tuple[Informer[dict[str, Any]], list[tuple[str, str]]]:
     seen: list[tuple[str, str]] = []
 
     def handler(kind: str, old: Any, new: Any) -> None:
@@ -69,7 +71,7 @@ def run(api: FakeApi, until: Any, timeout: float = 2.0) -> tuple[Informer[dict[s
 
 
 def test_list_then_watch_applies_events_and_resumes_from_the_last_version() -> None:
-    api = FakeApi(
+    api = ScriptedApi(
         [obj("a", "1")],
         [
             [
@@ -87,7 +89,7 @@ def test_list_then_watch_applies_events_and_resumes_from_the_last_version() -> N
 
 
 def test_gone_relists_and_emits_the_difference() -> None:
-    api = FakeApi([obj("a", "1"), obj("b", "2")], [kube.Gone(410, "Expired", "too old")])
+    api = ScriptedApi([obj("a", "1"), obj("b", "2")], [kube.Gone(410, "Expired", "too old")])
     original_get = api.get
 
     async def get(path: str, *, params: Any = None) -> dict[str, Any]:
@@ -102,7 +104,7 @@ def test_gone_relists_and_emits_the_difference() -> None:
 
 
 def test_errors_back_off_and_recover() -> None:
-    api = FakeApi([], [OSError("connection reset"), [{"type": "ADDED", "object": obj("x", "5")}]])
+    api = ScriptedApi([], [OSError("connection reset"), [{"type": "ADDED", "object": obj("x", "5")}]])
     inf, seen = run(api, lambda inf, seen: ("ADDED", "x") in seen)
     assert ("ADDED", "x") in seen
     assert inf.synced.is_set()
@@ -111,6 +113,6 @@ def test_errors_back_off_and_recover() -> None:
 def test_error_event_410_in_the_stream_relists() -> None:
     status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
     # KubeClient.watch turns an ERROR event with code 410 into Gone.
-    api = FakeApi([obj("a", "1")], [kube.error_from_status(410, status)])
+    api = ScriptedApi([obj("a", "1")], [kube.error_from_status(410, status)])
     run(api, lambda inf, seen: api.lists >= 2)
     assert api.lists >= 2

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher, WorkerChannel
-from sidecarctl.manager.probes import bind_only
+from sidecarctl.manager.listeners import bind_only
 
 
 def tally(into: dict[int, int], slot: int) -> None:

@@ -84,9 +84,7 @@ class Rig:
 
     def add(self, name: str, app: str = "web", **spec: Any) -> JsonObj:
         spec.setdefault("status", {"latestRevision": f"{name}-1"})  # the controller has recorded it
-        return self.api.put(
-            f"{SS_PATH}/{name}", builders.sidecarset(name, selector={"matchLabels": {"app": app}}, **spec)
-        )
+        return self.api.put(f"{SS_PATH}/{name}", builders.sidecarset(name, app=app, **spec))
 
     def run(self) -> None:
         async def go() -> None:

@@ -54,7 +54,7 @@ def _rolled(ss: JsonObj, n: int = 3) -> list[JsonObj]:
 def _progress(ss_json: JsonObj, raws: list[JsonObj], now: datetime) -> deadline.Progress:
     ss = model(ss_json)
     pods = [project(r) for r in raws]
-    verdicts = status.evaluate(ss, pods)
+    verdicts = status.pod_verdicts(ss, pods)
     return deadline.progress(ss, pods, verdicts, revision="mesh-2", now=now)
 
 
@@ -154,7 +154,7 @@ def test_pods_upgraded_under_an_older_revision_are_not_counted() -> None:
     raws = [_waiting(r, "ErrImagePull") for r in _rolled(ss)]
     ss_obj = model(ss)
     pods = [project(r) for r in raws]
-    verdicts = status.evaluate(ss_obj, pods)
+    verdicts = status.pod_verdicts(ss_obj, pods)
     late = deadline.overdue(
         ss_obj, pods, verdicts, revision="mesh-3", now=T0 + timedelta(hours=1), since=T0 - timedelta(hours=1)
     )

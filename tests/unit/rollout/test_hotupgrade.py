@@ -16,7 +16,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout import hotupgrade
 from sidecarsets.rollout.planner import Plan, Stage, plan_upgrade
-from sidecarsets.rollout.status import compute_status, evaluate, matched_pods
+from sidecarsets.rollout.status import compute_status, matched_pods, pod_verdicts
 from sidecarsets.spec import hotsidecars, names
 from tests.kube.builders import apply_patch, image_id, injected_pod, kubelet_sync, model, shop_sidecarset
 
@@ -45,7 +45,7 @@ V1, V2, V3 = hot_set("envoy:v1", "R1"), hot_set("envoy:v2", "R2"), hot_set("envo
 def counts(ss: JsonObj, raws: list[JsonObj]) -> tuple[int, int, int, int]:
     m = model(ss)
     pods = matched_pods(m, [project(r) for r in raws], NS_LABELS)
-    st = compute_status(m, pods, latest_revision="r", collision_count=0, verdicts=evaluate(m, pods))
+    st = compute_status(m, pods, latest_revision="r", collision_count=0, verdicts=pod_verdicts(m, pods))
     return st["matchedPods"], st["updatedPods"], st["readyPods"], st["updatedReadyPods"]
 
 

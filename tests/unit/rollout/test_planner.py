@@ -13,7 +13,8 @@ import pytest
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout.planner import Plan, condition_current, plan_upgrade, upgradable_condition
+from sidecarsets.rollout.planner import Plan, plan_upgrade
+from sidecarsets.rollout.upgradable import condition_current, upgradable_condition
 from sidecarsets.spec.hashing import spec_hash
 from sidecarsets.spec.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INPLACE_STATE
 from tests.kube.builders import (

@@ -20,7 +20,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import project
 from sidecarsets.rollout.planner import Plan, plan_upgrade
-from sidecarsets.rollout.status import compute_status, evaluate
+from sidecarsets.rollout.status import compute_status, pod_verdicts
 from sidecarsets.spec.hashing import spec_hash
 from sidecarsets.spec.names import ANN_HASH, ANN_INPLACE_STATE
 from tests.kube.builders import apply_patch, injected_pod, kubelet_sync, model, set_ready, shop_sidecarset, with_images
@@ -242,7 +242,7 @@ def test_shared_verdicts_agree_with_the_per_pod_questions(
     for _ in range(4):
         projections = [project(p) for p in pods]
         rng.shuffle(projections)
-        verdicts = evaluate(model(ss), projections)
+        verdicts = pod_verdicts(model(ss), projections)
         for i, p in enumerate(projections):
             updated = podstate.is_updated(p, sidecarset="mesh", spec_hash=current)
             moving = podstate.upgrade_in_flight(p, sidecarset="mesh", containers=sidecars)

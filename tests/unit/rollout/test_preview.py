@@ -24,12 +24,12 @@ import yaml
 from aiohttp import web
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarctl.cli import clusterread, previewcmd
+from sidecarctl.cli import clusterread, previewcmd, previewtext
 from sidecarctl.cli import main as cli
-from sidecarctl.cli.injectinputs import CliError
+from sidecarctl.cli.clierror import CliError
 from sidecarsets.pods.projection import project
-from sidecarsets.rollout import preview
-from sidecarsets.rollout.planner import plan_upgrade
+from sidecarsets.rollout import rolloutsim, simnode, specdiff
+from sidecarsets.rollout.planner import Stage, plan_upgrade
 from sidecarsets.rollout.status import matched_pods
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -200,8 +200,8 @@ def step_by_step(ss_obj: JsonObj, raws: list[JsonObj]) -> list[list[str]]:
     return batches
 
 
-def simulated(ss_obj: JsonObj, raws: list[JsonObj]) -> preview.Rollout:
-    return preview.simulate_rollout(model(ss_obj), raws, NS, revision="mesh-2", now=NOW)
+def simulated(ss_obj: JsonObj, raws: list[JsonObj]) -> rolloutsim.Rollout:
+    return rolloutsim.simulate_rollout(model(ss_obj), raws, NS, revision="mesh-2", now=NOW)
 
 
 STRATEGIES = [
@@ -245,7 +245,7 @@ class TestSimulation:
     def test_partition_and_budget_numbers(self) -> None:
         got = simulated(v2(maxUnavailable=2, partition=5), fleet())
         assert [len(b.pods) for b in got.batches] == [2, 2, 2, 1]
-        assert (got.stage, got.partition, got.max_unavailable) == ("partition", 5, 2)
+        assert (got.stage, got.partition, got.max_unavailable) == (Stage.PARTITION, 5, 2)
         assert len(got.kept) == 5 and not set(got.kept) & set(got.upgraded)
         assert got.reason == "partition: 5 pods kept on the old revision"
 
@@ -288,9 +288,9 @@ class TestSimulation:
         assert len(got.upgraded) == 11 and got.done
 
     @pytest.mark.parametrize(
-        ("strategy", "stage"), [({"paused": True}, "paused"), ({"type": "NotUpdate"}, "NotUpdate")]
+        ("strategy", "stage"), [({"paused": True}, Stage.PAUSED), ({"type": "NotUpdate"}, Stage.NOT_UPDATE)]
     )
-    def test_stopped_rollouts_have_no_batch(self, strategy: JsonObj, stage: str) -> None:
+    def test_stopped_rollouts_have_no_batch(self, strategy: JsonObj, stage: Stage) -> None:
         got = simulated(v2(**strategy), fleet())
         assert (got.batches, got.stage) == ((), stage)
 
@@ -299,7 +299,7 @@ class TestSimulation:
         stop = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "late"}
         ss["status"] = {"conditions": [{**stop, "observedGeneration": 2}]}
         got = simulated(ss, fleet())
-        assert (got.batches, got.stage, got.reason) == ((), "stopped", "stopped (ProgressDeadlineExceeded): late")
+        assert (got.batches, got.stage, got.reason) == ((), Stage.STOPPED, "stopped (ProgressDeadlineExceeded): late")
         ss["status"] = {"conditions": [{**stop, "observedGeneration": 1}]}  # an older generation stopped
         assert simulated(ss, fleet()).batches
 
@@ -308,7 +308,7 @@ class TestSimulation:
         ss["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "fast"}]
         got = simulated(ss, fleet())
         assert got.batches == () and len(got.not_upgradable) == 12
-        assert got.stage == "nothing upgradable"
+        assert got.stage is Stage.NOTHING_UPGRADABLE
 
     def test_hot_upgrade_flips_are_not_batches(self) -> None:
         hot = {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}
@@ -316,7 +316,7 @@ class TestSimulation:
         raws = [injected_pod(f"h{i}", v1) for i in range(4)]
         new = with_images(v1, envoy="envoy:v2")
         new["spec"]["updateStrategy"] = {"maxUnavailable": 2}
-        got = preview.simulate_rollout(model(new), raws, NS, revision="r", now=NOW)
+        got = rolloutsim.simulate_rollout(model(new), raws, NS, revision="r", now=NOW)
         assert [len(b.pods) for b in got.batches] == [2, 2]
         assert got.flips >= 1 and got.done
 
@@ -325,7 +325,7 @@ class TestKubelet:
     def test_changed_image_runs_and_is_ready(self) -> None:
         pod = injected_pod("a", V1)
         pod["spec"]["containers"][0]["image"] = "envoy:v2"
-        out = preview.kubelet_report(pod, now=NOW)
+        out = simnode.kubelet_report(pod, now=NOW)
         st = out["status"]["containerStatuses"][0]
         assert (st["image"], st["ready"], st["restartCount"]) == ("envoy:v2", True, 1)
         assert st["imageID"] != pod["status"]["containerStatuses"][0]["imageID"]
@@ -336,12 +336,12 @@ class TestKubelet:
         )
 
     def test_digest_images_report_their_digest(self) -> None:
-        assert preview.simulated_image_id("envoy@sha256:" + "a" * 64) == "envoy@sha256:" + "a" * 64
+        assert simnode.simulated_image_id("envoy@sha256:" + "a" * 64) == "envoy@sha256:" + "a" * 64
 
     def test_pending_pods_are_left_alone(self) -> None:
         pod = injected_pod("a", V1, phase="Pending", ready=False)
         pod["spec"]["containers"][0]["image"] = "envoy:v2"
-        assert preview.kubelet_report(pod, now=NOW) == pod
+        assert simnode.kubelet_report(pod, now=NOW) == pod
 
     def test_a_pod_not_ready_for_its_own_reasons_stays_not_ready(self) -> None:
         pod = injected_pod("a", V1)
@@ -349,7 +349,7 @@ class TestKubelet:
             if c["type"] == "Ready":
                 c["status"] = "False"  # every container ready, the pod not: a readiness gate
         pod["spec"]["containers"][0]["image"] = "envoy:v2"
-        out = preview.kubelet_report(pod, now=NOW)
+        out = simnode.kubelet_report(pod, now=NOW)
         ready = next(c for c in out["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "False"
 
@@ -360,7 +360,7 @@ class TestExplanations:
         new["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "fast"}]
         new["spec"]["containers"][0]["image"] = "envoy:v2"
         pod = injected_pod("a", V1)
-        got = preview.why_not_upgradable(model(new), pod, preview.known_specs(model(V1), []))
+        got = specdiff.why_not_upgradable(model(new), pod, specdiff.known_specs(model(V1), []))
         assert got.fields == ("envoy: env",)
         assert got.compared_with == "stored SidecarSet mesh (generation 1)"
 
@@ -372,8 +372,8 @@ class TestExplanations:
             "data": {"spec": {"containers": older["spec"]["containers"]}},
             "revision": 1,
         }
-        got = preview.why_not_upgradable(
-            model(stored), injected_pod("a", older), preview.known_specs(model(stored), [revision])
+        got = specdiff.why_not_upgradable(
+            model(stored), injected_pod("a", older), specdiff.known_specs(model(stored), [revision])
         )
         assert (got.fields, got.compared_with) == (("envoy: args",), "ControllerRevision mesh-old")
 
@@ -393,24 +393,24 @@ class TestExplanations:
             ports=[{"containerPort": 15001, "protocol": "TCP"}],
             args=["-v"],
         )
-        got = preview.why_not_upgradable(model(new), pod, [])
+        got = specdiff.why_not_upgradable(model(new), pod, [])
         assert (got.fields, got.compared_with) == (("envoy: env",), "pod")
         sidecar["env"].append({"name": "MODE", "value": "fast"})
-        assert preview.pod_differences(model(new), pod) == []
+        assert specdiff.pod_differences(model(new), pod) == []
 
     def test_sidecarset_only_fields_are_said_to_be_invisible(self) -> None:
         new = copy.deepcopy(V1)
         new["spec"]["containers"][0]["podInjectPolicy"] = "AfterAppContainer"
-        got = preview.why_not_upgradable(model(new), injected_pod("a", V1), [])
-        assert got.fields == (preview.NOT_VISIBLE,)
-        stored = preview.why_not_upgradable(model(new), injected_pod("a", V1), preview.known_specs(model(V1), []))
+        got = specdiff.why_not_upgradable(model(new), injected_pod("a", V1), [])
+        assert got.fields == (specdiff.NOT_VISIBLE,)
+        stored = specdiff.why_not_upgradable(model(new), injected_pod("a", V1), specdiff.known_specs(model(V1), []))
         assert stored.fields == ("envoy: podInjectPolicy",)
 
     def test_added_and_removed_sidecars(self) -> None:
         new = copy.deepcopy(V1)
         new["spec"]["containers"] = [container("mesh-log", "log:1")]
-        assert preview.spec_differences(V1["spec"], new["spec"]) == ["mesh-log: added", "envoy: removed"]
-        assert preview.pod_differences(model(new), injected_pod("a", V1)) == [
+        assert specdiff.spec_differences(V1["spec"], new["spec"]) == ["mesh-log: added", "envoy: removed"]
+        assert specdiff.pod_differences(model(new), injected_pod("a", V1)) == [
             "mesh-log: not in the pod",
             "envoy: removed",
         ]
@@ -423,7 +423,7 @@ class TestContainerChanges:
         new["spec"]["containers"].append(container("log", "log:1"))
         new["spec"]["initContainers"] = [container("init", "init:1")]
         new["spec"]["updateStrategy"] = {"maxUnavailable": 2}
-        got = [c.as_json() for c in preview.container_changes(V1["spec"], new["spec"])]
+        got = [c.as_json() for c in specdiff.container_changes(V1["spec"], new["spec"])]
         assert got == [
             {
                 "name": "init",
@@ -447,7 +447,7 @@ class TestContainerChanges:
                 "fields": [],
             },
         ]
-        assert preview.spec_field_changes(V1["spec"], new["spec"]) == ("updateStrategy",)
+        assert specdiff.spec_field_changes(V1["spec"], new["spec"]) == ("updateStrategy",)
 
     def test_defaults_are_no_change(self) -> None:
         explicit = copy.deepcopy(V1)
@@ -455,12 +455,12 @@ class TestContainerChanges:
             podInjectPolicy="BeforeAppContainer", upgradeStrategy={"upgradeType": "ColdUpgrade"}
         )
         explicit["spec"]["updateStrategy"] = {"type": "RollingUpdate", "partition": 0, "maxUnavailable": 1}
-        (change,) = preview.container_changes(V1["spec"], explicit["spec"])
+        (change,) = specdiff.container_changes(V1["spec"], explicit["spec"])
         assert change.change == "unchanged"
-        assert preview.spec_field_changes(V1["spec"], explicit["spec"]) == ()
+        assert specdiff.spec_field_changes(V1["spec"], explicit["spec"]) == ()
 
     def test_removed(self) -> None:
-        (gone,) = preview.container_changes(V1["spec"], {"containers": []})
+        (gone,) = specdiff.container_changes(V1["spec"], {"containers": []})
         assert (gone.change, gone.old_image, gone.new_image) == ("removed", "envoy:v1", None)
 
 
@@ -547,7 +547,7 @@ class TestDocument:
         (new_pod,) = [p for p in doc["newPods"] if p["labels"] == {"app": "shop", "zone": "a"}]
         assert new_pod["containers"][0] == {"name": "envoy", "image": "envoy:v2", "sidecarSet": "mesh"}
         assert [c["sidecarSet"] for c in new_pod["containers"][1:]] == [None, None]
-        text = previewcmd.render(doc)
+        text = previewtext.render(doc)
         assert "Pods of namespace shop.\n" in text
         assert "batch 1 (3): " in text and "batch 3 (1): " in text and "\n  p01: envoy: env" in text
 
@@ -563,7 +563,7 @@ class TestDocument:
         got = [(c["name"], c["sidecarSet"]) for c in new_pod["containers"]]
         assert sorted(got[:2]) == [("envoy", "older"), ("log", "mesh")]
         assert got[2:] == [("app", None), ("worker", None)]
-        assert "is new: nothing is rolled out" in previewcmd.render(doc)
+        assert "is new: nothing is rolled out" in previewtext.render(doc)
 
     def test_pods_the_new_spec_no_longer_owns(self) -> None:
         pods = [marked(injected_pod("east", V1, labels={"zone": "east"})), marked(injected_pod("west", V1))]

@@ -18,7 +18,7 @@ from sidecarsets.pods.projection import project
 from sidecarsets.pods.resizestate import same_quantity
 from sidecarsets.rollout import deadline, podpatch, resize
 from sidecarsets.rollout.planner import Plan, PodUpgrade, plan_upgrade
-from sidecarsets.rollout.status import evaluate
+from sidecarsets.rollout.status import pod_verdicts
 from sidecarsets.spec import hashing
 from sidecarsets.spec.names import ANN_HASH_WITHOUT_IMAGE
 from tests.kube.builders import apply_patch, container, injected_pod, model, shop_sidecarset
@@ -122,7 +122,7 @@ class TestDecisions:
 
     def test_without_the_old_revision_a_resources_change_is_not_upgradable_as_before(self) -> None:
         p = plan(sidecarset(BIGGER, generation=2), [pod("p0")], revisions=[])
-        assert (p.upgrades, p.not_upgradable, p.reasons) == ((), (("shop", "p0"),), ())
+        assert (p.upgrades, p.not_upgradable, p.reasons) == ((), (("shop", "p0"),), {})
 
     def test_image_and_resources_together_change_both_in_one_step(self) -> None:
         v2 = sidecarset(BIGGER, image="envoy:v2", generation=2)
@@ -137,7 +137,7 @@ class TestDecisions:
     def test_a_change_beyond_images_and_resources_stays_not_upgradable(self) -> None:
         v2 = sidecarset(BIGGER, generation=2, env=[{"name": "LEVEL", "value": "debug"}])
         p = plan(v2, [pod("p0")])
-        assert (p.upgrades, p.not_upgradable, p.reasons) == ((), (("shop", "p0"),), ())
+        assert (p.upgrades, p.not_upgradable, p.reasons) == ((), (("shop", "p0"),), {})
 
     def test_equal_values_written_differently_are_no_change(self) -> None:
         same = {"requests": {"cpu": "0.1", "memory": "65536Ki"}, "limits": {"cpu": "200m", "memory": "0.125Gi"}}
@@ -151,7 +151,7 @@ class TestDecisions:
         v2 = sidecarset({"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}})
         p = plan(v2, raws, revisions=[v1])
         assert p.upgrades == () and p.not_upgradable == (("shop", "p0"),)
-        assert dict(p.reasons)[("shop", "p0")] == "the pod's QoS class would change from Guaranteed to Burstable"
+        assert p.reasons[("shop", "p0")] == "the pod's QoS class would change from Guaranteed to Burstable"
         # Raising requests and limits together keeps it Guaranteed: resized.
         v3 = sidecarset({"limits": {"cpu": "400m", "memory": "256Mi"}})
         assert len(plan(v3, raws, revisions=[v1]).upgrades) == 1
@@ -160,10 +160,7 @@ class TestDecisions:
         lower = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "96Mi"}}
         p = plan(sidecarset(lower), [pod("p0")])
         assert p.upgrades == ()
-        assert (
-            "memory limit would go down (128Mi to 96Mi) with resizePolicy NotRequired"
-            in dict(p.reasons)[("shop", "p0")]
-        )
+        assert "memory limit would go down (128Mi to 96Mi) with resizePolicy NotRequired" in p.reasons[("shop", "p0")]
         restart = [{"resourceName": "memory", "restartPolicy": "RestartContainer"}]
         v1 = sidecarset(resizePolicy=restart)
         v2 = sidecarset(lower, resizePolicy=restart)
@@ -182,7 +179,7 @@ class TestDecisions:
     )
     def test_what_the_api_server_refuses_is_refused_with_the_reason(self, new: JsonObj, why: str) -> None:
         p = plan(sidecarset(new), [pod("p0")])
-        assert p.upgrades == () and why in dict(p.reasons)[("shop", "p0")]
+        assert p.upgrades == () and why in p.reasons[("shop", "p0")]
 
     def test_a_resources_policy_sidecar_is_recomputed_from_the_pods_own_containers(self) -> None:
         def policy(factor: str) -> JsonObj:
@@ -211,20 +208,20 @@ class TestCounting:
         (u,) = first.upgrades
         raws[0] = api_server(raws[0], u)
         m = model(v2)
-        verdicts = evaluate(m, [project(r) for r in raws])
+        verdicts = pod_verdicts(m, [project(r) for r in raws])
         assert verdicts.updated == (True, False, False) and verdicts.available == (False, True, True)
         second = plan(v2, raws)
         assert (second.upgrades, second.unavailable) == ((), 1), "maxUnavailable 1 is spent on the resize"
         raws[0] = kubelet_applies(raws[0])
         third = plan(v2, raws)
         assert [u.name for u in third.upgrades] == ["p1"] and third.unavailable == 0
-        assert evaluate(m, [project(r) for r in raws]).available[0]
+        assert pod_verdicts(m, [project(r) for r in raws]).available[0]
 
     def test_a_resize_in_progress_keeps_the_pod_unavailable(self) -> None:
         v2 = sidecarset(BIGGER, generation=2)
         raw = kubelet_applies(api_server(pod("p0"), plan(v2, [pod("p0")]).upgrades[0]))
         raw["status"]["conditions"].append({"type": "PodResizeInProgress", "status": "True"})
-        assert evaluate(model(v2), [project(raw)]).available == (False,)
+        assert pod_verdicts(model(v2), [project(raw)]).available == (False,)
 
     def test_an_infeasible_resize_stops_at_that_pod_and_the_rest_go_on(self) -> None:
         v2 = sidecarset(BIGGER, generation=2)
@@ -238,10 +235,10 @@ class TestCounting:
         p = plan(v2, raws)
         assert [u.name for u in p.upgrades] == ["p1"] and p.unavailable == 0
         assert p.not_upgradable == (("shop", "p0"),)
-        assert dict(p.reasons)[("shop", "p0")] == f"resize infeasible on node node-1: {message}"
+        assert p.reasons[("shop", "p0")] == f"resize infeasible on node node-1: {message}"
         m = model(v2)
         projected = [project(r) for r in raws]
-        progress = deadline.progress(m, projected, evaluate(m, projected), revision="mesh-2", now=_at(NOW))
+        progress = deadline.progress(m, projected, pod_verdicts(m, projected), revision="mesh-2", now=_at(NOW))
         assert progress.condition is not None and not progress.stopped
         assert progress.condition["reason"] == "ResizeInfeasible"
         assert "shop/p0 (Node didn't have enough capacity" in progress.condition["message"]
@@ -322,7 +319,7 @@ def test_preview_simulates_a_resize_batch_by_batch_as_the_controller_runs_it() -
 
 
 def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
-    from sidecarsets.rollout.rolloutstatus import glance
+    from sidecarsets.rollout import glance
     from sidecarsets.spec.names import REVISION_LABEL_SIDECARSET
 
     revision = {
@@ -332,7 +329,7 @@ def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
     }
     lower = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "96Mi"}}
     raws = [pod("p0")]
-    at = glance(
+    at = glance.of(
         model(sidecarset(lower, generation=2)),
         [project(r) for r in raws],
         {"shop/p0": raws[0]},
@@ -348,4 +345,4 @@ def test_status_at_a_glance_says_why_a_pod_cannot_be_resized() -> None:
 def test_a_pod_whose_kubelet_reports_no_resources_is_not_resized() -> None:
     # The API server refuses a resize of a running pod whose containers report none (an old kubelet).
     p = plan(sidecarset(BIGGER, generation=2), [pod("p0", applied=False)])
-    assert p.upgrades == () and "kubelet before 1.33" in dict(p.reasons)[("shop", "p0")]
+    assert p.upgrades == () and "kubelet before 1.33" in p.reasons[("shop", "p0")]

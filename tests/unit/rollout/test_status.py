@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.rollout.status import compute_status, evaluate, matched_pods, status_changed
+from sidecarsets.rollout.status import compute_status, matched_pods, pod_verdicts, status_changed
 from sidecarsets.spec import selectors
 from sidecarsets.spec.hashing import spec_hash
 from sidecarsets.spec.names import ANN_INJECTED_LIST, ANN_INPLACE_STATE, ANN_WORKING_HOT, NS_NAME_LABEL
@@ -190,7 +190,7 @@ class TestComputeStatus:
 
 
 class TestSharedVerdicts:
-    """`evaluate` answers once per reconcile what status and planner would each ask per pod."""
+    """`pod_verdicts` answers once per reconcile what status and planner would each ask per pod."""
 
     V1 = shop_sidecarset()
     V2 = with_images(V1, envoy="envoy:v2")
@@ -225,7 +225,7 @@ class TestSharedVerdicts:
         pods = self.pods()
         v3 = with_images(self.V2, envoy="envoy:v3")  # the in-flight pods are outdated again
         for ss in (self.V2, v3):
-            v = evaluate(model(ss), pods)
+            v = pod_verdicts(model(ss), pods)
             current, sidecars = spec_hash(ss["spec"]), {"envoy"}
             for i, p in enumerate(pods):
                 updated = podstate.is_updated(p, sidecarset="mesh", spec_hash=current)
@@ -235,17 +235,17 @@ class TestSharedVerdicts:
                 assert v.in_flight[i] == (moving and not updated), p.name
         # replicas in one state share their tuples, and still get their own answers
         assert pods[5].container_statuses is pods[6].container_statuses is pods[9].container_statuses
-        v = evaluate(model(self.V2), pods)
+        v = pod_verdicts(model(self.V2), pods)
         assert [p.name for i, p in enumerate(pods) if v.available[i]] == ["old-ready", "new-ready", "no-record"]
         assert not any(v.in_flight)  # the pods still moving are updated, so not counted in flight
-        v = evaluate(model(v3), pods)
+        v = pod_verdicts(model(v3), pods)
         assert [p.name for i, p in enumerate(pods) if v.in_flight[i]] == ["moving", "moving-too"]
 
     def test_status_from_shared_verdicts_equals_status_computed_alone(self) -> None:
         pods = self.pods()
         alone = compute_status(model(self.V2), pods, latest_revision="r", collision_count=0)
         shared = compute_status(
-            model(self.V2), pods, latest_revision="r", collision_count=0, verdicts=evaluate(model(self.V2), pods)
+            model(self.V2), pods, latest_revision="r", collision_count=0, verdicts=pod_verdicts(model(self.V2), pods)
         )
         assert shared == alone
         counters = ("matchedPods", "updatedPods", "readyPods", "updatedReadyPods")
@@ -253,7 +253,7 @@ class TestSharedVerdicts:
 
     def test_verdicts_for_other_pods_or_another_spec_are_refused(self) -> None:
         pods = self.pods()
-        v = evaluate(model(self.V2), pods)
+        v = pod_verdicts(model(self.V2), pods)
         for ss, others in ((self.V2, pods[1:]), (self.V2, [*pods[1:], pods[0]]), (self.V1, pods)):
             with pytest.raises(ValueError, match="other pods or another SidecarSet spec"):
                 compute_status(model(ss), others, latest_revision=None, collision_count=None, verdicts=v)

@@ -21,6 +21,7 @@ from sidecarsets.spec import names
 from sidecarsets.spec.conversion import ConversionError, convert, is_v1beta1, version_of
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.validation import validate_sidecarset
+from tests.kube import builders
 
 ALPHA = names.API_VERSION
 BETA = names.API_VERSION_V1BETA1
@@ -31,16 +32,9 @@ NS_LABEL = names.NS_NAME_LABEL
 
 
 def sidecarset(api_version: str, spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": "SidecarSet",
-        "metadata": {"name": "mesh", **meta},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "containers": [{"name": "proxy", "image": "p:1"}],
-            **spec,
-        },
-    }
+    return builders.sidecarset(
+        api_version=api_version, containers=[builders.container("proxy", "p:1")], metadata=meta, **spec
+    )
 
 
 def round_trip(obj: dict[str, Any], via: str) -> dict[str, Any]:

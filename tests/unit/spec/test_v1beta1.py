@@ -15,22 +15,16 @@ from sidecarsets.spec import names
 from sidecarsets.spec.conversion import convert
 from sidecarsets.spec.model import ModelError, SidecarSet
 from sidecarsets.validation import validate_sidecarset
+from tests.kube import builders
 
 BETA = names.API_VERSION_V1BETA1
 SELECTOR = {"matchLabels": {"team": "a"}}
 
 
 def beta(spec: dict[str, Any] | None = None, api_version: str = BETA, **meta: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": "SidecarSet",
-        "metadata": {"name": "mesh", **meta},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "containers": [{"name": "proxy", "image": "envoy:1"}],
-            **(spec or {}),
-        },
-    }
+    return builders.sidecarset(
+        api_version=api_version, containers=[builders.container("proxy", "envoy:1")], metadata=meta, **(spec or {})
+    )
 
 
 def errors(obj: dict[str, Any]) -> list[str]:

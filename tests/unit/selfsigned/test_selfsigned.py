@@ -19,16 +19,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from certwatcher import pem
-from certwatcher.issuing import generate_ca, issue_leaf, renewal_due, renewal_time, service_dns_names
 from certwatcher.reloader import CertReloader
-from certwatcher.selfsigned import (
+from selfsigned.issuer import (
     Material,
     SelfSignedConfig,
     SelfSignedIssuer,
     material_from_secret,
     plan_material,
 )
-from tests.certutil import FakeApi, make_ca, make_leaf, now, utc
+from selfsigned.issuing import generate_ca, issue_leaf, renewal_due, renewal_time, service_dns_names
+from tests.certutil import make_ca, make_leaf, now, utc
+from tests.kube.fakeapi import FakeApiServer
 
 # --- renewal arithmetic ------------------------------------------------------------------------------
 
@@ -250,7 +251,7 @@ def test_san_change_and_garbage_and_expired_ca() -> None:
 
 
 def test_replicas_starting_together_agree_on_one_ca(tmp_path: Path) -> None:
-    api = FakeApi(latency=0.001)
+    api = FakeApiServer(latency=0.001)
     issuers = [SelfSignedIssuer(api, CFG, cert_dir=tmp_path / f"r{i}") for i in range(6)]
 
     async def main() -> list[Material]:
@@ -271,7 +272,7 @@ def test_replicas_starting_together_agree_on_one_ca(tmp_path: Path) -> None:
 
 
 def test_secret_layout_and_update_keeps_foreign_fields() -> None:
-    api = FakeApi()
+    api = FakeApiServer()
 
     async def main() -> None:
         first = await SelfSignedIssuer(api, CFG, cert_dir=None).reconcile()
@@ -300,7 +301,7 @@ def test_secret_layout_and_update_keeps_foreign_fields() -> None:
 
 
 def test_concurrent_renewal_has_one_winner_and_everyone_adopts_it() -> None:
-    api = FakeApi(latency=0.001)
+    api = FakeApiServer(latency=0.001)
     start = SelfSignedIssuer(api, SHORT, cert_dir=None, clock=lambda: T0)
     later = T0 + timedelta(days=25)  # the leaf is due (20 days), the CA is not
 
@@ -317,7 +318,7 @@ def test_concurrent_renewal_has_one_winner_and_everyone_adopts_it() -> None:
 
 
 def test_run_writes_files_and_stops_promptly(tmp_path: Path) -> None:
-    api = FakeApi()
+    api = FakeApiServer()
     issuer = SelfSignedIssuer(api, CFG, cert_dir=tmp_path, check_interval=30)
 
     async def main() -> None:

@@ -41,7 +41,12 @@ from cryptography.hazmat.primitives import serialization
 from certwatcher import pem
 from certwatcher.atomicdir import write_atomic
 from certwatcher.files import CA_FILE, CERT_FILE, KEY_FILE
-from certwatcher.issuing import (
+from certwatcher.tls import CertValidationError, validate_pair
+from kuberuntime import api as kube
+from kuberuntime.backoff import Backoff
+from kuberuntime.clock import sleep_or_stop, utc_now
+from kuberuntime.jsontypes import mapping
+from selfsigned.issuing import (
     DEFAULT_BACKDATE,
     DEFAULT_CA_LIFETIME,
     DEFAULT_LEAF_LIFETIME,
@@ -53,10 +58,6 @@ from certwatcher.issuing import (
     renewal_time,
     service_dns_names,
 )
-from certwatcher.tls import CertValidationError, validate_pair
-from kuberuntime import api as kube
-from kuberuntime.backoff import Backoff
-from kuberuntime.clock import sleep_or_stop, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,7 @@ class Material:
 
 def material_from_secret(secret: dict[str, Any]) -> Material:
     """Whatever the Secret holds; a missing or undecodable key reads as empty (and fails the checks)."""
-    data = secret.get("data")
-    data = data if isinstance(data, dict) else {}
+    data = mapping(secret, "data")
 
     def get(key: str) -> bytes:
         value = data.get(key)
@@ -282,8 +282,7 @@ def _secret_body(config: SelfSignedConfig, material: Material, existing: dict[st
             "data": material.secret_data(),
         }
     body = copy.deepcopy(existing)
-    data = body.get("data")
-    body["data"] = {**(data if isinstance(data, dict) else {}), **material.secret_data()}
+    body["data"] = {**mapping(body, "data"), **material.secret_data()}
     return body
 
 

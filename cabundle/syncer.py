@@ -1,6 +1,6 @@
 """Keeping `caBundle` in our webhook configurations, and the CRD's conversion webhook, in step with the local CA.
 
-What the bundle should hold (which CAs, in which order) is `desired_bundle` of certwatcher.bundlepolicy.
+What the bundle should hold (which CAs, in which order) is `desired_bundle` of cabundle.bundlepolicy.
 
 Writes (`CABundleSyncer`) touch only `/webhooks/<i>/clientConfig/caBundle` of the configurations named
 in `configs` (for a CustomResourceDefinition, `/spec/conversion/webhook/clientConfig/caBundle` of its
@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from certwatcher import metrics
-from certwatcher.bundlepolicy import bundle_differs, decode_bundle, desired_bundle, local_anchors
-from certwatcher.writebudget import WriteBudget
+from cabundle import metrics
+from cabundle.bundlepolicy import bundle_differs, decode_bundle, desired_bundle, local_anchors
+from cabundle.writebudget import WriteBudget
 from kuberuntime import api as kube
 from kuberuntime import backoff
 from kuberuntime.clock import first_of, utc_now
+from kuberuntime.jsontypes import resolve
 
 log = logging.getLogger(__name__)
 
@@ -279,13 +280,11 @@ class CABundleSyncer:
     def _clients(self, ref: WebhookConfigRef, obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]] | None:
         """(JSON pointer, clientConfig) of every webhook of `ref` to keep; None: the object is unusable."""
         if ref.kind == "conversion":
-            spec = obj.get("spec")
-            conversion = spec.get("conversion") if isinstance(spec, dict) else None
+            conversion = resolve(obj, "spec", "conversion")
             if not isinstance(conversion, dict) or conversion.get("strategy") != "Webhook":
                 self._once(ref, "invalid", "caBundle sync: %s has no conversion webhook; skipped", ref.path)
                 return None
-            webhook = conversion.get("webhook")
-            client = webhook.get("clientConfig") if isinstance(webhook, dict) else None
+            client = resolve(conversion, "webhook", "clientConfig")
             if not isinstance(client, dict):
                 self._once(ref, "noclient", "caBundle sync: %s has no conversion webhook clientConfig", ref.path)
                 return []

@@ -14,15 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from certwatcher import metrics, pem
-from certwatcher.bundlepolicy import bundle_differs, desired_bundle
-from certwatcher.cabundle import CABundleSyncer, SyncResult, WebhookConfigRef
-from certwatcher.writebudget import WriteBudget
+from cabundle import metrics
+from cabundle.bundlepolicy import bundle_differs, desired_bundle
+from cabundle.syncer import CABundleSyncer, SyncResult, WebhookConfigRef
+from cabundle.writebudget import WriteBudget
+from certwatcher import pem
 from kuberuntime import api as kube
 from tests.certutil import (
     MWC_PATH,
     VWC_PATH,
-    FakeApi,
     KeyPair,
     bundle_of,
     make_ca,
@@ -32,6 +32,9 @@ from tests.certutil import (
     utc,
     webhook_config,
 )
+from tests.kube.fakeapi import FakeApiServer
+
+pytestmark = pytest.mark.serial  # bounds elapsed time: runs alone, not beside other tests
 
 T0 = utc(2030, 6, 1)
 OLD = make_ca("old", not_before=utc(2029, 1, 1), not_after=utc(2030, 7, 1))
@@ -126,11 +129,11 @@ def live_ca(name: str) -> KeyPair:
     return make_ca(name, lifetime=timedelta(days=30))
 
 
-def seeded(ca_bundle: bytes | None = None) -> FakeApi:
-    api = FakeApi()
-    api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["inject.sidecarctl.io", "b"], ca_bundle=ca_bundle))
-    api.seed(VWC, webhook_config("validating", "sidecarctl-validator", ["validate.sidecarctl.io"], ca_bundle=ca_bundle))
-    api.seed(STRANGER, webhook_config("mutating", "someone-else", ["x"], ca_bundle=b"theirs"))
+def seeded(ca_bundle: bytes | None = None) -> FakeApiServer:
+    api = FakeApiServer()
+    api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["inject.sidecarctl.io", "b"], ca_bundle=ca_bundle))
+    api.put(VWC, webhook_config("validating", "sidecarctl-validator", ["validate.sidecarctl.io"], ca_bundle=ca_bundle))
+    api.put(STRANGER, webhook_config("mutating", "someone-else", ["x"], ca_bundle=b"theirs"))
     return api
 
 
@@ -165,7 +168,7 @@ def test_first_sync_fills_every_webhook_and_touches_nothing_else() -> None:
 def test_patch_is_guarded_and_minimal() -> None:
     ca = live_ca("local")
 
-    class Recording(FakeApi):
+    class Recording(FakeApiServer):
         ops: list[list[dict[str, Any]]] = []
 
         async def patch(
@@ -177,7 +180,7 @@ def test_patch_is_guarded_and_minimal() -> None:
 
     async def main() -> None:
         api = Recording()
-        api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["a", "b"], ca_bundle=ca.cert_pem))
+        api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["a", "b"], ca_bundle=ca.cert_pem))
         api.foreign_write(MWC, lambda o: o["webhooks"][1]["clientConfig"].pop("caBundle"))
         rv = api.objects[MWC]["metadata"]["resourceVersion"]
         syncer = CABundleSyncer(api, configs=[WebhookConfigRef("mutating", "sidecarctl-injector")])
@@ -198,10 +201,10 @@ def test_ten_reconciles_without_change_write_nothing() -> None:
         syncer = CABundleSyncer(api, local_ca_pem=ca.cert_pem)
         await syncer.reconcile_once()
         rvs = {p: o["metadata"]["resourceVersion"] for p, o in api.objects.items()}
-        writes = api.writes()
+        writes = len(api.writes())
         for _ in range(10):
             assert set((await syncer.reconcile_once()).values()) == {SyncResult.IN_SYNC}
-        assert api.writes() == writes
+        assert len(api.writes()) == writes
         assert {p: o["metadata"]["resourceVersion"] for p, o in api.objects.items()} == rvs
 
     run(main())
@@ -218,7 +221,7 @@ def test_leaf_rotation_under_same_ca_writes_nothing() -> None:
         for _ in range(3):
             syncer.set_local_ca(ca.cert_pem)
             await syncer.reconcile_once()
-        assert syncer.write_count == 0 and api.writes() == 0
+        assert syncer.write_count == 0 and api.writes() == []
 
     run(main())
 
@@ -258,11 +261,11 @@ def test_missing_configuration_is_left_alone_then_synced_when_created() -> None:
     ca = live_ca("local")
 
     async def main() -> None:
-        api = FakeApi()
+        api = FakeApiServer()
         syncer = CABundleSyncer(api, local_ca_pem=ca.cert_pem)
         assert (await syncer.reconcile_once())["sidecarctl-injector"] is SyncResult.MISSING
-        assert api.writes() == 0
-        api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
+        assert api.writes() == []
+        api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
         assert (await syncer.reconcile_once())["sidecarctl-injector"] is SyncResult.WRITTEN
 
     run(main())
@@ -273,9 +276,9 @@ def test_owner_marker_when_enabled() -> None:
     marker = ("app.kubernetes.io/managed-by", "sidecarctl")
 
     async def main() -> None:
-        api = FakeApi()
-        api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
-        api.seed(VWC, webhook_config("validating", "sidecarctl-validator", ["v"], labels=dict([marker])))
+        api = FakeApiServer()
+        api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
+        api.put(VWC, webhook_config("validating", "sidecarctl-validator", ["v"], labels=dict([marker])))
         syncer = CABundleSyncer(api, local_ca_pem=ca.cert_pem, owner_marker=marker)
         result = await syncer.reconcile_once()
         assert result == {"sidecarctl-injector": SyncResult.NOT_OWNED, "sidecarctl-validator": SyncResult.WRITTEN}
@@ -308,7 +311,7 @@ def test_no_valid_local_ca_means_no_write() -> None:
         assert set((await syncer.reconcile_once()).values()) == {SyncResult.NO_LOCAL_CA}
         syncer.set_local_ca(make_leaf(live_ca("x")).cert_pem)  # a leaf is not a CA
         assert set((await syncer.reconcile_once()).values()) == {SyncResult.NO_LOCAL_CA}
-        assert api.writes() == 0
+        assert api.writes() == []
 
     run(main())
 
@@ -316,7 +319,7 @@ def test_no_valid_local_ca_means_no_write() -> None:
 def test_conflict_is_counted_and_retried() -> None:
     ca = live_ca("local")
 
-    class Racy(FakeApi):
+    class Racy(FakeApiServer):
         raced = False
 
         async def patch(
@@ -330,7 +333,7 @@ def test_conflict_is_counted_and_retried() -> None:
 
     async def main() -> None:
         api = Racy()
-        api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
+        api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
         ref = WebhookConfigRef("mutating", "sidecarctl-injector")
         before = metrics.CABUNDLE_CONFLICTS.labels(configuration="sidecarctl-injector")._value.get()
         syncer = CABundleSyncer(api, configs=[ref], local_ca_pem=ca.cert_pem, fast_retry_delay=0.02)
@@ -346,11 +349,11 @@ def test_conflict_is_counted_and_retried() -> None:
     run(main())
 
 
-def fight(*, keep_existing: bool, duration: float, resync: float) -> tuple[list[int], FakeApi]:
+def fight(*, keep_existing: bool, duration: float, resync: float) -> tuple[list[int], FakeApiServer]:
     """Two syncers with different CAs, each woken by every write as a watch would wake it."""
     a, b = live_ca("a"), live_ca("b")
-    api = FakeApi()
-    api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
+    api = FakeApiServer()
+    api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["a"]))
     ref = [WebhookConfigRef("mutating", "sidecarctl-injector")]
     syncers = [
         CABundleSyncer(
@@ -364,7 +367,7 @@ def fight(*, keep_existing: bool, duration: float, resync: float) -> tuple[list[
         for ca in (a, b)
     ]
     for s in syncers:
-        api.listeners.append(lambda _path, s=s: s.notify())  # type: ignore[misc]
+        api.listeners.append(lambda _path, _old, _new, s=s: s.notify())  # type: ignore[misc]
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -403,9 +406,9 @@ def test_write_budget_arithmetic() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="resync_interval"):
-        CABundleSyncer(FakeApi(), resync_interval=0)
+        CABundleSyncer(FakeApiServer(), resync_interval=0)
     with pytest.raises(ValueError, match="fast_retries"):
-        CABundleSyncer(FakeApi(), fast_retries=0)
+        CABundleSyncer(FakeApiServer(), fast_retries=0)
     with pytest.raises(ValueError, match="kind"):
         WebhookConfigRef("other", "x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="name"):

@@ -1,7 +1,7 @@
 """What caBundle should hold: the bundle policy, and reading the field's base64.
 
 Pure functions of the published bundle, the local `ca.crt` and the time, so the policy is tested
-without an API server; certwatcher.cabundle's syncer decides when to apply it and writes the result.
+without an API server; cabundle.syncer decides when to apply it and writes the result.
 
 Bundle policy (`desired_bundle`), after cert-manager's CA-injector merging:
 - the local CAs from `ca.crt` always go in first, in file order (a self-signed non-CA certificate

@@ -1,7 +1,8 @@
-"""The manager's plain-HTTP port (/metrics, /healthz, /readyz) and the sockets it binds.
+"""The manager's plain-HTTP port (/healthz, /readyz, /metrics) and its secure metrics port.
 
-Kept light (no Kubernetes client, no roles) so the supervisor process that serves the probes
-stays small. Readiness says what it waits for.
+Kept light (no Kubernetes client, no roles) so the supervisor process that serves the kubelet's
+probes stays small. Readiness says what it waits for. (Container probes in a SidecarSet are checked
+by sidecarsets.validation.probes.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from injector.http.sources import LISTEN_BACKLOG
 from kuberuntime.authn import Verdict
 
 Check = Callable[[], Awaitable[tuple[bool, str]]]
@@ -103,29 +103,3 @@ async def tls_self_check(bind: str, ca_pem: bytes) -> tuple[bool, str]:
     except (OSError, ssl.SSLError, TimeoutError, ValueError) as e:
         return False, f"TLS self-check against {host}:{port} failed: {e}"
     return True, "ok"
-
-
-def bind_only(bind: str) -> socket.socket:
-    """A TCP socket bound to `host:port` (the port may be 0), not yet listening."""
-    host, _, port = bind.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and the
-    # sockets accepted from this one inherit it.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
-    return sock
-
-
-def listen(bind: str, *, backlog: int = LISTEN_BACKLOG) -> socket.socket:
-    """A listening TCP socket for `host:port` (the port may be 0)."""
-    sock = bind_only(bind)
-    sock.listen(backlog)
-    return sock
-
-
-def bound_address(bind: str, sock: socket.socket) -> str:
-    """`bind` with the port the kernel chose when it asked for port 0."""
-    host = bind.rpartition(":")[0]
-    return f"{host}:{sock.getsockname()[1]}"

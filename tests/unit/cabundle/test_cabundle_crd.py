@@ -1,6 +1,6 @@
 """caBundle of the SidecarSet CRD's conversion webhook: kept like the webhook configurations' caBundle.
 
-Same syncer, same rules (tests/unit/certwatcher/test_cabundle.py has them for webhook configurations): only
+Same syncer, same rules (tests/unit/cabundle/test_cabundle.py has them for webhook configurations): only
 `spec.conversion.webhook.clientConfig.caBundle` is written, behind a resourceVersion test; the bundle
 policy (exact or merge), ownership marker, foreign-write repair and conflict handling all apply; and
 a CRD that does not convert by webhook is left alone.
@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from cabundle.syncer import CABundleSyncer, SyncResult, WebhookConfigRef
 from certwatcher import pem
-from certwatcher.cabundle import CABundleSyncer, SyncResult, WebhookConfigRef
 from sidecarctl.manager.control import _bundle_owners
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.spec import names
-from tests.certutil import FakeApi, KeyPair, make_ca
+from tests.certutil import KeyPair, make_ca
+from tests.kube.fakeapi import FakeApiServer
 
 CRD = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{names.CRD_NAME}"
 REF = WebhookConfigRef("conversion", names.CRD_NAME)
@@ -49,7 +50,7 @@ def crd(*, ca_bundle: bytes | None = None, strategy: str = "Webhook", labels: di
     return {"metadata": meta, "spec": {"group": names.GROUP, "conversion": conversion, "versions": [{"name": "x"}]}}
 
 
-def bundle(api: FakeApi) -> list[int]:
+def bundle(api: FakeApiServer) -> list[int]:
     client = api.objects[CRD]["spec"]["conversion"]["webhook"]["clientConfig"]
     return [c.serial_number for c in pem.certificates(base64.b64decode(client.get("caBundle", "")))]
 
@@ -63,7 +64,7 @@ def test_the_ref_names_the_crd() -> None:
 def test_first_sync_writes_only_the_conversion_ca_bundle() -> None:
     ca = live_ca("local")
 
-    class Recording(FakeApi):
+    class Recording(FakeApiServer):
         ops: list[Any] = []
 
         async def patch(self, path: str, body: Any, **kw: Any) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def test_first_sync_writes_only_the_conversion_ca_bundle() -> None:
 
     async def main() -> None:
         api = Recording()
-        api.seed(CRD, crd())
+        api.put(CRD, crd())
         before = copy.deepcopy(api.objects[CRD])
         syncer = CABundleSyncer(api, configs=[REF], local_ca_pem=ca.cert_pem)
         assert await syncer.reconcile_once() == {names.CRD_NAME: SyncResult.WRITTEN}
@@ -100,8 +101,8 @@ def test_merge_and_exact_policies(keep_existing: bool, expected: list[str]) -> N
     cas = {"local": live_ca("local"), "foreign": live_ca("foreign")}
 
     async def main() -> None:
-        api = FakeApi()
-        api.seed(CRD, crd(ca_bundle=cas["foreign"].cert_pem))
+        api = FakeApiServer()
+        api.put(CRD, crd(ca_bundle=cas["foreign"].cert_pem))
         syncer = CABundleSyncer(api, configs=[REF], local_ca_pem=cas["local"].cert_pem, keep_existing=keep_existing)
         await syncer.reconcile_once()
         assert bundle(api) == [cas[name].serial for name in expected]
@@ -113,8 +114,8 @@ def test_a_foreign_write_is_repaired_at_the_next_pass() -> None:
     ca = live_ca("local")
 
     async def main() -> None:
-        api = FakeApi()
-        api.seed(CRD, crd(ca_bundle=ca.cert_pem))
+        api = FakeApiServer()
+        api.put(CRD, crd(ca_bundle=ca.cert_pem))
         syncer = CABundleSyncer(api, configs=[REF], local_ca_pem=ca.cert_pem)
         assert await syncer.reconcile_once() == {names.CRD_NAME: SyncResult.IN_SYNC}
         api.foreign_write(CRD, lambda o: o["spec"]["conversion"]["webhook"]["clientConfig"].update(caBundle="junk"))
@@ -129,8 +130,8 @@ def test_ownership_marker_applies_to_the_crd_too() -> None:
     marker = ("app.kubernetes.io/managed-by", "sidecarctl")
 
     async def main() -> None:
-        api = FakeApi()
-        api.seed(CRD, crd())
+        api = FakeApiServer()
+        api.put(CRD, crd())
         syncer = CABundleSyncer(api, configs=[REF], local_ca_pem=ca.cert_pem, owner_marker=marker)
         assert await syncer.reconcile_once() == {names.CRD_NAME: SyncResult.NOT_OWNED}
         api.foreign_write(CRD, lambda o: o["metadata"].update(labels=dict([marker])))
@@ -143,12 +144,12 @@ def test_a_crd_without_a_conversion_webhook_is_left_alone() -> None:
     ca = live_ca("local")
 
     async def main() -> None:
-        api = FakeApi()
-        api.seed(CRD, crd(strategy="None"))
+        api = FakeApiServer()
+        api.put(CRD, crd(strategy="None"))
         syncer = CABundleSyncer(api, configs=[REF], local_ca_pem=ca.cert_pem)
         assert await syncer.reconcile_once() == {names.CRD_NAME: SyncResult.INVALID}
-        assert api.writes() == 0
-        missing = CABundleSyncer(FakeApi(), configs=[REF], local_ca_pem=ca.cert_pem)
+        assert api.writes() == []
+        missing = CABundleSyncer(FakeApiServer(), configs=[REF], local_ca_pem=ca.cert_pem)
         assert await missing.reconcile_once() == {names.CRD_NAME: SyncResult.MISSING}
 
     run(main())
@@ -157,7 +158,7 @@ def test_a_crd_without_a_conversion_webhook_is_left_alone() -> None:
 def test_a_conflicting_write_is_retried() -> None:
     ca = live_ca("local")
 
-    class Racy(FakeApi):
+    class Racy(FakeApiServer):
         raced = False
 
         async def patch(self, path: str, body: Any, **kw: Any) -> dict[str, Any]:
@@ -168,7 +169,7 @@ def test_a_conflicting_write_is_retried() -> None:
 
     async def main() -> None:
         api = Racy()
-        api.seed(CRD, crd())
+        api.put(CRD, crd())
         syncer = CABundleSyncer(api, configs=[REF], local_ca_pem=ca.cert_pem, fast_retry_delay=0.02)
         stop = asyncio.Event()
         task = asyncio.create_task(syncer.run(stop))

@@ -1,4 +1,4 @@
-"""The token bucket that bounds how often the caBundle syncer (certwatcher.cabundle) writes one configuration.
+"""The token bucket that bounds how often the caBundle syncer (cabundle.syncer) writes one configuration.
 
 A rule of its own, driven by the caller's monotonic clock, so it is tested without the syncer.
 """

@@ -2,9 +2,10 @@
 
 The status counters say how far a rollout got; people also ask which pods are being upgraded right
 now, what holds the rest back and which pods run without their sidecars. The answers come from the
-functions the controller and the missed-injection scan call (status.evaluate, planner.plan_upgrade,
-deadline, missed.find_missing) on the pods as they are, so `sidecarctl status` never tells a story
-the controller does not act on. Pure: the CLI reads the objects.
+functions the controller and the missed-injection scan call (status.pod_verdicts, planner.plan_upgrade,
+deadline, missed.find_missing) on the pods as they are, so `sidecarctl status` (and `check-inject`,
+which quotes it) never tells a story the controller does not act on. Pure: the CLI reads the objects.
+(`status` beside it is the SidecarSet's own status: the counters and conditions the controller writes.)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Glance:
     observed_generation: int | None
     counts: Mapping[str, int]  # as the SidecarSet's status says
     live: Mapping[str, int]  # as the pods say now (the status may be a moment behind)
-    stage: str
+    stage: planner.Stage
     reason: str
     stopped: bool  # Progressing=False, ProgressDeadlineExceeded at this generation
     upgrading: tuple[tuple[str, str], ...]  # (pod, why not ready yet): the batch in flight
@@ -59,7 +60,7 @@ class Glance:
             "observedGeneration": self.observed_generation,
             "counts": dict(self.counts),
             "live": dict(self.live),
-            "stage": self.stage,
+            "stage": self.stage.value,
             "reason": self.reason,
             "stopped": self.stopped,
             "upgrading": [{"pod": k, "reason": why} for k, why in self.upgrading],
@@ -76,7 +77,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def glance(
+def of(
     ss: SidecarSet,
     pods: Sequence[PodProjection],
     raw_pods: Mapping[str, Mapping[str, Any]],
@@ -89,9 +90,9 @@ def glance(
     """Where `ss`'s rollout stands over `pods` (the injected pods; `raw_pods` by namespace/name,
     for explaining pods that cannot be upgraded)."""
     matched = status.matched_pods(ss, pods, namespace_labels)
-    verdicts = status.evaluate(ss, matched)
+    verdicts = status.pod_verdicts(ss, matched)
     live = status.compute_status(ss, matched, latest_revision=None, collision_count=None, verdicts=verdicts)
-    st = ss.status if isinstance(ss.status, Mapping) else {}
+    st = ss.status
     revision = str(st.get("latestRevision") or "")
     specs = specdiff.known_specs(ss, stored_revisions)
     resizable = resize.resizable_hashes(ss, [spec for _, spec in specs])
@@ -104,7 +105,7 @@ def glance(
             continue
         entry = (f"{p.namespace}/{p.name}", rolloutsim.not_ready_reason(ss, p))
         (upgrading if is_new or moving else not_ready).append(entry)
-    reasons = dict(plan.reasons)  # a resize the API server or the node would refuse: said as such
+    reasons = plan.reasons  # a resize the API server or the node would refuse: said as such
     blocked = tuple(
         specdiff.Blocked(f"{ns}/{n}", (reasons[(ns, n)],), "resize")
         if (ns, n) in reasons
@@ -130,7 +131,7 @@ def glance(
         observed_generation=observed if isinstance(observed, int) else None,
         counts={k: _int(st.get(k)) for k in COUNTERS},
         live={k: _int(live.get(k)) for k in COUNTERS},
-        stage="stopped" if stopped else plan.stage.value,
+        stage=planner.Stage.STOPPED if stopped else plan.stage,
         reason=_stopped_reason(conditions) if stopped else plan.reason,
         stopped=stopped,
         upgrading=tuple(sorted(upgrading)),

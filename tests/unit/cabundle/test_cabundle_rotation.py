@@ -10,12 +10,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
+from cabundle.syncer import CABundleSyncer, WebhookConfigRef
 from certwatcher import pem
-from certwatcher.cabundle import CABundleSyncer, WebhookConfigRef
 from certwatcher.reloader import CertReloader
 from tests.certutil import (
     MWC_PATH,
-    FakeApi,
     Hammer,
     bundle_of,
     client_context,
@@ -27,11 +28,14 @@ from tests.certutil import (
     webhook_config,
     write_dir,
 )
+from tests.kube.fakeapi import FakeApiServer
+
+pytestmark = pytest.mark.serial  # bounds elapsed time: runs alone, not beside other tests
 
 MWC = f"{MWC_PATH}/sidecarctl-injector"
 
 
-def published_serials(api: FakeApi) -> set[int]:
+def published_serials(api: FakeApiServer) -> set[int]:
     return {c.serial_number for c in pem.certificates(bundle_of(api.objects[MWC]))}
 
 
@@ -54,8 +58,8 @@ def test_ca_rotation_with_overlap(tmp_path: Path) -> None:
     cert_dir = tmp_path / "certs"
     write_dir(cert_dir, leaf=leaf1, ca_pem=pems(ca1))
 
-    api = FakeApi()
-    api.seed(MWC, webhook_config("mutating", "sidecarctl-injector", ["inject.sidecarctl.io"]))
+    api = FakeApiServer()
+    api.put(MWC, webhook_config("mutating", "sidecarctl-injector", ["inject.sidecarctl.io"]))
     syncer = CABundleSyncer(api, configs=[WebhookConfigRef("mutating", "sidecarctl-injector")], resync_interval=0.2)
     reloader = CertReloader(
         cert_dir, poll_interval=1.0, event_interval=0.05, on_reload=lambda pair: syncer.set_local_ca(pair.ca_pem)
