@@ -186,7 +186,8 @@ def environment(cluster: Cluster, manager_image: Built, tmp_path: Path) -> Itera
     assert refs, "the quickstart names no image for its pods"
     cluster.node.import_image(stand_ins(refs, tmp_path / "quickstart-images.tar"))
     for obj in apiserver_address_policy(cluster):
-        api.create(f"{POLICIES}/{obj['kind'].lower()}s", obj)
+        plural = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies"}.get(obj["kind"], f"{obj['kind'].lower()}s")
+        api.create(f"{POLICIES}/{plural}", obj)
 
     def enforced() -> bool:
         probe = {
