@@ -23,9 +23,10 @@ echo "== mypy --strict"
 # (mypy compares each file's content hash, not its path or mtime): 13 s cold, 0.5 s warm.
 .venv/bin/mypy --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl/mypy"
 echo "== mkdocs build --strict"
-# The documentation site: a broken link, a missing anchor or a page left out of the nav fails here.
+# The documentation site: a broken link, a missing anchor or a page left out of the nav fails here
+# (not --quiet: it hides the warnings that --strict counts).
 site=$(mktemp -d)
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site" || { rm -rf "$site"; exit 1; }
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site" || { rm -rf "$site"; exit 1; }
 rm -rf "$site"
 echo "== pytest"
 # Two runs. The unit and HTTP tests are CPU-bound and hold no bound on elapsed time, so they run on
