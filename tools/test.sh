@@ -2,7 +2,7 @@
 # The project's test command: installs what is missing, then lint, types, and every test tier.
 #   bash tools/test.sh            # everything (unit, HTTP, e2e, reliability, real node as root)
 #   bash tools/test.sh -k inject  # extra arguments go to both pytest runs (below)
-#   bash tools/test.sh --quick    # the inner loop: lint, types, unit, HTTP and one e2e module
+#   bash tools/test.sh --quick    # the inner loop: lint, types, docs, unit, HTTP and one e2e module
 #                                 # (injection through the real API server), in under 3 minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,12 @@ echo "== mypy --strict"
 # The cache lives beside the control plane binaries, so a fresh clone checks only what changed
 # (mypy compares each file's content hash, not its path or mtime): 13 s cold, 0.5 s warm.
 .venv/bin/mypy --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/sidecarctl/mypy"
+echo "== mkdocs build --strict"
+# The documentation site: a broken link, a missing anchor or a page left out of the nav fails here
+# (not --quiet: it hides the warnings that --strict counts).
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site" || { rm -rf "$site"; exit 1; }
+rm -rf "$site"
 echo "== pytest"
 # Two runs. The unit and HTTP tests are CPU-bound and hold no bound on elapsed time, so they run on
 # every core (pytest-xdist); the tests marked `serial` do bound elapsed time (tests/conftest.py marks

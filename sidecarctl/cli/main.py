@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from importlib import metadata
 
 from sidecarctl.cli.checkinject.command import add_check_inject
 from sidecarctl.cli.injectcmd import add_inject
@@ -28,10 +29,20 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
 ]
 
 
-def _parser() -> argparse.ArgumentParser:
+def version() -> str:
+    """pyproject.toml's version, as the installed distribution records it (the one place it is written)."""
+    try:
+        return metadata.version("sidecarctl")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, every subcommand included (also what docs/reference/cli.md is generated from)."""
     parser = argparse.ArgumentParser(
         prog="sidecarctl", description="Kubernetes sidecar injector and SidecarSet manager."
     )
+    parser.add_argument("--version", action="version", version=f"sidecarctl {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMMANDS:
         add(subparsers)
@@ -40,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `sidecarctl`; return the exit status (argparse usage errors exit 2 on their own)."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -5,8 +5,8 @@ SidecarSets for each reason the command gives (a selector term that fails, pause
 on the webhook by its annotation, a canary and its base, one created after its pod, one whose image
 changed while its updates are paused, its injection paused too) and a Deployment with no pods in
 kube-system. The command runs as a subprocess, as a user runs it, several at once; each test reads
-one answer. Two of the runs use ServiceAccount tokens bound to the README's viewer rules, all of
-them and only those not marked optional.
+one answer. Two of the runs use ServiceAccount tokens bound to the viewer rules of
+docs/guides/check-inject.md, all of them and only those not marked optional.
 
 These namespaces are not the fake kubelet's: the pods stay Pending. A pod that is not running is
 current when it records the SidecarSet's current hash (it starts with exactly those sidecars).
@@ -183,8 +183,8 @@ def scene(kube: Kube, control_plane: ControlPlane, manager: RunningManager) -> I
 
 
 def readme_viewer_rules() -> list[dict[str, Any]]:
-    """The rules the README gives for a viewer of check-inject (the YAML block after its RBAC line)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The rules the check-inject guide gives for a viewer (the YAML block after its RBAC line)."""
+    text = (REPO / "docs" / "guides" / "check-inject.md").read_text(encoding="utf-8")
     block = text[text.index("**RBAC** for a viewer") :]
     block = block[block.index("```yaml") + len("```yaml") : block.index("```", block.index("```yaml") + 7)]
     rules: list[dict[str, Any]] = yaml.safe_load(block)["rules"]
@@ -192,7 +192,7 @@ def readme_viewer_rules() -> list[dict[str, Any]]:
 
 
 def viewer_kubeconfig(kube: Kube, cp: ControlPlane, which: str) -> Path:
-    """A ServiceAccount token bound to the README's viewer rules (`viewer`), or to those the README
+    """A ServiceAccount token bound to the guide's viewer rules (`viewer`), or to those the guide
     does not mark optional (`bare`: no ControllerRevisions, no MutatingAdmissionPolicies)."""
     rules = readme_viewer_rules()
     if which == "bare":
@@ -311,7 +311,7 @@ def test_an_absent_pod_is_one_line_and_status_1(scene: dict[str, Any]) -> None:
 
 
 def test_the_readme_viewer_rules_are_enough_and_the_optional_ones_only_add_detail(scene: dict[str, Any]) -> None:
-    """Run as a ServiceAccount bound to exactly the README's rules, the answer is the admin's; bound
+    """Run as a ServiceAccount bound to exactly the guide's rules, the answer is the admin's; bound
     to those not marked optional, every pod's and SidecarSet's state and exit status are the same."""
     admin, viewer, bare = scene["all"], scene["viewer"], scene["bare"]
     assert viewer.stdout and viewer.returncode == admin.returncode, viewer.stderr

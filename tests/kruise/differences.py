@@ -1,9 +1,10 @@
-"""The differences from Kruise v1.9.1 that the README documents, each recognised by what causes it.
+"""The differences from Kruise v1.9.1 that the documentation lists (docs/migration/from-kruise.md, "What
+differs"; tests/unit/docs checks the list), each recognised by what causes it.
 
 A case whose outputs differ is "documented" only when one of these rules applies to its inputs
 *and* every differing path is one the rule explains; anything else is an undocumented difference
 and fails the tier. A rule that applies but finds the outputs equal fails too (`test_*` assert it):
-the difference it documents is gone, and the README's sentence with it.
+the difference it documents is gone, and the documentation's row with it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class InjectCase:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    readme: str  # the README sentence (Choices, or the section named) that documents it
+    readme: str  # the sentence that documents it (docs/choices.md, or the page named)
     applies: Callable[[InjectCase], bool]
     paths: str  # a regex every differing path must match
 

@@ -8,8 +8,9 @@ fails instead (tests/conftest.py turns any skip of a `node` test into a failure 
 Tests that start a node of their own (the SIGKILL clean-up test) are marked `own_node` and run
 before the others: one node per machine at a time. The tier's node lives until its last test
 (package scope), and is removed before the tiers after it run.
-Then come the modules in FIRST_MODULES (`helm install`, which needs the cluster without the
-kustomize install), then the rest, which share one install of the manager (`installed`: `kubectl
+Then come the modules in FIRST_MODULES (`helm install` and the README's quickstart, which need the
+cluster without the kustomize install and remove what they installed), then the rest, which share
+one install of the manager (`installed`: `kubectl
 apply -k tests/node/install`, made once for the tier).
 """
 
@@ -41,7 +42,7 @@ MANAGER_SELECTOR = "app.kubernetes.io/name%3Dsidecarctl,app.kubernetes.io/compon
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/sidecarctl-controller"
 # Modules run right after the own_node tests, before anything installs the manager with kustomize:
 # they install it another way (the same cluster-scoped names) and remove it again.
-FIRST_MODULES = ("test_helm_node.py",)
+FIRST_MODULES = ("test_helm_node.py", "test_quickstart_node.py")
 
 
 def not_here(reason: str) -> NoReturn:

@@ -3,8 +3,8 @@
 - `promtool check rules` accepts the rule groups and `promtool test rules` passes
   tests/unit/install/alerts-tests.yaml, which has, for every alert, a case where it fires (with its
   labels and rendered annotations) and one where it must not; a wrong expectation makes promtool fail;
-- every alert has a severity, a summary, a description naming the object it is about, and a runbook
-  that is a section of the README;
+- every alert has a severity, a summary, a description naming the object it is about, and a
+  `runbook_url` that is a section of docs/monitoring.md (an anchor mkdocs gives that page's heading);
 - every sidecarctl metric an alert reads is one the manager registers (spelled as Prometheus stores
   it); only SidecarctlWebhookUnreachable reads kube-apiserver's metrics;
 - the Component adds exactly the PrometheusRule; with monitoring.prometheusRule.enabled the chart
@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from markdown.extensions.toc import slugify
 
 from tests.kube import helm, prometheus
 from tests.kube.helm import CHART, CONFIG
@@ -35,7 +36,7 @@ ALERTS = CONFIG / "alerts"
 RULE = ALERTS / "prometheusrule.yaml"
 CHART_RULE = CHART / "files" / RULE.name
 PROMTOOL_TESTS = Path(__file__).with_name("alerts-tests.yaml")
-README = CONFIG.parent / "README.md"
+RUNBOOKS = Path("docs/monitoring.md")  # relative to the repository root, as runbook_url gives it
 API_SERVER_ALERTS = {"SidecarctlWebhookUnreachable"}
 
 Obj = dict[str, Any]
@@ -103,13 +104,12 @@ def test_every_alert_has_a_firing_case_and_a_quiet_case() -> None:
 # What each alert says
 
 
-def readme_anchors() -> set[str]:
-    """GitHub's anchors of the README's headings (lower case, spaces to dashes, punctuation dropped)."""
+def runbook_anchors() -> set[str]:
+    """The anchors mkdocs gives the headings of the runbook page (its toc extension's own slugify)."""
     out = set()
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in (CONFIG.parent / RUNBOOKS).read_text(encoding="utf-8").splitlines():
         if line.startswith("#"):
-            title = line.lstrip("#").strip().lower()
-            out.add(re.sub(r"[^a-z0-9 _-]", "", title).replace(" ", "-"))
+            out.add(slugify(line.lstrip("#").strip(), "-"))
     return out
 
 
@@ -117,12 +117,12 @@ def readme_anchors() -> set[str]:
 def test_each_alert_says_what_is_wrong_where_and_what_to_do(alert: Obj) -> None:
     assert alert["labels"]["severity"] in {"critical", "warning", "info"}
     notes = alert["annotations"]
-    assert set(notes) == {"summary", "description", "runbook"}
+    assert set(notes) == {"summary", "description", "runbook_url"}
     assert "{{" not in notes["summary"], "the summary is the same for every instance; the description names it"
     assert re.search(r"\{\{ \$labels\.(sidecarset|namespace|pod|lease|name|webhook) \}\}", notes["description"])
-    anchor = f"README.md#{alert['alert'].lower()}"
-    assert notes["runbook"] == anchor
-    assert anchor.split("#", 1)[1] in readme_anchors(), f"the README has no section {alert['alert']}"
+    anchor = f"{RUNBOOKS}#{alert['alert'].lower()}"
+    assert notes["runbook_url"] == anchor
+    assert anchor.split("#", 1)[1] in runbook_anchors(), f"{RUNBOOKS} has no section {alert['alert']}"
 
 
 def test_alerts_read_only_metrics_the_manager_exports() -> None:
