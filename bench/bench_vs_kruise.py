@@ -72,6 +72,7 @@ from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from tests.kruise.compare import from_kruise
+from tests.kube import builders
 from tests.kube import kruisemanager as km
 from tests.kube.audit import audit_events
 from tests.kube.controlplane import free_port
@@ -427,14 +428,18 @@ class Forwarder:
             self.server.close()
 
 
+def _wall(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 class Sampler:
     """Polls the SidecarSet and the Lease every 0.1 s on the bench's loop: (monotonic time, status),
-    and when the Lease's holder changed."""
+    and each holder of the Lease: (monotonic time first seen, identity, its acquireTime)."""
 
     def __init__(self, c: common.Cluster, side: Side) -> None:
         self.c, self.side = c, side
         self.statuses: list[tuple[float, dict[str, int]]] = []
-        self.holders: list[tuple[float, str]] = []
+        self.holders: list[tuple[float, str, float]] = []
         self.lease_expiry = 0.0  # wall clock: the last renewTime seen plus the Lease's duration
         self._stop = asyncio.Event()
         self._task: Any = None
@@ -445,13 +450,13 @@ class Sampler:
                 ss = await self.c.client.get(f"{self.side.ss_path}/{SS_NAME}")
                 self.statuses.append((time.monotonic(), km.sidecarset_status(ss)))
                 lease = await self.c.client.get(self.side.lease_path)
-                holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
-                if not self.holders or self.holders[-1][1] != holder:
-                    self.holders.append((time.monotonic(), holder))
                 spec = lease.get("spec") or {}
+                holder = str(spec.get("holderIdentity") or "")
+                if not self.holders or self.holders[-1][1] != holder:
+                    acquired = _wall(spec["acquireTime"]) if spec.get("acquireTime") else float("nan")
+                    self.holders.append((time.monotonic(), holder, acquired))
                 if spec.get("renewTime"):
-                    renewed = dt.datetime.fromisoformat(spec["renewTime"].replace("Z", "+00:00")).timestamp()
-                    self.lease_expiry = renewed + float(spec.get("leaseDurationSeconds") or 0)
+                    self.lease_expiry = _wall(spec["renewTime"]) + float(spec.get("leaseDurationSeconds") or 0)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.1)
 
@@ -612,10 +617,33 @@ def row2(
                     )
                     if len(writes) != n:
                         f.notes.append(f"row 2 round {r + 1} {side.label} {n} pods: {len(writes)} pod writes")
+                    landed, seen_by = _landed(kubelet, side.namespace), time.monotonic() + 5
+                    while landed != n and time.monotonic() < seen_by:  # the bench's own watch may lag
+                        time.sleep(0.1)
+                        landed = _landed(kubelet, side.namespace)
+                    if landed != n:
+                        f.notes.append(
+                            f"row 2 round {r + 1} {side.label} {n} pods: the status said done with {landed} pods"
+                            " reported running the new image and ready by the kubelet"
+                        )
             finally:
                 kubelet.namespaces.discard(side.namespace)
                 c.run(_delete_pods(c, side.namespace))
                 c.run(side.cleanup())
+
+
+def _landed(kubelet: FakeKubelet, namespace: str) -> int:
+    """Pods of `namespace` whose sidecar the kubelet reports running the new image, and Ready."""
+    want = builders.image_id(IMAGES[1])
+    count = 0
+    for key, pod in list(kubelet.informer.store.items()):
+        if not key.startswith(namespace + "/"):
+            continue
+        status = pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        sidecar = [c for c in status.get("containerStatuses") or [] if c.get("name") == SIDECAR]
+        count += ready and bool(sidecar) and sidecar[0].get("imageID") == want and sidecar[0].get("ready") is True
+    return count
 
 
 def _pod_writes(c: common.Cluster, start: int, namespace: str) -> list[tuple[float, str]]:
@@ -763,12 +791,13 @@ def row5(
                 deadline = time.monotonic() + args.timeout + 60
 
                 def new_leader_status() -> tuple[float, float] | None:
-                    took = [t for t, h in sampler.holders if t > t_kill and h and h != holder_before]
+                    """(the new holder's acquireTime, wall clock; when its first right status was seen)"""
+                    took = [(t, a) for t, h, a in sampler.holders if t > t_kill and h and h != holder_before]
                     if not took:
                         return None
                     for t, st in sampler.statuses:
-                        if t > took[0] and st["current"] and st["matchedPods"] == n and st["updatedPods"] >= at_kill:
-                            return took[0], t
+                        if t > took[0][0] and st["current"] and st["matchedPods"] == n and st["updatedPods"] >= at_kill:
+                            return took[0][1], t
                     return None
 
                 got = None
@@ -776,18 +805,21 @@ def row5(
                     got = new_leader_status()
                     time.sleep(0.1)
                 time.sleep(1.0)  # the audit log's last lines
-            writes = [w for w, _ in _pod_writes(c, audit_from, side.namespace) if w > wall_kill]
             if got is None:
                 raise RuntimeError(f"{side.label}: no right status from a new leader within {args.timeout + 60:.0f} s")
-            acquired, status_at = got
-            f.add(side.key, f"takeover {n} lease", acquired - t_kill)
+            acquired_wall, status_at = got
+            acquired = acquired_wall - wall_kill  # seconds after the kill
+            # The new leader's writes: received once it held the Lease (one the old leader had sent
+            # just before its kill can be received after the kill, never after a takeover).
+            writes = [w for w, _ in _pod_writes(c, audit_from, side.namespace) if w >= acquired_wall]
+            f.add(side.key, f"takeover {n} lease", acquired)
             f.add(side.key, f"takeover {n} patch", (min(writes) - wall_kill) if writes else float("nan"))
             f.add(side.key, f"takeover {n} patch after expiry", (min(writes) - expiry) if writes else float("nan"))
             f.add(side.key, f"takeover {n} status", status_at - t_kill)
             patch_s = (min(writes) - wall_kill) if writes else float("nan")
             print(
                 f"  row 5 round {r + 1} {side.label:26} {n} pods, killed at {at_kill} updated:"
-                f" Lease taken {acquired - t_kill:.1f} s after the kill (it expired at {expiry - wall_kill:.1f} s),"
+                f" Lease taken {acquired:.1f} s after the kill (it expired at {expiry - wall_kill:.1f} s),"
                 f" next pod write {patch_s:.1f} s,"
                 f" right status {status_at - t_kill:.1f} s;"
                 f" standby RSS {standby_rss / MIB:.0f} MiB",

@@ -2,10 +2,10 @@
 
 `tools/build-kruise-manager.sh` builds the binary Kruise ships (`main.go` at the root of the module
 github.com/openkruise/kruise@v1.9.1) once per machine; everything it is given here comes from the
-same module version in the Go module cache: the CRDs (`config/crd/bases`, with Kruise's kustomize
-patch that makes the SidecarSet CRD convert by webhook) and the webhook configurations
-(`config/webhook/manifests.yaml` with `patch_manifests.yaml` and the `kruise-` name prefix of
-`config/default`).
+same module version in the Go module cache: the CRDs (`config/crd`: every base, with the kustomize
+patches that make the SidecarSet, Advanced StatefulSet and Advanced DaemonSet CRDs convert by
+webhook) and the webhook configurations (`config/webhook/manifests.yaml` with
+`patch_manifests.yaml` and the `kruise-` name prefix of `config/default`).
 
 What runs, and why (read from Kruise v1.9.1's source):
 
@@ -22,8 +22,9 @@ What runs, and why (read from Kruise v1.9.1's source):
   CRD is served (discovery) and its feature gate is on. Every CRD of Kruise's install is installed
   (`config/crd/kustomization.yaml`): Kruise asks discovery about each kind it knows, and a kind
   that is not served costs 15.7 s of retries (4 tries, backoff 0.5 s x 5) before its controller or
-  webhook is skipped: with only the SidecarSet CRD its readiness took 66 s and its SidecarSet
-  controller started ~95 s after that. Running, with the gates below: `sidecarset` (the only one
+  webhook is skipped: with only the SidecarSet and ImagePullJob CRDs its readiness took 66 s here,
+  and six controllers ahead of the SidecarSet one in its list would each have waited as long
+  again before it was set up. Running, with the gates below: `sidecarset` (the only one
   with objects to act on), the CRD-backed `advancedcronjob`, `broadcastjob`, `cloneset`,
   `daemonset`, `statefulset`, `uniteddeployment`, `ephemeraljob` and `persistentpodstate` (idle:
   none of their objects exist), and `podreadiness` and `containerlaunchpriority`, which `Add`
@@ -40,9 +41,11 @@ What runs, and why (read from Kruise v1.9.1's source):
   `EnableExternalCerts` gate instead: certificates from the Secret `kruise-webhook-certs` (which
   `install` writes), and configurations that Kruise only checks, written here with a URL the
   caller chooses (a forwarder in front of both replicas, as a Service would be).
-- Leader election on (Lease `kruise-system/kruise-manager`, 15 s / 10 s / 2 s as shipped), metrics,
-  health and pprof on free loopback ports (pprof off), `--protection-log-path` in a temp dir (its
-  default `/log` is the image's), the API client's QPS 30 / burst 50 as shipped.
+- Leader election on (Lease `kruise-system/kruise-manager`, 15 s / 10 s / 2 s as shipped; not
+  released on SIGTERM, so a restart waits for it to expire unless it is deleted), metrics and health
+  on free loopback ports, pprof off, `--protection-log-path` in a temp dir (its default `/log` is
+  the image's), the API client's QPS 30 / burst 50 as shipped (its SidecarSet controller updates the
+  pods of a rollout one after another through that client).
 """
 
 from __future__ import annotations
