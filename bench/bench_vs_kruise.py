@@ -42,8 +42,12 @@ Rows (ratio: how far sidecarctl is ahead, > 1 when it is, for each row's better 
    status of the current generation written by the new leader that counts every pod and at least
    the updated pods there were at the kill. Also the standby's RSS before the kill.
 
-Run: `.venv/bin/python bench/bench_vs_kruise.py` (the issue's sizes; hours) or a smoke run:
-`--pods 200 --tracked 200,400 --seconds 5`. The first run builds Kruise's manager (minutes).
+Run: `.venv/bin/python bench/bench_vs_kruise.py` (the issue's sizes: about 4-5 hours on 2 cores,
+most of it creating 10,000 and 50,000 pods through each manager with the fake kubelet running
+them, ~23 pods/s here; estimated from the smoke run's slopes, row 5 at 50,000 pods holds ~10 GB:
+two Kruise replicas at ~60 KiB per pod each, the fake kubelet's ~31 KiB per pod, kube-apiserver),
+or a smoke run: `--pods 300 --tracked 300,600 --seconds 5` (~9.5 min). The first run builds
+Kruise's manager (minutes).
 """
 
 from __future__ import annotations
@@ -376,12 +380,12 @@ def _set_image(c: common.Cluster, side: Side, image: str) -> None:
     c.run(c.client.patch(f"{side.ss_path}/{SS_NAME}", patch, patch_type="json"))
 
 
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait(check: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def _apiserver_cpu(c: common.Cluster) -> float:
@@ -545,7 +549,7 @@ def row1(c: common.Cluster, sides: list[Side], body: JsonObj, args: argparse.Nam
             _wait_live(c, side, replica, body, args.timeout)
             kc = str(c.cp.kubeconfig)
             run_load(kc, side.namespace, body, 1.0, args.clients)  # warm-up
-            c.run(_delete_pods(c, side.namespace))
+            c.run(_delete_pods(c, side.namespace), timeout=1900)
             before = _apiserver_cpu(c)
             result = run_load(kc, side.namespace, body, args.seconds, args.clients)
             cpu = _apiserver_cpu(c) - before
@@ -570,7 +574,7 @@ def row1(c: common.Cluster, sides: list[Side], body: JsonObj, args: argparse.Nam
             )
             if paths.get(side.expected_path, 0) != len(items) or result["error_count"]:
                 f.notes.append(f"row 1 round {r + 1} {side.label}: injected {paths}, {result['error_count']} errors")
-            c.run(_delete_pods(c, side.namespace))
+            c.run(_delete_pods(c, side.namespace), timeout=1900)
         c.run(side.cleanup())
 
 
@@ -628,7 +632,7 @@ def row2(
                         )
             finally:
                 kubelet.namespaces.discard(side.namespace)
-                c.run(_delete_pods(c, side.namespace))
+                c.run(_delete_pods(c, side.namespace), timeout=1900)
                 c.run(side.cleanup())
 
 
@@ -713,7 +717,7 @@ def rows345(
                 row5(c, kubelet, side, big, args, r, f)
         finally:
             kubelet.namespaces.discard(side.namespace)
-            c.run(_delete_pods(c, side.namespace))
+            c.run(_delete_pods(c, side.namespace), timeout=1900)
             c.run(side.cleanup())
 
 
@@ -780,7 +784,13 @@ def row5(
 
             with Sampler(c, side) as sampler:
                 _set_image(c, side, IMAGES[1])
-                _wait(lambda: updated() >= args.kill_at * n, args.timeout * (1 + n / 20), "pods updated before kill")
+                # Counted in the kubelet's store: every 0.5 s, as a pass over 50,000 pods takes a while.
+                _wait(
+                    lambda: updated() >= args.kill_at * n,
+                    args.timeout * (1 + n / 20),
+                    "pods updated before the kill",
+                    interval=0.5,
+                )
                 at_kill = updated()
                 t_kill, wall_kill = time.monotonic(), time.time()
                 a.kill()
@@ -788,7 +798,8 @@ def row5(
                 replicas.remove(a)
                 holder_before = sampler.holders[-1][1] if sampler.holders else ""
                 # the next status of the current generation from the new leader, right
-                deadline = time.monotonic() + args.timeout + 60
+                wait_for = args.timeout + 60 + n / 250  # sidecarctl lists every pod first: ~60 s at 50,000
+                deadline = time.monotonic() + wait_for
 
                 def new_leader_status() -> tuple[float, float] | None:
                     """(the new holder's acquireTime, wall clock; when its first right status was seen)"""
@@ -806,7 +817,7 @@ def row5(
                     time.sleep(0.1)
                 time.sleep(1.0)  # the audit log's last lines
             if got is None:
-                raise RuntimeError(f"{side.label}: no right status from a new leader within {args.timeout + 60:.0f} s")
+                raise RuntimeError(f"{side.label}: no right status from a new leader within {wait_for:.0f} s")
             acquired_wall, status_at = got
             acquired = acquired_wall - wall_kill  # seconds after the kill
             # The new leader's writes: received once it held the Lease (one the old leader had sent
