@@ -13,11 +13,12 @@ What runs, and why (read from Kruise v1.9.1's source):
   calls only what the webhook configurations name, and Kruise's webhook controller only keeps (it
   never adds) entries it has a handler for. The configurations installed here name the SidecarSet
   ones only: `mpod.kb.io` (`/mutate-pod`, pod CREATE, namespaceSelector `control-plane
-  DoesNotExist` as shipped), `msidecarset.kb.io` and `vsidecarset.kb.io`, plus the SidecarSet
-  CRD's conversion (`/convert`). The pod handler also runs its other steps on every pod; with the
-  gates below they return at their first check (readiness gate: the pod is not Kruise-owned;
-  container launch priority: no priority env; PersistentPodState: the pod has no owner in its
-  whitelist, read from the ConfigMap `kruise-configuration`).
+  DoesNotExist` as shipped), `msidecarset.kb.io` and `vsidecarset.kb.io`, plus the CRD
+  conversions (`/convert`: SidecarSet, Advanced StatefulSet and DaemonSet). The pod handler also
+  runs its other steps on every pod; with the gates below they return at their first check
+  (readiness gate: the pod is not Kruise-owned; container launch priority: no priority env;
+  PersistentPodState: the pod has no owner in its whitelist, read from the ConfigMap
+  `kruise-configuration`).
 - Controllers. `main.go` has no flag choosing controllers: each one's `Add` starts it only when its
   CRD is served (discovery) and its feature gate is on. Every CRD of Kruise's install is installed
   (`config/crd/kustomization.yaml`): Kruise asks discovery about each kind it knows, and a kind
@@ -32,6 +33,10 @@ What runs, and why (read from Kruise v1.9.1's source):
   (none here). Off: ContainerRecreateRequest, NodeImage, ImagePullJob, ImageListPullJob,
   PodProbeMarker, NodePodProbe and SidecarTerminator (KruiseDaemon off), PodUnavailableBudget and
   WorkloadSpread (gates off), ResourceDistribution (gate off by default).
+- Feature gates (`FEATURE_GATES`): PodWebhook on (injection); KruiseDaemon off (there is no
+  kruise-daemon here; Kruise then turns off the gates of its node-side features); WorkloadSpread and
+  PodUnavailableBudgetDeleteGate off (on by default: their steps in the pod webhook look up
+  WorkloadSpreads and PodUnavailableBudgets on every pod create, features not in use here).
 - Webhook serving: `WEBHOOK_HOST=127.0.0.1` makes Kruise's webhook controller rewrite every
   webhook's Service reference (and the conversion's) to `https://127.0.0.1:WEBHOOK_PORT/<path>`
   and fill caBundle with the CA it generates into `WEBHOOK_CERT_DIR` (its "fs" cert writer, the
