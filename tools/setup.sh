@@ -38,6 +38,8 @@ for version in $(bash tools/build-control-plane.sh --list); do
 done
 # OpenKruise v1.9.1's own code as a process, for the Kruise differential tier (tests/kruise).
 bash tools/build-kruise-oracle.sh >/dev/null
+# OpenKruise v1.9.1's own manager binary, for the side-by-side e2e test and bench/bench_vs_kruise.py.
+bash tools/build-kruise-manager.sh >/dev/null
 # Prometheus and promtool, for the alert rules' tests and the Prometheus e2e test.
 bash tools/build-prometheus.sh >/dev/null
 # The real-node tier (tests/node) needs root; without it that tier says so in one line.

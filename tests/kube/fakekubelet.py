@@ -274,11 +274,17 @@ class FakeKubelet:
         }
         if init_statuses:
             desired["initContainerStatuses"] = init_statuses
-        asked = {
-            c["name"]: c.get("resources") or {} for c in [*spec.get("containers", []), *spec.get("initContainers", [])]
-        }
+        # Only running containers are resized: a completed init container (its status carries no
+        # resources) is never behind, or a pod with one would show PodResizeInProgress for ever.
+        running = [
+            *spec.get("containers", []),
+            *(c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"),
+        ]
+        asked = {c["name"]: c.get("resources") or {} for c in running}
         behind = [
-            s["name"] for s in [*statuses, *init_statuses] if (s.get("resources") or {}) != asked.get(s["name"], {})
+            s["name"]
+            for s in [*statuses, *init_statuses]
+            if s["name"] in asked and (s.get("resources") or {}) != asked[s["name"]]
         ]
         if behind and not resizable:
             message = f"Node didn't have enough capacity for {', '.join(behind)} (fake kubelet)"
