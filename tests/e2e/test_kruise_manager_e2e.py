@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from kuberuntime import api, kubeapi, kubeconfig
-from tests.conftest import IN_CI
 from tests.kube import builders
 from tests.kube import kruisemanager as km
 from tests.kube.audit import audit_events
+from tests.kube.ci import IN_CI
 from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import ControlPlane, ControlPlaneError, binaries_dir
 from tests.kube.fakekubelet import FakeKubelet

@@ -43,9 +43,10 @@ import yaml
 
 from sidecarsets.spec import names
 from tests.kube import images
-from tests.kube.adminrest import ApiError, wait_for
+from tests.kube.adminrest import ApiError
+from tests.kube.client import eventually
 from tests.kube.managerimage import Built
-from tests.node.conftest import MANAGER_NS, Cluster, record
+from tests.node.conftest import MANAGER_NS, NodeCluster, record
 from tests.node.pods import statuses
 
 pytestmark = pytest.mark.node
@@ -104,7 +105,7 @@ def stand_ins(refs: set[str], path: Path) -> Path:
     return path
 
 
-def apiserver_address_policy(cluster: Cluster) -> list[dict[str, Any]]:
+def apiserver_address_policy(cluster: NodeCluster) -> list[dict[str, Any]]:
     """kube-proxy's part for the manager's pods: the API server's address as explicit env."""
     env = [
         f'Object.spec.containers.env{{name: "KUBERNETES_SERVICE_HOST", value: "{cluster.node.gateway}"}}',
@@ -143,7 +144,7 @@ def apiserver_address_policy(cluster: Cluster) -> list[dict[str, Any]]:
     return [policy, binding]
 
 
-def run_block(cluster: Cluster, script: str, what: str, *, timeout: float = 600) -> str:
+def run_block(cluster: NodeCluster, script: str, what: str, *, timeout: float = 600) -> str:
     assert cluster.node.bin_dir is not None
     env = {
         **{k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "TMPDIR")},
@@ -165,7 +166,7 @@ def run_block(cluster: Cluster, script: str, what: str, *, timeout: float = 600)
     return proc.stdout
 
 
-def hello_pods(cluster: Cluster) -> dict[str, dict[str, Any]]:
+def hello_pods(cluster: NodeCluster) -> dict[str, dict[str, Any]]:
     items = cluster.api.get("/api/v1/namespaces/shop/pods?labelSelector=app%3Dhello")["items"]
     return {p["metadata"]["uid"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
 
@@ -176,7 +177,7 @@ def container_image(p: dict[str, Any], name: str) -> str:
 
 
 @pytest.fixture
-def environment(cluster: Cluster, manager_image: Built, tmp_path: Path) -> Iterator[dict[str, str]]:
+def environment(cluster: NodeCluster, manager_image: Built, tmp_path: Path) -> Iterator[dict[str, str]]:
     """What a real cluster has and this node lacks: the quickstart's images and kube-proxy's routing."""
     api = cluster.api
     mwc = f"{POLICIES}/mutatingwebhookconfigurations/{names.MUTATING_WEBHOOK_CONFIG}"
@@ -198,9 +199,9 @@ def environment(cluster: Cluster, manager_image: Built, tmp_path: Path) -> Itera
         }
         got = api.request("POST", "/api/v1/namespaces/default/pods?dryRun=All", probe)
         env = {e["name"]: e.get("value") for e in got["spec"]["containers"][0].get("env") or []}
-        return env.get("KUBERNETES_SERVICE_HOST") == cluster.node.gateway
+        return bool(env.get("KUBERNETES_SERVICE_HOST") == cluster.node.gateway)
 
-    wait_for(enforced, timeout=60, interval=0.5, what="the API server address policy in force")
+    eventually(enforced, timeout=60, interval=0.5, what="the API server address policy in force", retrying=(ApiError,))
     try:
         yield blocks
     finally:
@@ -221,11 +222,17 @@ def environment(cluster: Cluster, manager_image: Built, tmp_path: Path) -> Itera
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/sidecarsets.sidecarctl.io",
             "/api/v1/namespaces/shop",
         ):
-            wait_for(lambda p=path: api.get_or_none(p) is None, timeout=180, interval=0.2, what=f"{path} deleted")  # type: ignore[misc]
+            eventually(
+                lambda p=path: api.get_or_none(p) is None,  # type: ignore[misc]
+                timeout=180,
+                interval=0.2,
+                what=f"{path} deleted",
+                retrying=(ApiError,),
+            )
 
 
 def test_the_readme_quickstart_runs_as_written(
-    cluster: Cluster, manager_image: Built, environment: dict[str, str]
+    cluster: NodeCluster, manager_image: Built, environment: dict[str, str]
 ) -> None:
     api = cluster.api
     blocks = environment
@@ -271,12 +278,19 @@ def test_the_readme_quickstart_runs_as_written(
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/sidecarsets.sidecarctl.io",
         f"/api/v1/namespaces/{MANAGER_NS}",
     ):
-        wait_for(lambda p=path: api.get_or_none(p) is None, timeout=180, interval=0.2, what=f"{path} deleted")  # type: ignore[misc]
-    wait_for(
+        eventually(
+            lambda p=path: api.get_or_none(p) is None,  # type: ignore[misc]
+            timeout=180,
+            interval=0.2,
+            what=f"{path} deleted",
+            retrying=(ApiError,),
+        )
+    eventually(
         lambda: not api.get(MANAGED_POLICIES)["items"],
         timeout=120,
         interval=0.5,
         what="the manager's policies garbage-collected",
+        retrying=(ApiError,),
     )
     probe = {
         "apiVersion": "v1",
