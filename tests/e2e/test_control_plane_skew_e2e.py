@@ -162,7 +162,7 @@ def test_while_one_kube_apiserver_lacks_policies_the_webhook_serves_every_pod(
         assert (_condition(c.kube, name) or {}).get("reason") == "PolicyUnsupported"
 
         c.balancer.upstreams = [c.cp.port]  # the 1.35 server leaves the load balancer, then stops
-        c.cp.remove_apiserver(older_port)
+        c.cp.remove_apiserver(older_port, graceful=False)
         eventually(lambda: policy_holding(c.kube, name) is not None, timeout=120, what="the policy written")
         eventually(lambda: _by_policy_through(kubes[:1], "mixed"), timeout=60, what="new pods injected by the policy")
 
@@ -188,7 +188,8 @@ def test_an_upgrade_to_the_first_minor_with_policies_is_adopted_without_a_restar
         before = c.kube.create(f"/api/v1/namespaces/{NS}/pods", make_pod("before", "upg"))
         assert before["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook"
 
-        c.cp.restart_apiserver(bin_dir=binaries_dir("1.36"))
+        # Stopped at once: with the manager's watches open a graceful stop takes the whole 10 s.
+        c.cp.restart_apiserver(bin_dir=binaries_dir("1.36"), graceful=False)
         assert c.kube.get("/version")["gitVersion"] == c.cp.version and c.cp.version.startswith("v1.36.")
 
         eventually(lambda: policy_holding(c.kube, name) is not None, timeout=60, what="the policy written after")

@@ -205,7 +205,6 @@ def fresh(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Fresh]
         cp.stop()
 
 
-@pytest.mark.versions
 def test_api_server_accepts_config_default(fresh: Fresh) -> None:
     lines = dry_run_apply(fresh.cp, "-k", str(CONFIG / "default"))
     assert len(lines) == len(render(CONFIG / "default"))
@@ -262,7 +261,6 @@ def cert_manager_standin(fresh: Fresh) -> Iterator[None]:
             kube.delete(f"{CRD_PATH}/{obj['metadata']['name']}")
 
 
-@pytest.mark.versions
 def test_api_server_accepts_config_certmanager(fresh: Fresh, cert_manager_standin: None) -> None:
     def attempt() -> list[str] | None:
         # Discovery of the new group can lag its Established condition by a moment.

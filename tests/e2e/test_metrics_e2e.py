@@ -180,6 +180,9 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_webhook_connections_closed_total": {"reason"},
         "sidecarctl_webhook_requests_refused_total": {"reason"},
         "sidecarctl_namespace_lookups_total": {"result"},
+        # bounded: the optional resources the manager asks discovery about, and the server's version
+        "sidecarctl_api_served": {"group_version", "resource"},
+        "sidecarctl_apiserver_info": {"git_version"},
     }
     s = scrape(manager)
     seen = 0

@@ -556,9 +556,15 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
     print(f"\nrequests of {SA_USER}:\n{report}")
     assert uses, "no request of the ServiceAccount in the audit log"
     assert not denied, "denied requests:\n" + "\n".join(f"{e['verb']} {e['requestURI']}" for e in denied)
-    # Discovery (whether MutatingAdmissionPolicy is served) is open to every authenticated user
-    # (ClusterRole system:discovery); nothing else outside resources.
-    discovery = {"get /apis/admissionregistration.k8s.io/v1"}
+    # Discovery (the server's version, whether MutatingAdmissionPolicy and pods/resize are served) is
+    # open to every authenticated user (ClusterRoles system:discovery, system:public-info-viewer);
+    # nothing else outside resources.
+    discovery = {
+        "get /version",
+        "get /api/v1",
+        "get /apis/admissionregistration.k8s.io/v1",
+        "get /apis/admissionregistration.k8s.io/v1beta1",
+    }
     assert set(non_resource) <= discovery, f"non-resource requests: {non_resource}"
     not_granted = [u for u in uses if not any(g.covers(u) for g in grants)]
     assert not not_granted, f"used but not granted: {not_granted}\n{report}"

@@ -1,5 +1,6 @@
 """200 policy-served and 200 webhook-served SidecarSets on one API server: the policies stay few, the
-webhook stays narrowed, and a pod only a policy serves never calls the webhook.
+webhook stays narrowed, and a pod only a policy serves never calls the webhook; with selectors of
+one label (`team`) and of two (`team` and `kind`, the label every SidecarSet of a kind shares).
 
 On a control plane of its own with `sidecarctl run --injection=auto`, as bench/bench_scale.py
 measures it (the benchmark's SidecarSets: two sidecars, a transferEnv, shared volumes; disjoint
@@ -35,8 +36,19 @@ PODS = "/api/v1/namespaces/{}/pods"
 POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
 
 
+@pytest.fixture(scope="module", params=["one", "two"])
+def shape(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def count(shape: str) -> int:
+    """SidecarSets per path: 200 of one label (the condition's size, the policies' count); 120 of two
+    labels, enough for two policies of packed groups, is what tells their groups apart."""
+    return N if shape == "one" else 120
+
+
 @pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[PolicyCluster]:
+def cluster(aloop: BackgroundLoop, control_plane: ControlPlane, shape: str) -> Iterator[PolicyCluster]:
     with private_cluster(aloop, control_plane.bin_dir, injection="auto") as c:
         c.namespace(NS, ENABLED)
         c.namespace(PLAIN, {})
@@ -44,7 +56,8 @@ def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Poli
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(
                 pool.map(
-                    lambda obj: c.kube.create(SS_PATH, obj), [team_sidecarset(k, n) for n in range(N) for k in "pw"]
+                    lambda obj: c.kube.create(SS_PATH, obj),
+                    [team_sidecarset(k, n, shape) for n in range(count(shape)) for k in "pw"],
                 )
             )
         yield c
@@ -81,34 +94,51 @@ def condition(c: PolicyCluster) -> str | None:
 
 
 def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_never_call_it(
-    cluster: PolicyCluster,
+    cluster: PolicyCluster, shape: str
 ) -> None:
     c = cluster
+    n = count(shape)
     eventually(
-        lambda: injected_by(c, f"p{N - 1}") == "policy", timeout=120, interval=0.5, what="the last policy set live"
+        lambda: injected_by(c, f"p{n - 1}") == "policy", timeout=120, interval=0.5, what="the last policy set live"
     )
     eventually(
-        lambda: injected_by(c, f"w{N - 1}") == "webhook", timeout=60, interval=0.5, what="the last webhook set live"
+        lambda: injected_by(c, f"w{n - 1}") == "webhook", timeout=60, interval=0.5, what="the last webhook set live"
     )
 
     def narrowed() -> bool:
         before = inject_calls(c)
-        return injected_by(c, f"p{N // 2}") == "policy" and inject_calls(c) == before
+        return injected_by(c, f"p{n // 2}") == "policy" and inject_calls(c) == before
 
     # Make before break: the webhook takes the policies' pods too until they have settled.
     eventually(narrowed, timeout=120, interval=1.0, what="policy-served pods no longer reaching the webhook")
     text = condition(c)
     assert text is not None, "the webhook is narrowed"
     assert len(text) <= selecting.MAX_CONDITION_CHARS
-    assert text.count(" in l") <= 4, "one lookup per label key, not a term per SidecarSet"
-    policies = [
-        p["metadata"]["name"]
+    if shape == "one":
+        assert text.count(" in l") <= 4, "one lookup per label key, not a term per SidecarSet"
+    else:
+        # Their exact selectors stay, behind one lookup of the label that tells them apart: a pod of
+        # another team stops there.
+        assert text.count('("team" in l && l["team"] in [') == 1, text[:500]
+    stored = [
+        p
         for p in c.kube.get(POLICIES, labelSelector="app.kubernetes.io/managed-by=sidecarctl")["items"]
         if p["metadata"]["name"].startswith(bundle.NAME_PREFIX)
     ]
+    policies = [p["metadata"]["name"] for p in stored]
     assert 2 <= len(policies) <= 5, policies  # 200 groups of about 15 KiB, up to 1 MiB each
+    for p in stored:
+        # Each policy is skipped before any CEL for pods of other teams, whatever else they share.
+        required = [
+            e
+            for e in p["spec"]["matchConstraints"]["objectSelector"]["matchExpressions"]
+            if e["key"] != names.POD_INJECT_LABEL
+        ]
+        assert [e["key"] for e in required] == ["team"], (p["metadata"]["name"], required)
+        candidates = next(v["expression"] for v in p["spec"]["variables"] if v["name"] == "candidates")
+        assert '"kind=' not in candidates, "each group is a candidate for its own team's pods only"
 
-    teams = [f"p{k}" for k in range(0, N, 10)]
+    teams = [f"p{k}" for k in range(0, n, 10)]
     for team in teams:
         # A policy written before the controller recorded the SidecarSet's first revision injects
         # without `controllerRevision`, as the webhook does before its watch delivers that status;
@@ -127,9 +157,9 @@ def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_
         assert stored_pod(pod) == want, f"{team}: the policy's pod differs from the webhook's"
     assert inject_calls(c) == before, "a policy-served pod called the webhook"
     assert {policy_holding(c.kube, f"scale-{t}") for t in teams} <= set(policies)
-    for k in range(0, N, 40):
+    for k in range(0, n, 40):
         pod = c.kube.create(PODS.format(NS), team_pod(f"w{k}"))
         assert pod["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook"
         assert [x["name"] for x in pod["spec"]["containers"]] == ["proxy", "app", "log-agent"]
     # Each reaches the webhook (twice: the API server reinvokes it, reinvocationPolicy IfNeeded).
-    assert inject_calls(c) >= before + len(range(0, N, 40))
+    assert inject_calls(c) >= before + len(range(0, n, 40))

@@ -19,6 +19,7 @@ from sidecarctl.manager import preflight
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.spec import names
 from tests.e2e.helpers import (
+    container_status,
     create_ready_pods,
     image_of,
     pods,
@@ -95,9 +96,11 @@ def test_status_is_written_and_an_image_rolls_in_place_on_this_minor(
     set_image(kube, name, "proxy:2")
 
     def rolled() -> list[dict[str, Any]] | None:
+        # The kubelet's word, not the spec: the new image running (a patched spec is ready a moment
+        # before its kubelet reports the restart).
         got = pods(kube, injected_ns, "minor")
-        done = len(got) == 3 and all(image_of(p, "proxy") == "proxy:2" and ready(p) for p in got)
-        return got if done else None
+        running = [p for p in got if container_status(p, "proxy").get("image") == "proxy:2" and ready(p)]
+        return got if len(got) == 3 and len(running) == 3 else None
 
     after = eventually(rolled, timeout=60, what="the new proxy image on the 3 running pods")
     assert {p["metadata"]["uid"] for p in after} == uids, "the same pods: upgraded in place, not recreated"

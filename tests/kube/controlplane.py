@@ -376,9 +376,11 @@ class ControlPlane:
         self.peers[port] = binary_version(bin_dir)
         return url
 
-    def remove_apiserver(self, port: int) -> None:
-        """Stop the kube-apiserver `add_apiserver` started on `port` (SIGTERM, as a rolling upgrade does)."""
-        self._stop_one(self.procs.pop(f"kube-apiserver-{port}"))
+    def remove_apiserver(self, port: int, *, graceful: bool = True) -> None:
+        """Stop the kube-apiserver `add_apiserver` started on `port`: SIGTERM, as a rolling upgrade does,
+        or SIGKILL (`graceful=False`: a server with watches open takes the whole `term_timeout` to
+        exit, and a test about what comes after need not wait for it)."""
+        self._stop_one(self.procs.pop(f"kube-apiserver-{port}"), graceful=graceful)
         self.peers.pop(port)
 
     def kubeconfig_for(self, url: str) -> Path:
@@ -390,11 +392,12 @@ class ControlPlane:
         return path
 
     def restart_apiserver(
-        self, *, down: float = 0.0, timeout: float = 60.0, bin_dir: Path | None = None
+        self, *, down: float = 0.0, timeout: float = 60.0, bin_dir: Path | None = None, graceful: bool = True
     ) -> tuple[float, float]:
         """Stop kube-apiserver (SIGTERM, as a rolling update does), wait `down` seconds, start it again
         with the same flags, port, certificates and etcd, and wait until it is ready. With `bin_dir`,
         the one started is that version's: the control plane upgraded (or rolled back) in place.
+        `graceful=False` stops it with SIGKILL (see `remove_apiserver`).
 
         Returns the monotonic times at which it had stopped and was ready again. Its log and the audit
         log are appended to, so a test reads both lives of the API server in one file each.
@@ -402,7 +405,7 @@ class ControlPlane:
         if bin_dir is not None:
             self._apiserver_args[0] = str(bin_dir / "kube-apiserver")
             self.version = binary_version(bin_dir)
-        self._stop_one(self.procs.pop("kube-apiserver"))
+        self._stop_one(self.procs.pop("kube-apiserver"), graceful=graceful)
         stopped = time.monotonic()
         if down > 0:
             time.sleep(down)
@@ -427,10 +430,10 @@ class ControlPlane:
         # No kubelet heartbeats here: node lifecycle would taint fake nodes and evict pods.
         return ["--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-taint-eviction-controller"]
 
-    def _stop_one(self, proc: subprocess.Popen[bytes]) -> None:
+    def _stop_one(self, proc: subprocess.Popen[bytes], *, graceful: bool = True) -> None:
         if proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM if graceful else signal.SIGKILL)
                 proc.wait(timeout=self.term_timeout)
             except ProcessLookupError:
                 pass
