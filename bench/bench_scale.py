@@ -24,6 +24,13 @@ Lease is held elsewhere), as in bench_policy: the controller would track every i
 load the 2 cores unevenly; what is measured is admission. `--profile DIR` saves a CPU profile of
 kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints its top entries.
 
+`--shape` picks the selectors (one label, two labels, expressions, mixed: `selector`). `--burst`
+then deletes every SidecarSet and creates the last stage's 2N at once, with the manager leading, and
+measures in windows until every policy-served one is served by its policy (converged): unselected
+pods' rate against their rate just before, and policy-served pods' p99. `--change` then bumps one
+policy-served SidecarSet's image while pods of its team and another are created for 40 s: the
+slowest create and the p99 through the policy's rewrite, and the size of the policy rewritten.
+
 Printed per stage: pods/s (median of rounds), p50/p99 create latency, kube-apiserver CPU per pod,
 the policies and bindings (count, bytes), the webhook's matchConditions (bytes), the manager's own
 time per webhook call (its admission histogram: body received to response built) with the
@@ -51,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from bench.bench_policy import POLICIES, _free_port, raw_pod, run_load, sidecarset
+from injector.policy.generate import ANN_MEMBERS
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
@@ -67,17 +75,41 @@ WATCH_CACHE_EVENTS = 100 * 1024
 PROFILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pprof")
 
 
-def team_sidecarset(kind: str, k: int) -> JsonObj:
-    """SidecarSet `scale-<kind><k>` selecting `team: <kind><k>`; kind "w" is kept on the webhook."""
+SHAPES = ("one", "two", "expressions", "mixed")
+
+
+def selector(team: str, shape: str, k: int) -> JsonObj:
+    """The selector of SidecarSet number `k` of a kind, for `team`, in one of the shapes people write:
+    one label; two labels (`kind` shared by every SidecarSet of the kind); expressions (`In` of several
+    values, `Exists`, `NotIn`); mixed (the three in turn)."""
+    if shape == "mixed":
+        shape = ("one", "two", "expressions")[k % 3]
+    kind = team[0]
+    if shape == "one":
+        return {"matchLabels": {"team": team}}
+    if shape == "two":
+        return {"matchLabels": {"team": team, "kind": kind}}
+    return {
+        "matchExpressions": [
+            {"key": "team", "operator": "In", "values": [team, f"{team}-canary", f"{team}-next"]},
+            {"key": "tier", "operator": "Exists"},
+            {"key": "track", "operator": "NotIn", "values": ["batch"]},
+        ]
+    }
+
+
+def team_sidecarset(kind: str, k: int, shape: str = "one") -> JsonObj:
+    """SidecarSet `scale-<kind><k>` selecting `team: <kind><k>` in `shape`; kind "w" is kept on the webhook."""
     meta = {"annotations": {names.ANN_INJECTION_PATH: "webhook"}} if kind == "w" else {}
     ss = sidecarset(f"scale-{kind}{k}", "unused", **meta)
-    ss["spec"]["selector"] = {"matchLabels": {"team": f"{kind}{k}"}}
+    ss["spec"]["selector"] = selector(f"{kind}{k}", shape, k)
     return ss
 
 
 def team_pod(team: str) -> JsonObj:
+    """A raw pod of `team` that every shape of its SidecarSet selects (`kind`, `tier`, `track` too)."""
     pod = raw_pod("scale")
-    pod["metadata"]["labels"]["team"] = team
+    pod["metadata"]["labels"].update(team=team, kind=team[0], tier="web", track="stable")
     return pod
 
 
@@ -278,6 +310,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds of load per kind and round")
     parser.add_argument("--clients", type=common.positive_int, default=8)
     parser.add_argument("--profile", type=Path, default=None, help="save kube-apiserver CPU and heap profiles here")
+    parser.add_argument("--shape", choices=SHAPES, default="one", help="the SidecarSets' selectors (see `selector`)")
+    parser.add_argument("--burst", action="store_true", help="then all 2N SidecarSets created at once (see above)")
+    parser.add_argument("--change", action="store_true", help="then one image bump under load (see above)")
     args = parser.parse_args(argv)
     stages = [int(s) for s in args.stages.split(",")]
     if stages != sorted(set(stages)) or stages[0] < 1:
@@ -285,7 +320,8 @@ def main(argv: list[str]) -> int:
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     common.print_machine(
-        f"bench_scale: 2N SidecarSets, N in {stages}; {args.clients} clients, {args.rounds} rounds x {args.seconds:g} s"
+        f"bench_scale: 2N SidecarSets selecting by {args.shape} label(s), N in {stages}; {args.clients} clients,"
+        f" {args.rounds} rounds x {args.seconds:g} s"
     )
     from tests.kube.managerharness import MWC_PATH, VWC_PATH, start_process, wait_ready, webhook_configs, write_cert_dir
 
@@ -312,7 +348,7 @@ def main(argv: list[str]) -> int:
             )
             try:
                 wait_ready(manager, timeout=120)
-                new = [team_sidecarset(kind, k) for k in range(have, n) for kind in ("p", "w")]
+                new = [team_sidecarset(kind, k, args.shape) for k in range(have, n) for kind in ("p", "w")]
                 c.run(_create_all(c, new), timeout=1800)
                 created = time.monotonic()
                 live, by_policy = _wait_live(c, n, created, timeout=600)
@@ -333,10 +369,12 @@ def main(argv: list[str]) -> int:
             )
             try:
                 wait_ready(follower, timeout=120)
-                model = SidecarSet.from_object(team_sidecarset("p", n // 2))
+                model = SidecarSet.from_object(team_sidecarset("p", n // 2, args.shape))
+                unselected = team_pod("unselected")
+                unselected["metadata"]["labels"]["kind"] = "p"  # every label but the team of a policy-served pod
                 bodies = {
                     "stored": common.injected(team_pod(f"p{n // 2}"), [model], namespace="s-inject", labels=ENABLED),
-                    "unselected": team_pod("unselected"),
+                    "unselected": unselected,
                     "policy": team_pod(f"p{n // 2}"),
                     "webhook": team_pod(f"w{n // 2}"),
                 }
@@ -353,8 +391,128 @@ def main(argv: list[str]) -> int:
                 heap = args.profile / f"apiserver-n{n}-heap.pprof"
                 top = _top(heap, 15, options=("-sample_index=inuse_space", "-cum"))
                 print(f"\n-- kube-apiserver live heap when measuring starts, N={n} (top) --\n{top}")
+        if args.burst or args.change:
+            _after_stages(c, args, cert_dir, port, stages[-1])
     _report(results)
     return 0
+
+
+def _converged(c: common.Cluster, n: int) -> int:
+    """How many of the policy-served SidecarSets report PolicyInjection True."""
+    items = c.run(c.client.get(common.SS_PATH))["items"]
+    served = 0
+    for ss in items:
+        if not ss["metadata"]["name"].startswith("scale-p"):
+            continue
+        conditions = (ss.get("status") or {}).get("conditions") or []
+        served += any(
+            x.get("type") == names.CONDITION_POLICY_INJECTION and x.get("status") == "True" for x in conditions
+        )
+    return served
+
+
+def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, port: int, n: int) -> None:
+    """The burst and the one-change stages, with a leading manager (it writes the policies)."""
+    from tests.kube.managerharness import start_process, wait_ready
+
+    with contextlib.suppress(api.NotFound):
+        c.run(c.client.delete(LEASE))
+    leader = start_process(c.cp, cert_dir, identity="scale-leader", webhook_port=port, extra=("--log-format=text",))
+    kubeconfig_path = str(c.cp.kubeconfig)
+    unselected = team_pod("unselected")
+    unselected["metadata"]["labels"]["kind"] = "p"
+    try:
+        wait_ready(leader, timeout=120)
+        if args.burst:
+            c.run(c.client.delete(common.SS_PATH), timeout=600)
+            deadline = time.monotonic() + 300
+            while c.run(c.client.get(common.SS_PATH))["items"] or _sizes(c)[0]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the SidecarSets and their policies were not gone within 300 s")
+                time.sleep(1.0)
+            steady = run_load(kubeconfig_path, NAMESPACES["unselected"], unselected, args.seconds, args.clients)
+            steady_rate = len(steady["latencies"]) / steady["elapsed"]
+            burst = [team_sidecarset(kind, k, args.shape) for k in range(n) for kind in ("p", "w")]
+            started = time.monotonic()
+            c.run(_create_all(c, burst), timeout=1800)
+            created = time.monotonic() - started
+            print(f"burst: {2 * n} SidecarSets created in {created:.1f} s", flush=True)
+            rows = []
+            converged_at = None
+            while converged_at is None and time.monotonic() - started < 600:
+                other = run_load(kubeconfig_path, NAMESPACES["unselected"], unselected, args.seconds, args.clients)
+                served = run_load(
+                    kubeconfig_path, NAMESPACES["policy"], team_pod(f"p{n // 2}"), args.seconds, args.clients
+                )
+                lat = sorted(served["latencies"])
+                done = _converged(c, n)
+                at = time.monotonic() - started
+                rate = len(other["latencies"]) / other["elapsed"]
+                rows.append(
+                    (
+                        f"{at:.0f}",
+                        f"{rate:.0f} ({rate / steady_rate:.0%})",
+                        f"{len(lat) / served['elapsed']:.0f}",
+                        f"{1000 * common.percentile(lat, 99):.0f}",
+                        dict(served["injected_by"]),
+                        f"{done}/{n}",
+                    )
+                )
+                print("  burst", *rows[-1], flush=True)
+                for kind in ("unselected", "policy"):
+                    c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES[kind]}/pods"))
+                if done == n:
+                    converged_at = at
+            print(
+                common.table(
+                    (
+                        "s after the burst",
+                        f"unselected pods/s (of {steady_rate:.0f} before)",
+                        "policy-served pods/s",
+                        "p99 ms",
+                        "injected by",
+                        "policy-served sets converged",
+                    ),
+                    rows,
+                )
+            )
+            said = "not within 600 s" if converged_at is None else f"{converged_at:.0f} s after the first create"
+            print(f"burst of {2 * n}: converged {said}; policies {_sizes(c)[:2]}", flush=True)
+        if args.change:
+            _one_change(c, args, n)
+    finally:
+        leader.terminate()
+
+
+def _one_change(c: common.Cluster, args: argparse.Namespace, n: int) -> None:
+    """One policy-served SidecarSet's image bumped while pods of its team and another are created."""
+    team = n // 2
+    name = f"scale-p{team}"
+
+    def members(policy: JsonObj) -> list[str]:
+        return str((policy["metadata"].get("annotations") or {}).get(ANN_MEMBERS, "")).replace(";", ",").split(",")
+
+    holder = next((p for p in c.run(c.client.get(POLICIES))["items"] if name in members(p)), None)
+    size = len(json.dumps(holder)) if holder else 0
+    kubeconfig_path = str(c.cp.kubeconfig)
+    seconds = 40.0
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        loads = [
+            pool.submit(run_load, kubeconfig_path, NAMESPACES["policy"], team_pod(f"p{t}"), seconds, args.clients // 2)
+            for t in (team, (team + 1) % n)
+        ]
+        time.sleep(5.0)
+        patch = [{"op": "replace", "path": "/spec/containers/0/image", "value": "docker.io/envoyproxy/envoy:v1.30.2"}]
+        c.run(c.client.patch(f"{common.SS_PATH}/{name}", patch, patch_type="json"))
+        results = [f.result() for f in loads]
+    lat = sorted(x for r in results for x in r["latencies"])
+    print(
+        f"one change at N={n}: {name}'s policy {holder['metadata']['name'] if holder else '-'} ({size / 1024:.0f} KiB)"
+        f" rewritten; {len(lat)} pods in {seconds:.0f} s, p99 {1000 * common.percentile(lat, 99):.0f} ms,"
+        f" slowest {1000 * lat[-1]:.0f} ms",
+        flush=True,
+    )
+    c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES['policy']}/pods"))
 
 
 async def _hold_lease(c: common.Cluster) -> None:
