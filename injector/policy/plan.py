@@ -91,17 +91,20 @@ def policy_excludes(sidecarsets: Iterable[SidecarSet]) -> str:
     return " || ".join(terms) or "false"
 
 
-def policies_decline(sidecarsets: Iterable[SidecarSet], *, approximate: bool = False) -> str:
+def policies_decline(sidecarsets: Iterable[SidecarSet]) -> str:
     """CEL over a webhook request: a policy-served SidecarSet selects the pod but its policy leaves it.
 
     Every policy leaves a pod whose hash annotations are not in the form it can rewrite, so that
-    test is written once, behind "some policy-served SidecarSet could select it"; a MergePatchJson
-    into an annotation the pod already has is per SidecarSet (few have one).
+    test is written once, behind "some policy-served SidecarSet could select it" read by anchors
+    (one lookup of the label that tells the sets apart): every policy-served pod evaluates it, and
+    exact selectors there would cost each pod a term per SidecarSet sharing its anchor's key, to
+    send at most a few more pods (with hand-written hash annotations) to the webhook, which serves
+    them right. A MergePatchJson into an annotation the pod already has is per SidecarSet (few have one).
     """
     sidecarsets = list(sidecarsets)
     if not sidecarsets:
         return "false"
-    terms = [f"(({pods_selected(sidecarsets, approximate=approximate)}) && !({bookkeeping.canonical()}))"]
+    terms = [f"(({pods_selected(sidecarsets, approximate=True)}) && !({bookkeeping.canonical()}))"]
     for ss in sidecarsets:
         keys = [k for patch in ss.patch_pod_metadata if patch.policy is PatchPolicy.MERGE_PATCH_JSON
                 for k, _ in patch.annotations]  # fmt: skip
@@ -115,7 +118,7 @@ def webhook_condition(webhook_sets: list[SidecarSet], policy_sets: list[SidecarS
     """The pod webhook's matchCondition: exact while it fits, anchored past MAX_CONDITION_CHARS."""
     condition = ""
     for approximate in (False, True):
-        declines = policies_decline(policy_sets, approximate=approximate)
+        declines = policies_decline(policy_sets)
         if mode is Mode.POLICY:
             condition = declines
         else:

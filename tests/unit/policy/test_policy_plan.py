@@ -210,6 +210,21 @@ def test_the_narrowing_fits_the_api_servers_limit_at_any_number_of_sidecarsets(c
     assert condition.count(" in l") <= 8, "a lookup per label key, not per SidecarSet"
 
 
+def test_what_policies_decline_costs_a_policy_served_pod_one_lookup_not_a_term_per_sidecarset() -> None:
+    """Every policy-served pod evaluates the decline test: read by anchors (`team`), not the exact
+    two-label selector of each policy-served SidecarSet sharing that key."""
+    policies = [ss(f"p{k}", selector={"matchLabels": {"team": f"p{k}", "kind": "p"}}) for k in range(60)]
+    hooks = [
+        ss(f"w{k}", metadata={"annotations": {names.ANN_INJECTION_PATH: "webhook"}},
+           selector={"matchLabels": {"team": f"w{k}", "kind": "p"}})
+        for k in range(60)
+    ]  # fmt: skip
+    declines = plan.policies_decline(policies)
+    assert '"kind"' not in declines and declines.count('("team" in l') == 1
+    condition = plan.webhook_condition(hooks, policies, Mode.AUTO)
+    assert condition.count('("kind" in l && l["kind"] == "p")') == 60, "the webhook's own sets stay exact"
+
+
 def test_overlapping_sidecarsets_are_one_group_in_name_order() -> None:
     p = planned(ss("zeta"), ss("alpha"), ss("solo", app="other"))
     [policy] = p.policies
