@@ -117,7 +117,7 @@ def _apply(loop: BackgroundLoop, client: kubeapi.KubeClient, group_version: str,
                 loop.run(client.create(f"/apis/{group_version}/{resource}", body), timeout=120)
                 said.append(f"{resource} {name}: stored in {time.monotonic() - started:.2f} s")
             except api.ApiError as e:
-                said.append(f"{resource} {name}: refused: {e.message[:300]}")
+                said.append(f"{resource} {name}: refused: {e.message[:2000]}")
     return said
 
 
@@ -149,6 +149,9 @@ def main(argv: list[str]) -> int:
                 for ns, labels in ((NS, {names.NS_INJECTION_LABEL: "enabled"}), (MANAGER_NS, {})):
                     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}
                     loop.run(client.create("/api/v1/namespaces", body))
+                # No controller-manager here: the ServiceAccount admission plugin wants `default`.
+                account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+                loop.run(client.create(f"/api/v1/namespaces/{NS}/serviceaccounts", account))
                 said = _apply(loop, client, group_version, plan.policies)
                 time.sleep(3.0)  # the API server's next policy refresh (a 1-s tick, longer for a large policy)
                 out = []
