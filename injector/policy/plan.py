@@ -268,7 +268,9 @@ def plan(
     for _ in range(len(active) + 1):  # a group falling back can push its overlapping neighbours' exclusions
         servable = [ss for ss in active if ss.name not in on_webhook]
         webhook_sets = [ss for ss in active if ss.name in on_webhook]
-        groups, failed = _generate_groups(servable, webhook_sets, manager_namespace, timestamp, cache)
+        groups, failed = _generate_groups(
+            servable, webhook_sets, manager_namespace, timestamp, cache, loose_to_webhook=mode is Mode.AUTO
+        )
         if not failed:
             break
         on_webhook.update(failed)
@@ -296,11 +298,28 @@ def _generate_groups(
     manager_namespace: str,
     timestamp: str,
     cache: PartsCache,
+    *,
+    loose_to_webhook: bool,
 ) -> tuple[list[GroupParts], dict[str, str]]:
+    """The groups' policy parts, and the SidecarSets no policy serves (with why).
+
+    `loose_to_webhook`: a group with a SidecarSet whose selector requires no pod label (only
+    `NotIn` or `DoesNotExist`) goes to the webhook. Its policy's condition would hold for every pod of
+    every injection-enabled namespace, each paying the group's CEL; the webhook's condition tests its
+    selector exactly, a few label lookups, and only its pods call the webhook.
+    """
     generated: list[GroupParts] = []
     failed: dict[str, str] = {}
     near_index = OverlapIndex(webhook_sets)
     for group in overlap_groups(servable):
+        loose = [ss.name for ss in group if podindex.label_anchors(ss.selector) is None]
+        if loose_to_webhook and loose:
+            why = (
+                f"the selector of {', '.join(loose)} requires no pod label: its policy would be evaluated for every "
+                "pod of every injection-enabled namespace; the webhook's condition tests it exactly"
+            )
+            failed.update({ss.name: why for ss in group})
+            continue
         # Only the webhook's sets that could select the group's pods need excluding (each costs CEL per pod).
         near = tuple(webhook_sets[i] for i in sorted({i for m in group for i in near_index.sharing(m)}))
         models = (*group, *near)

@@ -437,13 +437,30 @@ def test_webhook_served_selectors_of_several_labels_sit_behind_one_lookup() -> N
     assert len(condition) <= selecting.MAX_CONDITION_CHARS
 
 
-def test_groups_without_a_required_label_get_policies_of_their_own() -> None:
-    """A selector made of NotIn alone lets every pod through its policy's condition: it is packed
-    apart, so the other policies keep rejecting pods of other teams before any CEL."""
+def test_a_selector_without_a_required_label_is_left_to_the_webhook_in_auto_mode() -> None:
+    """A selector made of NotIn alone would let every pod through its policy's condition, each paying
+    its CEL: with a webhook to hand it to (auto), the webhook's condition tests it exactly and the
+    PolicyInjection condition says why; the other policies keep rejecting pods of other teams."""
     anchored = [ss(f"p{k:02}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(5)]
     others = [f"t{k}" for k in range(5)]  # every other team's pods: no pod of the anchored sets
     loose = ss("loose", selector={"matchExpressions": [{"key": "team", "operator": "NotIn", "values": others}]})
     p = planned(*anchored, loose)
+    route = p.routes["loose"]
+    assert route.path is plan.Path.WEBHOOK and route.why is plan.Why.NEEDS_WEBHOOK
+    assert "requires no pod label" in route.message
+    assert all(p.routes[f"p{k:02}"].path is plan.Path.POLICY for k in range(5))
+    assert f"({cel.selector(loose.selector, 'l')})" in p.webhook_condition, "tested exactly there"
+    [gates] = p.policies[0].policy["spec"]["matchConditions"]
+    assert gates["expression"] != "true" and '"team" in l' in gates["expression"]
+
+
+def test_with_no_webhook_to_hand_it_to_a_selector_without_a_required_label_gets_a_policy_of_its_own() -> None:
+    """--injection=policy: packed apart, so the other policies keep rejecting pods of other teams
+    before any CEL."""
+    anchored = [ss(f"p{k:02}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(5)]
+    others = [f"t{k}" for k in range(5)]
+    loose = ss("loose", selector={"matchExpressions": [{"key": "team", "operator": "NotIn", "values": others}]})
+    p = planned(*anchored, loose, mode=Mode.POLICY)
     by_member = {m: g for g in p.policies for m in g.members}
     assert by_member["loose"].name != by_member["p00"].name
     assert set(by_member["loose"].members) == {"loose"}
