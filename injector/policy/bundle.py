@@ -201,37 +201,10 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
 def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -> Generated:
     """The policy and binding that inject `groups`."""
     shared: dict[str, str] = {}
-    chunks: list[list[str]] = [[]]
-    chunk_of: list[int] = []  # group j -> the chunk that holds it
-    for j, g in enumerate(groups):
-        local: list[tuple[str, str]] = []
-        for n, expr in g.variables:
-            if n not in SHARED:
-                local.append((n, expr))
-            elif shared.setdefault(n, expr) != expr:
-                raise ValueError(f"variable {n} is not the same in every group")
-        go = "&& ".join(g.gates)
-        code = f"({j} in {V}candidates ? ({fold(local, f'({go}) ?{chr(10)}({g.patch}) : []', prefix=f'g{j}_')}) : [])"
-        if chunks[-1] and sum(map(len, chunks[-1])) + len(code) > CHUNK_CHARS:
-            chunks.append([])
-        chunks[-1].append(code)
-        chunk_of.append(len(chunks) - 1)
-    own = [("candidates", candidates(groups))]
-    own += [(f"groups{k}", "[" + ",\n".join(chunk) + "].flatten()") for k, chunk in enumerate(chunks)]
-    chosen = f"{V}groups0"
-    if len(chunks) > 1:
-        own.append(("chunks", f"{V}candidates.map(j, {chunk_of}[j])"))
-        chosen = " + ".join(f"({k} in {V}chunks ? {V}groups{k} : [])" for k in range(len(chunks)))
-    common = groups[0].common if groups else ()
-    could = selecting.pods_selected([ss for g in groups for ss in g.sidecarsets], approximate=True)
-    system = cel.strings(sorted([*names.SYSTEM_NAMESPACES, manager_namespace]))
-    gates = "&& ".join(
-        (
-            f"!(request.namespace in {system}) // not-a-system-namespace\n",
-            *common,
-            f"({could}) // one-of-its-groups-could-select-the-pod\n",
-        )
-    )
+    codes = [_group_code(index, g, shared) for index, g in enumerate(groups)]
+    chunk_variables, chosen = _chunked(codes)
+    own = [("candidates", candidates(groups)), *chunk_variables]
+    gates = _gates(groups, manager_namespace)
     patch = f"({chosen}){cel.AS_JSON_PATCH}"
     spec: JsonObj = {
         "failurePolicy": "Fail",
@@ -273,4 +246,50 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
             "spec": {"policyName": name, "matchResources": {"objectSelector": OPT_OUT}},
         },
         {g.key: g.digest for g in groups},
+    )
+
+
+def _group_code(index: int, g: GroupParts, shared: dict[str, str]) -> str:
+    """Group `index`'s CEL in the policy: its operations when it is a candidate and its gates hold,
+    else none. Its own variables are folded into it; those every group defines alike go to `shared`."""
+    local: list[tuple[str, str]] = []
+    for variable, expression in g.variables:
+        if variable not in SHARED:
+            local.append((variable, expression))
+        elif shared.setdefault(variable, expression) != expression:
+            raise ValueError(f"variable {variable} is not the same in every group")
+    gates = "&& ".join(g.gates)
+    body = fold(local, f"({gates}) ?\n({g.patch}) : []", prefix=f"g{index}_")
+    return f"({index} in {V}candidates ? ({body}) : [])"
+
+
+def _chunked(codes: Sequence[str]) -> tuple[list[tuple[str, str]], str]:
+    """The `groupsK` variables holding the groups' code, at most CHUNK_CHARS each, and the expression
+    the mutation reads: only the chunks holding a candidate (variables are lazy)."""
+    chunks: list[list[str]] = [[]]
+    chunk_of: list[int] = []  # group index -> the chunk that holds it
+    for code in codes:
+        if chunks[-1] and sum(map(len, chunks[-1])) + len(code) > CHUNK_CHARS:
+            chunks.append([])
+        chunks[-1].append(code)
+        chunk_of.append(len(chunks) - 1)
+    variables = [(f"groups{k}", "[" + ",\n".join(chunk) + "].flatten()") for k, chunk in enumerate(chunks)]
+    if len(chunks) == 1:
+        return variables, f"{V}groups0"
+    variables.append(("chunks", f"{V}candidates.map(j, {chunk_of}[j])"))
+    return variables, " + ".join(f"({k} in {V}chunks ? {V}groups{k} : [])" for k in range(len(chunks)))
+
+
+def _gates(groups: Sequence[GroupParts], manager_namespace: str) -> str:
+    """The policy's one matchCondition: not a system namespace, the gates every group shares, and
+    "one of its groups could select the pod" read by anchors (a lookup for a pod of another team)."""
+    common = groups[0].common if groups else ()
+    could = selecting.pods_selected([ss for g in groups for ss in g.sidecarsets], approximate=True)
+    system = cel.strings(sorted([*names.SYSTEM_NAMESPACES, manager_namespace]))
+    return "&& ".join(
+        (
+            f"!(request.namespace in {system}) // not-a-system-namespace\n",
+            *common,
+            f"({could}) // one-of-its-groups-could-select-the-pod\n",
+        )
     )
