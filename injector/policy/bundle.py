@@ -132,18 +132,34 @@ def _required_key(groups: Sequence[GroupParts]) -> list[JsonObj]:
     selector costs it about a quarter of a condition's evaluation). Of several such keys (`team` and
     `tier` in `{team: t7, tier: web}`), the one with the most values tells the groups apart; one with
     more than MAX_SELECTOR_VALUES is left out, as the API server parses the values on every request."""
-    common: dict[str, set[str]] | None = None
+    common: Values | None = None
     for g in groups:
-        for ss in g.sidecarsets:
-            mine = _label_values(ss.selector)
-            common = mine if common is None else {k: common[k] | mine[k] for k in common.keys() & mine.keys()}
-            if not common:
-                return []
-    usable = {k: v for k, v in (common or {}).items() if len(v) <= MAX_SELECTOR_VALUES}
+        common = _merged(common, _values_of(g))
+    usable = _usable(common or {})
     if not usable:
         return []
     key = max(usable, key=lambda k: (len(usable[k]), k))
     return [{"key": key, "operator": "In", "values": sorted(usable[key])}]
+
+
+Values = dict[str, set[str]]  # label key -> the values a pod must have one of
+
+
+def _values_of(g: GroupParts) -> Values:
+    """The label keys every SidecarSet of the group requires a value of, with the values they allow."""
+    common: Values | None = None
+    for ss in g.sidecarsets:
+        common = _merged(common, _label_values(ss.selector))
+    return common or {}
+
+
+def _merged(a: Values | None, b: Values) -> Values:
+    """The keys both require, with the values either allows (a policy holding both groups)."""
+    return dict(b) if a is None else {k: a[k] | b[k] for k in a.keys() & b.keys()}
+
+
+def _usable(common: Values) -> Values:
+    return {k: v for k, v in common.items() if len(v) <= MAX_SELECTOR_VALUES}
 
 
 def anchored(g: GroupParts) -> bool:
@@ -164,14 +180,22 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
     used: dict[str, int] = {}
     placed: set[str] = set()
 
+    values: dict[str, Values] = {}  # policy -> its groups' required values (its object selector)
+
     def fits(name: str, g: GroupParts) -> bool:
         held = bins.get(name, ())
-        same_kind = not held or anchored(held[0]) == anchored(g)
-        return same_kind and len(held) < MAX_GROUPS and used.get(name, 0) + size(g) <= MAX_BYTES
+        if not held:
+            return True
+        if anchored(held[0]) != anchored(g) or len(held) >= MAX_GROUPS or used[name] + size(g) > MAX_BYTES:
+            return False
+        # A group that would leave the policy without an object selector (too many values, no
+        # common key) goes elsewhere: every pod would then reach the policy's condition.
+        return not _usable(values[name]) or bool(_usable(_merged(values[name], _values_of(g))))
 
     def put(name: str, g: GroupParts) -> None:
         bins.setdefault(name, []).append(g)
         used[name] = used.get(name, 0) + size(g)
+        values[name] = _merged(values.get(name), _values_of(g))
         placed.add(g.key)
 
     for g in groups:
