@@ -110,6 +110,20 @@ class Api(Client, Watcher, Protocol):
     """Everything the manager's components call, watches included."""
 
 
+def rv_number(value: str) -> int:
+    """A resourceVersion as a number, to tell which of two is newer (0 for none or a foreign form).
+
+    Kubernetes calls resourceVersions opaque, but every one an etcd-backed API server hands out is
+    the revision of the etcd that stores the resource, written in decimal, so "has this cache seen
+    that write" is an integer comparison (for resources kept in one etcd: compare versions read
+    from the same resource path). Compared as strings, "9" would come after "10".
+    """
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
 def reason(e: BaseException) -> str:
     """An exception as one log word or phrase: its message, or its type when it has none (a bare
     `TimeoutError()` or `aiohttp.ServerDisconnectedError()` would otherwise log an empty reason)."""

@@ -20,12 +20,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberuntime import api, events
+from kuberuntime.api import rv_number
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics
 from sidecarsets.controller.podfailures import PodFailures
-from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites, rv_number
+from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
