@@ -92,9 +92,16 @@ class Writer(Protocol):
 
 class Watcher(Protocol):
     def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int = 300, params: Params | None = None
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        params: Params | None = None,
+        stall_after: float | None = None,
     ) -> AsyncIterator[JsonObj]:
-        """Watch events after `resource_version`; Gone when it is too old (the caller lists again)."""
+        """Watch events after `resource_version`; Gone when it is too old (the caller lists again).
+        A stream silent for `stall_after` seconds (default: a little past `timeout_seconds`) has stalled."""
         ...
 
 
