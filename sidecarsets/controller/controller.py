@@ -191,7 +191,20 @@ class Controller(PodWrites):
         if synced is None:
             return None
         latest, verdicts = synced
+        if self._moved(ss.name, pods):
+            # The awaits above (revision history, the Lease read, the status write) let the watch
+            # deliver meanwhile, our own last pod patches among them, which clears their expectations;
+            # a plan from the older snapshot would count those pods as unpatched and available again,
+            # patching them twice (refused by the resourceVersion test) or others past maxUnavailable.
+            pods = self._pods_of(ss.name)
+            matched = status.matched_pods(ss, pods, self.namespaces())
+            verdicts = status.pod_verdicts(ss, matched)
         return await self._roll_out(ss, matched, latest=latest, verdicts=verdicts)
+
+    def _moved(self, name: str, snapshot: list[PodProjection]) -> bool:
+        """Whether the cache's pods of SidecarSet `name` are no longer exactly `snapshot`."""
+        now = self.pods_by_ss.get(name, {})
+        return len(now) != len(snapshot) or any(now.get(f"{p.namespace}/{p.name}") is not p for p in snapshot)
 
     async def _sync_status(
         self, ss: SidecarSet, pods: list[PodProjection], matched: list[PodProjection]
