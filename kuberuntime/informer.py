@@ -48,7 +48,7 @@ from kuberuntime.backoff import JITTER, Backoff
 from kuberuntime.clock import first_of, sleep_or_stop
 from kuberuntime.initialstate import object_key
 from kuberuntime.jsontypes import JsonObj
-from kuberuntime.metrics import WATCH_RESTARTS
+from kuberuntime.metrics import CACHED_OBJECTS, WATCH_RESTARTS
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class Informer(Generic[T]):
         self._nudge = asyncio.Event()  # end the stream being read now and watch again
         self._moved = asyncio.Event()  # the resourceVersion moved (an event, a bookmark, a new state)
         self._reread = False  # the next pass reads the whole state again
+        self._held = CACHED_OBJECTS.labels(name)  # len(store): what a standby holds, for its operator
 
     @property
     def version(self) -> int:
@@ -136,6 +137,7 @@ class Informer(Generic[T]):
         self.store = fresh
         self.resource_version = rv
         self._moved.set()
+        self._held.set(len(fresh))
         for key, value in fresh.items():
             prev = old.get(key)
             if prev is None:
@@ -160,11 +162,14 @@ class Informer(Generic[T]):
         key = object_key(obj)
         if kind == "DELETED":
             prev = self.store.pop(key, None)
+            self._held.set(len(self.store))
             self._emit("DELETED", prev, None)
             return
         value = self.transform(obj)
         prev = self.store.get(key)
         self.store[key] = value
+        if prev is None:
+            self._held.set(len(self.store))
         self._emit("ADDED" if prev is None else "MODIFIED", prev, value)
 
     async def catch_up(self) -> int:

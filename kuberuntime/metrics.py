@@ -31,6 +31,13 @@ LEADER_CATCH_UP = Gauge(
     "quorum read before it planned.",
     multiprocess_mode="livemax",
 )
+CACHED_OBJECTS = Gauge(
+    "sidecarctl_cached_objects",
+    "Objects an informer's cache holds now, by informer: every replica's control process keeps the controller's "
+    "(a standby too, so that it can take over without reading them again).",
+    ["informer"],
+    multiprocess_mode="livemax",
+)
 WORKQUEUE_DEPTH = Gauge(
     "sidecarctl_workqueue_depth",
     "Keys waiting in a work queue to be handed to a worker (not those being processed or delayed).",
