@@ -187,8 +187,10 @@ class Informer(Generic[T]):
                 log.warning("informer %s: quorum read failed (%s), retrying in %.1fs", self.name, api.reason(e), wait)
                 await asyncio.sleep(wait)
         target = api.rv_number(str((page.get("metadata") or {}).get("resourceVersion") or ""))
+        log.debug("informer %s: catching up from %s to the quorum read's %d", self.name, self.resource_version, target)
         await self.synced.wait()
         await self.reach(target)
+        log.debug("informer %s: caught up at %s", self.name, self.resource_version)
         return target
 
     async def reach(self, target: int, *, reread_after: float = CATCH_UP_RELIST_AFTER) -> None:
