@@ -92,9 +92,16 @@ class Writer(Protocol):
 
 class Watcher(Protocol):
     def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int = 300, params: Params | None = None
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        params: Params | None = None,
+        stall_after: float | None = None,
     ) -> AsyncIterator[JsonObj]:
-        """Watch events after `resource_version`; Gone when it is too old (the caller lists again)."""
+        """Watch events after `resource_version`; Gone when it is too old (the caller lists again).
+        A stream silent for `stall_after` seconds (default: a little past `timeout_seconds`) has stalled."""
         ...
 
 
@@ -108,6 +115,20 @@ class Client(Reader, Writer, Protocol):
 
 class Api(Client, Watcher, Protocol):
     """Everything the manager's components call, watches included."""
+
+
+def rv_number(value: str) -> int:
+    """A resourceVersion as a number, to tell which of two is newer (0 for none or a foreign form).
+
+    Kubernetes calls resourceVersions opaque, but every one an etcd-backed API server hands out is
+    the revision of the etcd that stores the resource, written in decimal, so "has this cache seen
+    that write" is an integer comparison (for resources kept in one etcd: compare versions read
+    from the same resource path). Compared as strings, "9" would come after "10".
+    """
+    try:
+        return int(value)
+    except ValueError:
+        return 0
 
 
 def reason(e: BaseException) -> str:

@@ -1,13 +1,34 @@
 """List-then-watch into an in-memory cache, the way client-go's reflector does it.
 
 Why our own: the official client's Watch retries a 410 once with the same stale resourceVersion
-and then gives up, and without a client-side timeout a dead connection hangs forever. Here:
-paginated list, watch from the list's resourceVersion with bookmarks, resume from the newest
-resourceVersion seen after a normal stream end, re-list on 410 Gone (emitting the difference as
-events so consumers converge), finite timeouts, jittered exponential backoff on errors and before
-relists. Each watch asks the server to end it after 40-48 s; a connection still silent 10 s after
-that has stalled (a proxy or a half-dead TCP path), so it is dropped and watched again, counted as
-cause `stalled`: a stalled watch is noticed within a minute, not after the TCP timeout.
+and then gives up, and without a client-side timeout a dead connection hangs forever. Here: the
+whole state read first (kuberuntime.initialstate: streamed as a WatchList where the API server
+offers it, else a paged LIST), watch from its resourceVersion with bookmarks, resume from the
+newest resourceVersion seen after a normal stream end, re-read on 410 Gone (emitting the
+difference as events so consumers converge), finite timeouts, jittered exponential backoff on
+errors and before re-reads. Each watch asks the server to end it after 40-48 s; a connection still
+silent 10 s after that has stalled (a proxy or a half-dead TCP path), so it is dropped and watched
+again, counted as cause `stalled`: a stalled watch is noticed within a minute, not after the TCP
+timeout.
+
+Catching up (`catch_up`): a cache kept for a long time (a standby's, kuberuntime.leader) may be
+behind, by an event still on its way or by a stream that stalled minutes ago, and the one who
+plans from it must know it is not. A quorum read tells what "now" is: a LIST of the informer's own
+path and selectors with `limit=1` and no `resourceVersion`, which the API server answers with a
+consistent read (from etcd, or from its watch cache once that has caught up with etcd), so its
+resourceVersion R is at least etcd's revision when the read began. The cache has caught up once
+its own resourceVersion reaches R (compared as integers, kuberuntime.api.rv_number): events of one
+watch come in resourceVersion order and a bookmark at B says none at or below B is still to come,
+so every change to the watched objects up to R, and so every write finished before the read, is in
+the store. That resourceVersion moves with events and with bookmarks; a quiet resource (no change
+to what this watch selects) moves only with bookmarks, which kube-apiserver sends a watch once a
+minute and 2 s before the watch's own end. So `catch_up` ends the stream being read (which may be
+the stalled one) and watches again from where the store is, with `CATCH_UP_TIMEOUT`: the changes
+missed come first, then the server's bookmark about a second in, carrying the watch cache's
+resourceVersion, which the quorum read has just brought up to R. Nothing is listed again; if the
+target is still not reached after `CATCH_UP_RELIST_AFTER` (a watch cache that cannot vouch for R:
+one turned off for this resource, which takes etcd's own progress notices, minutes apart), the
+informer reads the whole state again, a consistent read that reaches R by itself.
 
 Objects pass through `transform` before they are stored, so the controller can keep small pod
 projections instead of whole pods.
@@ -17,16 +38,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import aiohttp
 
-from kuberuntime import api
+from kuberuntime import api, initialstate
 from kuberuntime.backoff import JITTER, Backoff
 from kuberuntime.clock import first_of, sleep_or_stop
+from kuberuntime.initialstate import object_key
 from kuberuntime.jsontypes import JsonObj
-from kuberuntime.metrics import WATCH_RESTARTS
+from kuberuntime.metrics import CACHED_OBJECTS, WATCH_RESTARTS
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -34,11 +56,11 @@ log = logging.getLogger(__name__)
 # (event type, old value or None, new value or None); event type is ADDED, MODIFIED or DELETED.
 Handler = Callable[[str, Any, Any], None]
 
-
-def object_key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+# A watch asking to end this soon gets the server's pre-end bookmark (sent 2 s before the end, at the
+# cache's next one-second tick) about a second in; 2 s or less would get none.
+CATCH_UP_TIMEOUT = 3
+# Seconds a catch-up waits for bookmarks before it reads the whole state again: five short watches.
+CATCH_UP_RELIST_AFTER = 5 * CATCH_UP_TIMEOUT
 
 
 class Informer(Generic[T]):
@@ -57,6 +79,7 @@ class Informer(Generic[T]):
         page_size: int = 500,
         watch_timeout: int = 40,
         max_backoff: float = 30.0,
+        watch_list: bool = True,
     ) -> None:
         self.client = client
         self.path = path
@@ -71,10 +94,22 @@ class Informer(Generic[T]):
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.max_backoff = max_backoff
+        # Whether to ask for the state as a WatchList stream; False once the server refused one.
+        self.watch_list = watch_list
         self.store: dict[str, T] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
+        self._target = 0  # a catch-up's resourceVersion: watches stay short until the store reaches it
+        self._nudge = asyncio.Event()  # end the stream being read now and watch again
+        self._moved = asyncio.Event()  # the resourceVersion moved (an event, a bookmark, a new state)
+        self._reread = False  # the next pass reads the whole state again
+        self._held = CACHED_OBJECTS.labels(name)  # len(store): what a standby holds, for its operator
+
+    @property
+    def version(self) -> int:
+        """The store's resourceVersion as a number (0 before the first state is read)."""
+        return api.rv_number(self.resource_version)
 
     def _emit(self, kind: str, old: T | None, new: T | None) -> None:
         if self.handler is None:
@@ -84,25 +119,25 @@ class Informer(Generic[T]):
         except Exception:  # a consumer bug must not stop the cache
             log.exception("informer %s: handler failed on %s", self.name, kind)
 
-    async def _list(self) -> None:
-        fresh: dict[str, T] = {}
-        cont = ""
-        rv = ""
-        while True:
-            params = {**self.params, "limit": self.page_size}
-            if cont:
-                params["continue"] = cont
-            page = await self.client.get(self.path, params=params)
-            for item in page.get("items") or []:
-                fresh[object_key(item)] = self.transform(item)
-            meta = page.get("metadata") or {}
-            rv = str(meta.get("resourceVersion") or "")
-            cont = str(meta.get("continue") or "")
-            if not cont:
-                break
+    async def _read_state(self) -> None:
+        """The whole state, streamed or listed (kuberuntime.initialstate), swapped in as one change."""
+        reader = initialstate.Reader(self.client, self.path, self.params, transform=self.transform, name=self.name)
+        if self.watch_list:
+            try:
+                fresh, rv = await reader.stream(stall_after=self.watch_timeout)
+            except initialstate.NotOffered as e:
+                log.info("informer %s: the API server does not stream the state (%s); listing in pages", self.name, e)
+                self.watch_list = False
+        if not self.watch_list:
+            fresh, rv = await reader.pages(self.page_size)
+        self._replace(fresh, rv)
+
+    def _replace(self, fresh: dict[str, T], rv: str) -> None:
         old = self.store
         self.store = fresh
         self.resource_version = rv
+        self._moved.set()
+        self._held.set(len(fresh))
         for key, value in fresh.items():
             prev = old.get(key)
             if prev is None:
@@ -121,17 +156,66 @@ class Informer(Generic[T]):
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.resource_version = str(rv)
+            self._moved.set()
         if kind == "BOOKMARK":
             return
         key = object_key(obj)
         if kind == "DELETED":
             prev = self.store.pop(key, None)
+            self._held.set(len(self.store))
             self._emit("DELETED", prev, None)
             return
         value = self.transform(obj)
         prev = self.store.get(key)
         self.store[key] = value
+        if prev is None:
+            self._held.set(len(self.store))
         self._emit("ADDED" if prev is None else "MODIFIED", prev, value)
+
+    async def catch_up(self) -> int:
+        """Return once the store holds every change up to a quorum read made now (see the module's
+        docstring), and that read's resourceVersion. Never lists the objects again unless the
+        server's bookmarks cannot bring the store there; retries the read itself until it is answered
+        (the caller cancels it when it no longer needs it)."""
+        backoff = Backoff(base=min(0.2, self.max_backoff), cap=self.max_backoff, jitter=(0.5, 1.5))
+        while True:
+            try:
+                page = await self.client.get(self.path, params={**self.params, "limit": 1})
+                break
+            except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                wait = backoff.next()
+                log.warning("informer %s: quorum read failed (%s), retrying in %.1fs", self.name, api.reason(e), wait)
+                await asyncio.sleep(wait)
+        target = api.rv_number(str((page.get("metadata") or {}).get("resourceVersion") or ""))
+        log.debug("informer %s: catching up from %s to the quorum read's %d", self.name, self.resource_version, target)
+        await self.synced.wait()
+        await self.reach(target)
+        log.debug("informer %s: caught up at %s", self.name, self.resource_version)
+        return target
+
+    async def reach(self, target: int, *, reread_after: float = CATCH_UP_RELIST_AFTER) -> None:
+        """Wait until the store's resourceVersion is at least `target`, watching briefly meanwhile
+        (and reading the whole state again after `reread_after` seconds without getting there)."""
+        self._target = max(self._target, target)
+        if self.version >= target:
+            return
+        self._nudge.set()  # the stream being read may be the stalled one: replace it now
+        loop = asyncio.get_running_loop()
+        reread_at = loop.time() + reread_after
+        while self.version < target:
+            self._moved.clear()
+            wait = reread_at - loop.time()
+            if wait <= 0 and not self._reread:
+                log.warning(
+                    "informer %s: no bookmark reached resourceVersion %d within %.0fs (at %s): reading the state again",
+                    self.name,
+                    target,
+                    reread_after,
+                    self.resource_version,
+                )
+                self._reread = True
+                self._nudge.set()
+            await first_of(self._moved.wait(), timeout=None if self._reread else max(0.0, wait))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set. Never raises for API or network errors: it backs off and retries.
@@ -140,22 +224,30 @@ class Informer(Generic[T]):
         """
         await first_of(self._loop(stop), stop.wait())
 
+    async def _watch(self, timeout: int, backoff: Backoff) -> None:
+        async for event in self.client.watch(
+            self.path, resource_version=self.resource_version, timeout_seconds=timeout, params=self.params
+        ):
+            self._apply(event)
+            backoff.reset()
+
+    def _next_timeout(self) -> int:
+        if self.version < self._target:
+            return CATCH_UP_TIMEOUT
+        return self.watch_timeout + JITTER.randint(0, max(1, self.watch_timeout // 5))
+
     async def _loop(self, stop: asyncio.Event) -> None:
         backoff = Backoff(base=min(0.2, self.max_backoff), cap=self.max_backoff, jitter=(0.5, 1.5))
-        need_list = True
+        need_state = True
         while not stop.is_set():
             try:
-                if need_list:
-                    await self._list()
-                    need_list = False
-                timeout = self.watch_timeout + JITTER.randint(0, max(1, self.watch_timeout // 5))
-                async for event in self.client.watch(
-                    self.path, resource_version=self.resource_version, timeout_seconds=timeout, params=self.params
-                ):
-                    self._apply(event)
-                    backoff.reset()
-                    if stop.is_set():
-                        return
+                if need_state or self._reread:
+                    await self._read_state()
+                    need_state = self._reread = False
+                self._nudge.clear()
+                await first_of(self._watch(self._next_timeout(), backoff), self._nudge.wait())
+                if self._nudge.is_set():
+                    WATCH_RESTARTS.labels(self.name, "catchup").inc()
                 # A normal end of the stream: resume from the newest resourceVersion we saw.
             except api.Gone:
                 WATCH_RESTARTS.labels(self.name, "gone").inc()
@@ -167,7 +259,7 @@ class Informer(Generic[T]):
                     wait,
                 )
                 await sleep_or_stop(stop, wait)
-                need_list = True
+                need_state = True
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
@@ -177,4 +269,4 @@ class Informer(Generic[T]):
                 log.warning("informer %s: watch failed (%s), retrying in %.1fs", self.name, e, wait)
                 await sleep_or_stop(stop, wait)
                 if not self.resource_version:
-                    need_list = True
+                    need_state = True

@@ -131,12 +131,15 @@ class KubeClient:
         resource_version: str,
         timeout_seconds: int = 300,
         params: Mapping[str, str | int] | None = None,
+        stall_after: float | None = None,
     ) -> AsyncIterator[JsonObj]:
         """Yield watch events until the server closes the stream.
 
         Raises Gone when the server says the resourceVersion is too old (as an HTTP 410 or as
         an ERROR event with code 410), so the caller re-lists. The client-side timeout is a
         little longer than the server-side one: a silent network loss cannot hang us forever.
+        `stall_after` shortens it where the server is known to send without pause (a WatchList's
+        initial state, kuberuntime.initialstate).
         """
         query = {
             **(params or {}),
@@ -146,7 +149,8 @@ class KubeClient:
             "timeoutSeconds": timeout_seconds,
         }
         # A connection that stops delivering without closing is noticed a little after the server's own end.
-        to = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=timeout_seconds + STALL_MARGIN)
+        silence = timeout_seconds + STALL_MARGIN if stall_after is None else stall_after
+        to = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=silence)
         async with self._sess().get(
             self.config.server + path,
             params={k: str(v) for k, v in query.items()},

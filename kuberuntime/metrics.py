@@ -25,6 +25,19 @@ LEADER_ACQUISITIONS = Counter(
     "Times this replica took the Lease (namespace/name); summed over replicas, how often leadership changed hands.",
     ["lease"],
 )
+LEADER_CATCH_UP = Gauge(
+    "sidecarctl_leader_catch_up_seconds",
+    "Seconds this replica's last leadership term waited, from winning the Lease, for its caches to reach a "
+    "quorum read before it planned.",
+    multiprocess_mode="livemax",
+)
+CACHED_OBJECTS = Gauge(
+    "sidecarctl_cached_objects",
+    "Objects an informer's cache holds now, by informer: every replica's control process keeps the controller's "
+    "(a standby too, so that it can take over without reading them again).",
+    ["informer"],
+    multiprocess_mode="livemax",
+)
 WORKQUEUE_DEPTH = Gauge(
     "sidecarctl_workqueue_depth",
     "Keys waiting in a work queue to be handed to a worker (not those being processed or delayed).",

@@ -1,7 +1,8 @@
 """`sidecarctl run`: the manager's processes and what wires them.
 
 The supervisor over one control process and the admission workers, the child entry point, the
-control role (TLS material, caBundle, Lease, controller, policy sync) and the webhook role
+control role (TLS material, caBundle, Lease, controller, policy sync; the watches every replica
+keeps warm, and the leadership terms that catch them up and plan from them) and the webhook role
 (watches feeding a snapshot, the bounded listener), the health and metrics ports (`healthport`)
 and the sockets bound for every port (`listeners`), preflight checks, options
 (each flag defined once) and the JSON log format; `inprocess` runs both roles in one asyncio loop,

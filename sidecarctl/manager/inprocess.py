@@ -59,9 +59,9 @@ class Manager:
         return self.control.controller
 
     @property
-    def pod_informer(self) -> Informer[Any] | None:
-        term = self.control.term
-        return None if term is None else term.pod_informer
+    def pod_informer(self) -> Informer[Any]:
+        """The controller's pod watch, kept by every replica (sidecarctl.manager.warm)."""
+        return self.control.caches.pods
 
     async def readiness(self) -> tuple[bool, str]:
         for role in (self.control, self.webhook):

@@ -1,9 +1,10 @@
-"""The API server's optional APIs as the control role uses them: found by discovery, followed per term.
+"""The API server's optional APIs as the control role uses them: found by discovery, followed all along.
 
 MutatingAdmissionPolicy v1 (GA in Kubernetes 1.36) and `pods/resize` (1.33, GA in 1.35) are used only
 while discovery lists them. A watch of an unserved resource fails with 404 for ever, so the policy
-watches run only while the API is served, started or stopped inside the running term when that
-changes (an upgraded control plane, a beta turned on or off); the controller never waits for them.
+watches run only while the API is served, started or stopped when that changes (an upgraded control
+plane, a beta turned on or off), on every replica (sidecarctl.manager.warm.PolicyWatches); a term's policy sync
+gets them once they have caught up (`TermApis`). The controller never waits for them.
 """
 
 from __future__ import annotations
@@ -11,13 +12,10 @@ from __future__ import annotations
 import asyncio
 
 from injector.policysync import support
-from injector.policysync.sync import MANAGED_SELECTOR, PolicySync
-from kuberuntime import kubeapi
-from kuberuntime.clock import first_of
+from injector.policysync.sync import PolicySync
 from kuberuntime.discovery import Served
-from kuberuntime.informer import Informer
-from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import API_SERVED, APISERVER_INFO
+from sidecarctl.manager.warm import PolicyWatches, catch_up
 from sidecarsets.controller.controller import Controller
 from sidecarsets.rollout.resize import RESIZE_SUBRESOURCE
 
@@ -55,81 +53,56 @@ def describe(old: Served | None, new: Served, *, injection: str) -> str | None:
     return f"API server {new.git_version or '(no version)'}: {how}; pods/resize {sizes}"
 
 
-class PolicyWatches:
-    """The watches of our policies and bindings in one served version of the API, fed to the sync."""
+class TermApis:
+    """One term's use of the optional APIs: `adopt(served, watches)` at its start and after each
+    discovery change, `close()` at its end."""
 
-    def __init__(self, client: kubeapi.KubeClient, api: support.PolicyApi, sync: PolicySync, timeout: int) -> None:
-        self.api = api
-        self.informers: list[Informer[JsonObj]] = [
-            Informer(client, path, name=name, transform=_identity, handler=handler, label_selector=MANAGED_SELECTOR)
-            for path, name, handler in (
-                (api.policies, "policies", sync.on_policy),
-                (api.bindings, "policybindings", sync.on_binding),
-            )
-        ]
-        for informer in self.informers:
-            informer.watch_timeout = timeout
-        self.stop = asyncio.Event()
-        self.tasks = [asyncio.create_task(i.run(self.stop), name=f"informer-{i.name}") for i in self.informers]
-
-    async def synced(self) -> None:
-        for informer in self.informers:
-            await informer.synced.wait()
-
-    async def close(self) -> None:
-        self.stop.set()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-def _identity(obj: JsonObj) -> JsonObj:
-    return obj
-
-
-class OptionalApis:
-    """One term's use of the optional APIs: `adopt(served)` after each discovery change, `close()` at its end."""
-
-    def __init__(
-        self, client: kubeapi.KubeClient, controller: Controller, sync: PolicySync, *, watch_timeout: int
-    ) -> None:
-        self.client = client
+    def __init__(self, controller: Controller, sync: PolicySync) -> None:
         self.controller = controller
         self.sync = sync
-        self.watch_timeout = watch_timeout
-        self.policy_watches: PolicyWatches | None = None
+        self.handed: PolicyWatches | None = None  # the watches feeding the sync
+        self.handing: PolicyWatches | None = None
         self._handing_over: asyncio.Task[None] | None = None
 
-    async def adopt(self, served: Served, stop: asyncio.Event) -> None:
+    async def adopt(self, served: Served, watches: PolicyWatches | None) -> None:
         """Use what `served` lists from now on. The policy API goes to the sync only once its watches
-        have listed what is stored (the sync compares with it); until then the sync hears that it
-        is not served yet. A kube-apiserver of an older minor behind the same load balancer answers
-        those lists with 404, so that may take a while: nothing else waits for it."""
+        have listed what is stored and caught up with a quorum read (the sync compares with it, and
+        the watches may have been running, and falling behind, long before this term); until then
+        the sync hears that it is not served yet. A kube-apiserver of an older minor behind the same
+        load balancer answers those lists with 404, so that may take a while: nothing else waits."""
         self.controller.resize_served = served.has(*RESIZE_SUBRESOURCE)
         wanted = support.served_api(served)
-        watching = None if self.policy_watches is None else self.policy_watches.api
-        if wanted == watching:
-            if wanted is None:
-                self.sync.set_served(None, support.not_served(served))
+        if wanted is not None and watches is not None and watches.api == wanted:
+            if watches in (self.handed, self.handing):
+                return
+            await self._cancel()
+            self.sync.set_served(None, support.NOT_LISTED)
+            self.handing = watches
+            self._handing_over = asyncio.create_task(self._hand_over(watches), name="policy-watches-caught-up")
             return
-        await self.close()
-        if wanted is None:
-            self.sync.set_served(None, support.not_served(served))
-            return
-        watches = self.policy_watches = PolicyWatches(self.client, wanted, self.sync, self.watch_timeout)
-        self.sync.set_served(None, support.NOT_LISTED)
-        self._handing_over = asyncio.create_task(self._hand_over(watches, stop), name="policy-watches-synced")
+        await self._cancel()
+        self.sync.set_served(None, support.not_served(served) if wanted is None else support.NOT_LISTED)
 
-    async def _hand_over(self, watches: PolicyWatches, stop: asyncio.Event) -> None:
-        await first_of(watches.synced(), stop.wait())
-        if not stop.is_set() and watches is self.policy_watches:
-            self.sync.set_served(watches.api)
+    async def _hand_over(self, watches: PolicyWatches) -> None:
+        await watches.synced()
+        await catch_up(watches.informers)
+        watches.attach(self.sync)
+        self.handed, self.handing = watches, None
+        self.sync.set_served(watches.api)
 
-    async def close(self) -> None:
+    async def handed_over(self) -> None:
+        """Wait for a hand-over under way (none: return at once)."""
+        if self._handing_over is not None:
+            await asyncio.shield(self._handing_over)
+
+    async def _cancel(self) -> None:
         if self._handing_over is not None:
             self._handing_over.cancel()
             await asyncio.gather(self._handing_over, return_exceptions=True)
             self._handing_over = None
-        if self.policy_watches is not None:
-            await self.policy_watches.close()
-            self.policy_watches = None
+        if self.handed is not None:
+            self.handed.attach(None)
+        self.handed = self.handing = None
+
+    async def close(self) -> None:
+        await self._cancel()

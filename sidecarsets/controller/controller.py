@@ -20,12 +20,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberuntime import api, events
+from kuberuntime.api import rv_number
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics
 from sidecarsets.controller.podfailures import PodFailures
-from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites, rv_number
+from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
@@ -190,7 +191,20 @@ class Controller(PodWrites):
         if synced is None:
             return None
         latest, verdicts = synced
+        if self._moved(ss.name, pods):
+            # The awaits above (revision history, the Lease read, the status write) let the watch
+            # deliver meanwhile, our own last pod patches among them, which clears their expectations;
+            # a plan from the older snapshot would count those pods as unpatched and available again,
+            # patching them twice (refused by the resourceVersion test) or others past maxUnavailable.
+            pods = self._pods_of(ss.name)
+            matched = status.matched_pods(ss, pods, self.namespaces())
+            verdicts = status.pod_verdicts(ss, matched)
         return await self._roll_out(ss, matched, latest=latest, verdicts=verdicts)
+
+    def _moved(self, name: str, snapshot: list[PodProjection]) -> bool:
+        """Whether the cache's pods of SidecarSet `name` are no longer exactly `snapshot`."""
+        now = self.pods_by_ss.get(name, {})
+        return len(now) != len(snapshot) or any(now.get(f"{p.namespace}/{p.name}") is not p for p in snapshot)
 
     async def _sync_status(
         self, ss: SidecarSet, pods: list[PodProjection], matched: list[PodProjection]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kuberuntime import api, events, kubeapi
+from kuberuntime.api import rv_number
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller import metrics
 from sidecarsets.controller.podfailures import PodFailures
@@ -51,13 +52,6 @@ def _same_but_status(a: JsonObj, b: JsonObj) -> bool:
         )
 
     return kept(a) == kept(b)
-
-
-def rv_number(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return 0
 
 
 class PodWrites:

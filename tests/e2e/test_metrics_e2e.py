@@ -167,6 +167,8 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_sidecarset_pods": {"sidecarset", "state"},
         "sidecarctl_workqueue_": {"name"},
         "sidecarctl_leader_acquisitions_total": {"lease"},
+        "sidecarctl_cached_objects": {"informer"},
+        "sidecarctl_leader_catch_up_seconds": set(),  # before "sidecarctl_leader": the first prefix that matches wins
         "sidecarctl_policy_repairs_total": {"kind"},
         "sidecarctl_pod_denials_total": {"reason"},
         "sidecarctl_pods_not_upgradable": {"sidecarset"},

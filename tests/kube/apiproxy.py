@@ -43,6 +43,9 @@ RESOURCES = {
 }
 
 
+OTHER = "other"  # a watch of a resource not in RESOURCES
+
+
 def _named(path: str) -> str | None:
     """Which of RESOURCES `path` lists or watches."""
     for name, pattern in RESOURCES.items():
@@ -139,7 +142,10 @@ class ApiProxy:
     def _resource(self, request: web.Request) -> str | None:
         if request.query.get("watch") not in ("1", "true"):
             return None
-        return _named(request.path)
+        # Every watch is streamed, or one of another resource (the webhook configuration, the policies)
+        # would reach its client only once it ended: a WatchList's first state never, as it ends only
+        # when the client closes it. Only RESOURCES can be delayed or stalled by name.
+        return _named(request.path) or OTHER
 
     async def _hold_list(self, request: web.Request) -> None:
         if request.method != "GET" or request.query.get("watch") in ("1", "true"):

@@ -1,8 +1,9 @@
 """The in-memory API server of the unit tests, with the runtime's contract (kuberuntime.api).
 
-Objects live under their API paths; every write bumps one global resourceVersion and notifies
-listeners (as a watch would, synchronously, so a test decides when a cache sees a write by when it
-delivers). Errors follow the real server: NotFound (a missing object; a collection lists empty),
+Objects live under their API paths; every write (a delete too) bumps one global resourceVersion and
+notifies listeners (as a watch would, synchronously, so a test decides when a cache sees a write by
+when it delivers). Real watches, for tests of the informer itself, are tests/kube/fakewatch.py
+(`serve_watches`). Errors follow the real server: NotFound (a missing object; a collection lists empty),
 Conflict (AlreadyExists, a stale resourceVersion), Invalid (a failed JSON Patch `test`). `fail`
 injects errors for a verb and path, `foreign_write` is another writer's change, and `latency`
 makes every call take that long (so that concurrent writers interleave as they would).
@@ -21,6 +22,7 @@ import jsonpatch
 
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
+from tests.kube.fakewatch import WatchCache, in_collection, selects
 
 Listener = Callable[[str, JsonObj | None, JsonObj | None], None]  # (path, old, new)
 
@@ -65,20 +67,6 @@ def _strategic(target: JsonObj, patch: JsonObj) -> JsonObj:
     return out
 
 
-def _label_match(labels: dict[str, str], selector: str) -> bool:
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif "=" in term:
-            key, _, value = term.partition("=")
-            if labels.get(key.rstrip("=")) != value:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
 def is_collection(path: str) -> bool:
     """Whether an API path names a collection (`/api/v1/pods`, `/apis/g/v/namespaces/ns/things`)
     rather than one object (`.../things/name`, `/api/v1/namespaces/name`)."""
@@ -98,6 +86,17 @@ class FakeApiServer:
         self._rv = 1000
         self._uids = 0
         self._faults: list[_Fault] = []
+        self.watches: WatchCache | None = None
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion written: what a consistent read answers."""
+        return self._rv
+
+    def serve_watches(self, *, second: float = 1.0) -> WatchCache:
+        """Serve `watch` from now on, as kube-apiserver's watch cache would (tests/kube/fakewatch.py)."""
+        self.watches = WatchCache(self, second=second)
+        return self.watches
 
     # -- test controls ---------------------------------------------------------------------------
     def fail(self, verb: str, path: str, error: api.ApiError, *, times: int | None = 1) -> None:
@@ -127,6 +126,7 @@ class FakeApiServer:
     def _store(self, path: str, obj: JsonObj | None) -> JsonObj:
         old = self.objects.get(path)
         if obj is None:
+            self._rv += 1  # a deletion is a change with a resourceVersion of its own
             self.objects.pop(path, None)
             new: JsonObj = {}
         else:
@@ -163,14 +163,11 @@ class FakeApiServer:
             return copy.deepcopy(self.objects[path])
         if not is_collection(path):
             raise api.NotFound(404, "NotFound", f"{path} not found")
-        prefix = path.rstrip("/") + "/"
-        selector = str((params or {}).get("labelSelector") or "")
+        selected = dict(params or {})
         items = [
             copy.deepcopy(obj)
             for p, obj in sorted(self.objects.items())
-            if p.startswith(prefix)
-            and "/" not in p[len(prefix) :]
-            and _label_match((obj.get("metadata") or {}).get("labels") or {}, selector)
+            if in_collection(path, p) and selects(selected, obj)
         ]
         return {"metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
@@ -218,6 +215,16 @@ class FakeApiServer:
         return {"kind": "Status", "status": "Success"}
 
     def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int = 300, params: api.Params | None = None
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        params: api.Params | None = None,
+        stall_after: float | None = None,
     ) -> AsyncIterator[JsonObj]:
-        raise NotImplementedError("tests deliver events through `listeners`")
+        if self.watches is None:
+            raise NotImplementedError("tests deliver events through `listeners`, or call serve_watches()")
+        return self.watches.watch(
+            path, resource_version=resource_version, timeout_seconds=timeout_seconds, params=dict(params or {})
+        )

@@ -122,6 +122,29 @@ def test_one_pod_per_step_within_max_unavailable_then_the_cache_and_the_kubelet_
     assert (status["updatedPods"], status["updatedReadyPods"]) == (1, 1)
 
 
+def test_the_plan_uses_the_pods_the_watch_delivered_while_the_status_was_being_written() -> None:
+    rig = Rig(V2, pods=2)
+    rig.deliver = False
+    assert rig.reconcile() is None
+    assert rig.patched_pods() == ["p0"]
+    # The status in the cache is stale, so the next pass writes it; the Lease read before that write
+    # is when the watch delivers the patch of p0 (upgrading now: unavailable, its budget spent).
+    ss = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    ss["status"] = {}
+    rig.controller.on_sidecarset("MODIFIED", None, ss)
+
+    async def may_write() -> bool:
+        rig.redeliver()
+        return True
+
+    rig.controller.may_write = may_write
+    before = upgrades("conflict")
+    assert rig.reconcile() == RESYNC_SECONDS, "p0 is upgrading: maxUnavailable 1 is spent"
+    assert rig.patched_pods() == ["p0"], "neither p0 again (from the older snapshot) nor p1"
+    assert upgrades("conflict") == before
+    assert rig.controller.expected == {}
+
+
 def test_a_pod_changed_behind_the_cache_fails_its_resource_version_test_and_is_retried() -> None:
     rig = Rig(V2, pods=1)
     rig.deliver = False

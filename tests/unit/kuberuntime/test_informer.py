@@ -8,6 +8,7 @@ from typing import Any
 
 from kuberuntime import api as kube
 from kuberuntime.informer import Informer
+from tests.kube.fakewatch import REFUSED
 
 
 def obj(name: str, rv: str, value: str = "") -> dict[str, Any]:
@@ -16,8 +17,9 @@ def obj(name: str, rv: str, value: str = "") -> dict[str, Any]:
 
 class ScriptedApi:
     """Each list returns the current items; each watch call plays the next scripted stream (what
-    goes wrong on the wire: 410s, broken streams, quiet ones), which the in-memory API server of
-    tests/kube/fakeapi.py, whose watches are its listeners, does not model."""
+    goes wrong on the wire: 410s, broken streams, quiet ones), which the watch cache of
+    tests/kube/fakewatch.py does not model. It does not stream the state (WatchList): it refuses
+    as a server with that feature gate off does, so these tests run the paged list."""
 
     def __init__(self, items: list[dict[str, Any]], streams: list[list[dict[str, Any]] | Exception | None]) -> None:
         self.items = items
@@ -30,8 +32,10 @@ class ScriptedApi:
         return {"metadata": {"resourceVersion": str(10 * self.lists)}, "items": list(self.items)}
 
     async def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int, params: Any = None
+        self, path: str, *, resource_version: str, timeout_seconds: int, params: Any = None, stall_after: Any = None
     ) -> AsyncIterator[dict[str, Any]]:
+        if (params or {}).get("sendInitialEvents"):  # as kube-apiserver with the WatchList gate off
+            raise kube.Invalid(422, "Invalid", REFUSED)
         self.watch_rvs.append(resource_version)
         step = self.streams.pop(0) if self.streams else None
         if step is None:
