@@ -41,6 +41,10 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
+class _Never(Exception):
+    """Raised by nothing: the exception a non-optional informer does not catch on its own."""
+
+
 class Informer(Generic[T]):
     """Keeps `store` (key → transformed object) in step with the API server."""
 
@@ -57,6 +61,7 @@ class Informer(Generic[T]):
         page_size: int = 500,
         watch_timeout: int = 40,
         max_backoff: float = 30.0,
+        optional: bool = False,
     ) -> None:
         self.client = client
         self.path = path
@@ -71,6 +76,10 @@ class Informer(Generic[T]):
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.max_backoff = max_backoff
+        # A resource that may not be served (a CRD not installed): a 404 on the list counts as an
+        # empty, synced list, so nothing waits on it, and the list is tried again with backoff.
+        self.optional = optional
+        self._not_served: type[Exception] = api.NotFound if optional else _Never
         self.store: dict[str, T] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -170,6 +179,17 @@ class Informer(Generic[T]):
                 need_list = True
             except asyncio.CancelledError:
                 raise
+            except self._not_served:
+                if not self.synced.is_set():
+                    log.info(
+                        "informer %s: %s is not served; listed again every %.0fs",
+                        self.name,
+                        self.path,
+                        self.max_backoff,
+                    )
+                self.synced.set()
+                await sleep_or_stop(stop, self.max_backoff)
+                need_list = True
             except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
                 stalled = isinstance(e, TimeoutError | aiohttp.ServerTimeoutError)
                 WATCH_RESTARTS.labels(self.name, "stalled" if stalled else "error").inc()

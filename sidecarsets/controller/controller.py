@@ -30,11 +30,13 @@ from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
 from sidecarsets.spec import names
-from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet, object_key, status_path
 
 log = logging.getLogger("sidecarsets.controller")
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+# Every NamespacedSidecarSet, watched across namespaces (one version: v1beta1).
+NSS_PATH = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.NAMESPACED_PLURAL}"
 RESYNC_SECONDS = 30.0
 REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
 
@@ -90,8 +92,7 @@ class Controller(PodWrites):
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        obj = new or old or {}
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = object_key(new or old)
         if kind == "DELETED" or new is None:
             self.sidecarsets.pop(name, None)
             self.queue.add(name)  # its reconcile drops its metric series (after one in flight, if any)
@@ -201,7 +202,11 @@ class Controller(PodWrites):
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
         cached = None if self.revisions is None else self.revisions()
         latest, collisions = await history.sync_history(
-            self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
+            self.client,
+            ss,
+            namespace=history.revisions_namespace(ss, self.namespace),
+            in_use=in_use,
+            cached=None if ss.namespaced else cached,  # the cache holds the manager namespace's only
         )
         verdicts = status.pod_verdicts(ss, matched)  # shared by the status and the plan: each pod is evaluated once
         new_status = status.compute_status(
@@ -355,7 +360,7 @@ class Controller(PodWrites):
         name = ss.name
         body = {"metadata": {"resourceVersion": ss.resource_version}, "status": new_status}
         try:
-            updated = await self.client.patch(f"{SS_PATH}/{name}/status", body, patch_type="merge")
+            updated = await self.client.patch(status_path(ss), body, patch_type="merge")
             # Keep the cache current so the next pass does not write the same status again, unless
             # the watch has already brought a newer object while the patch was on its way back: that
             # one stays (keeping ours would plan with an older spec and make every status write conflict).

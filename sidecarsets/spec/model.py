@@ -13,6 +13,12 @@ object is accepted.
 
 The hashes are computed from the spec exactly as received, so that they equal what anything else
 computes with `sidecarsets.spec.hashing` from the same object.
+
+A NamespacedSidecarSet (an object with `metadata.namespace`) is the same model: its `name` is its key
+`<namespace>/<name>` (names.sidecarset_key), the one every annotation, hash, cache and metric uses,
+so nothing downstream can mistake `shop/mesh` for a cluster `mesh`; `object_name` and `namespace`
+address the object itself. Its scope is its own namespace, unless that namespace is labelled
+`sidecarctl.io/namespaced-sidecarsets: disabled` (or its labels are unknown).
 """
 
 from __future__ import annotations
@@ -39,14 +45,14 @@ ACCEPTED_API_VERSIONS = (
 )
 _IMAGE_FIELD = re.compile(r"^spec\.containers\[\d+\]\.image$")
 
-__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet"]
+__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet", "object_key", "status_path"]
 
 
 @dataclass(frozen=True, slots=True)
 class SidecarSet:
     """An immutable view of one SidecarSet object; build it with `SidecarSet.from_object`."""
 
-    name: str
+    name: str  # the key: `name` for a SidecarSet, `<namespace>/<name>` for a NamespacedSidecarSet
     obj: JsonObj
     spec: JsonObj
     uid: str
@@ -73,6 +79,8 @@ class SidecarSet:
     latest_revision: str | None
     collision_count: int
     problems: tuple[Problem, ...] = ()
+    namespace: str = ""  # a NamespacedSidecarSet's namespace; "" for a (cluster-scoped) SidecarSet
+    object_name: str = ""  # metadata.name (the key without the namespace)
     # Derived once from the fields above: the engine asks for them for every pod, and a
     # SidecarSet is read once per change.
     _container_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
@@ -110,6 +118,12 @@ class SidecarSet:
         selector = None if selectors.is_empty(self.selector) else self.selector
         derive("_pod_matcher", selectors.matcher(selector))
         sel = self.namespace_selector
+        if self.namespace:
+            derive("_namespace_matcher", _own_namespace(self.namespace))
+            derive("_namespace_name_only", False)  # the disabled label decides too: labels must be known
+            # After every cluster SidecarSet: a pod gets the cluster's sidecars first, its namespace's after.
+            derive("injection_order", (2, self.name))
+            return
         derive("_namespace_matcher", selectors.matcher(sel))
         derive("_namespace_name_only", sel is not None and _only_name_label(sel))
         derive("injection_order", (0 if selectors.names_namespaces(sel, names.NS_NAME_LABEL) else 1, self.name))
@@ -125,8 +139,10 @@ class SidecarSet:
         if not isinstance(obj, Mapping):
             reader.fail("", f"a SidecarSet must be an object, not {type_name(obj)}")
             obj = {}
-        _check_type(reader, obj)
         metadata = reader.object(obj.get("metadata"), "metadata", required=True)
+        namespace = metadata.get("namespace")
+        namespace = namespace if isinstance(namespace, str) else ""
+        _check_type(reader, obj, namespaced=bool(namespace))
         name = metadata.get("name")
         if not isinstance(name, str) or not name:
             reader.fail("metadata.name", "metadata.name must be a non-empty string")
@@ -134,7 +150,10 @@ class SidecarSet:
         spec = reader.object(obj.get("spec"), "spec", required=True)
         status = reader.object(obj.get("status"), "status")
         selector = reader.optional_object(spec.get("selector"), "spec.selector")
-        ns_selector = _namespace_scope(reader, spec, beta=is_v1beta1(obj))
+        if namespace:
+            ns_selector: JsonObj | None = _own_scope(reader, spec, namespace)
+        else:
+            ns_selector = _namespace_scope(reader, spec, beta=is_v1beta1(obj))
         init_containers = read_containers(reader, spec.get("initContainers"), "spec.initContainers", init=True)
         containers = read_containers(reader, spec.get("containers"), "spec.containers", init=False)
         _check_names(reader, containers, init_containers)
@@ -143,7 +162,9 @@ class SidecarSet:
         generation = metadata.get("generation", 0)
         latest = status.get("latestRevision")
         return cls(
-            name=name,
+            name=names.sidecarset_key(name, namespace),
+            namespace=namespace,
+            object_name=name,
             obj=obj if isinstance(obj, dict) else dict(obj),
             spec=spec,
             uid=str(metadata.get("uid") or ""),
@@ -173,6 +194,15 @@ class SidecarSet:
         )
 
     # -- questions -------------------------------------------------------------------------------
+    @property
+    def namespaced(self) -> bool:
+        """A NamespacedSidecarSet (a tenant's), not a cluster SidecarSet."""
+        return bool(self.namespace)
+
+    @property
+    def kind(self) -> str:
+        return names.NAMESPACED_KIND if self.namespace else names.KIND
+
     @property
     def container_names(self) -> tuple[str, ...]:
         """The sidecars a pod carries for this SidecarSet: containers and native-sidecar init containers."""
@@ -238,7 +268,7 @@ class SidecarSet:
     @property
     def custom_version(self) -> str:
         """The SidecarSet's custom version (v1beta1 `spec.customVersion`, v1alpha1 a label), or ""."""
-        if is_v1beta1(self.obj):
+        if self.namespace or is_v1beta1(self.obj):
             value = self.spec.get("customVersion")
             return value if isinstance(value, str) else ""
         return str(self.labels.get(names.SS_LABEL_CUSTOM_VERSION) or "")
@@ -301,20 +331,55 @@ class SidecarSet:
         return self._pod_matcher(pod_labels)
 
 
+def object_key(obj: Mapping[str, Any] | None) -> str:
+    """The key (`SidecarSet.name`) of a SidecarSet or NamespacedSidecarSet object, without reading it."""
+    meta = (obj or {}).get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return names.sidecarset_key(str(meta.get("name") or ""), str(meta.get("namespace") or ""))
+
+
+def status_path(ss: SidecarSet) -> str:
+    """The status subresource of the object `ss` was read from (the version the manager writes)."""
+    if ss.namespace:
+        base = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/namespaces/{ss.namespace}/{names.NAMESPACED_PLURAL}"
+        return f"{base}/{ss.object_name}/status"
+    return f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}/{ss.name}/status"
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_type(reader: Reader, obj: Mapping[str, Any]) -> None:
+def _check_type(reader: Reader, obj: Mapping[str, Any], *, namespaced: bool) -> None:
     api_version = obj.get("apiVersion")
-    if api_version is not None and api_version not in ACCEPTED_API_VERSIONS:
-        reader.fail(
-            "apiVersion",
-            f"apiVersion: {api_version!r} is not a SidecarSet version ({' or '.join(ACCEPTED_API_VERSIONS)})",
-        )
+    accepted = (names.API_VERSION_V1BETA1,) if namespaced else ACCEPTED_API_VERSIONS
+    if api_version is not None and api_version not in accepted:
+        what = names.NAMESPACED_KIND if namespaced else "SidecarSet"
+        reader.fail("apiVersion", f"apiVersion: {api_version!r} is not a {what} version ({' or '.join(accepted)})")
     kind = obj.get("kind")
-    if kind is not None and kind != names.KIND:
-        reader.fail("kind", f"kind: {kind!r} is not {names.KIND}")
+    expected = names.NAMESPACED_KIND if namespaced else names.KIND
+    if kind is not None and kind != expected:
+        reader.fail("kind", f"kind: {kind!r} is not {expected}")
+
+
+def _own_scope(reader: Reader, spec: Mapping[str, Any], namespace: str) -> JsonObj:
+    """A NamespacedSidecarSet selects pods of its own namespace only: it has no namespace fields."""
+    for field in ("namespaceSelector", "namespace", "specificNamespace"):
+        if spec.get(field) is not None:
+            reader.fail(
+                f"spec.{field}",
+                f"spec.{field}: a {names.NAMESPACED_KIND} selects pods of its own namespace only and has no such field",
+            )
+    return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
+
+
+def _own_namespace(namespace: str) -> Callable[[Mapping[str, str]], bool]:
+    """Its namespace, unless that namespace turned NamespacedSidecarSets off."""
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        return labels.get(names.NS_NAME_LABEL) == namespace and not names.namespaced_sidecarsets_disabled(labels)
+
+    return matches
 
 
 def _namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
