@@ -3,8 +3,9 @@
 Three rules remove matching SidecarSets before anything is built, in this order: a canary that
 selects the pod replaces its base (Kruise's sidecarset-canary/-base annotations); of two that
 define one container name, a cluster SidecarSet wins over a NamespacedSidecarSet, else the older
-wins (the other is skipped whole, with a warning, rather than giving the pod a name twice); one whose current hash the pod already records is not injected
-again (re-invocation and repeated admission add nothing).
+wins (the other is skipped whole, with a warning, rather than giving the pod a name twice); one
+whose current hash the pod already records is not injected again (re-invocation and repeated
+admission add nothing).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from selfsigned.issuer import SelfSignedConfig, SelfSignedIssuer
 from sidecarctl.manager import optionalapis
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller import metrics as ss_metrics
-from sidecarsets.controller.controller import NSS_PATH, SS_PATH, Controller
+from sidecarsets.controller.controller import SS_PATH, Controller
 from sidecarsets.controller.missedscan import MissedScan
 from sidecarsets.controller.podsecurity import PodSecurityView
 from sidecarsets.pods.projection import PodProjection, project
@@ -69,8 +69,7 @@ def _both(*handlers: Handler) -> Handler:
 def _conditions(
     sync: PolicySync, scan: MissedScan, security: PodSecurityView, sidecarsets: Callable[[], Mapping[str, SidecarSet]]
 ) -> Callable[[str], list[dict[str, str]]]:
-    """The status conditions other parts own: PolicyInjection (the policy sync), PodsMissingSidecars,
-    PodSecurity."""
+    """The status conditions other parts own: PolicyInjection (the policy sync), PodsMissingSidecars, PodSecurity."""
 
     def conditions(name: str) -> list[dict[str, str]]:
         out = []
@@ -267,20 +266,7 @@ class ControlRole:
         ss_handler = _both(controller.on_sidecarset, sync.on_sidecarset)
         informers: list[Informer[Any]] = [
             Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=ss_handler),
-            *(
-                [
-                    Informer(
-                        self.client,
-                        NSS_PATH,
-                        name="namespacedsidecarsets",
-                        transform=_identity,
-                        handler=ss_handler,
-                        optional=True,
-                    )
-                ]
-                if self.opts.injection.namespaced_sidecarsets
-                else []
-            ),
+            *optionalapis.tenant_informers(self.client, ss_handler, self.opts.injection.namespaced_sidecarsets),
             ns_informer,
             rev_informer,
             Informer(

@@ -15,10 +15,10 @@ from injector.policysync.sync import MANAGED_SELECTOR, PolicySync
 from kuberuntime import kubeapi
 from kuberuntime.clock import first_of
 from kuberuntime.discovery import Served
-from kuberuntime.informer import Informer
+from kuberuntime.informer import Handler, Informer
 from kuberuntime.jsontypes import JsonObj
 from kuberuntime.metrics import API_SERVED, APISERVER_INFO
-from sidecarsets.controller.controller import Controller
+from sidecarsets.controller.controller import NSS_PATH, Controller
 from sidecarsets.rollout.resize import RESIZE_SUBRESOURCE
 
 # The optional resources whose availability is exported (sidecarctl_api_served) and acted on.
@@ -27,6 +27,16 @@ OPTIONAL = (
     RESIZE_SUBRESOURCE,
 )
 DISCOVERED = tuple(dict.fromkeys(gv for gv, _ in OPTIONAL))
+
+
+def tenant_informers(client: kubeapi.KubeClient, handler: Handler, enabled: bool) -> list[Informer[JsonObj]]:
+    """The NamespacedSidecarSet watch (none with --no-namespaced-sidecarsets): optional, since a cluster
+    without its CRD has none, and nothing may wait for its first list there."""
+    if not enabled:
+        return []
+    return [
+        Informer(client, NSS_PATH, name="namespacedsidecarsets", transform=_identity, handler=handler, optional=True)
+    ]
 
 
 def export(old: Served | None, new: Served) -> None:

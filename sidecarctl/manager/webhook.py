@@ -16,7 +16,6 @@ from typing import Any
 
 from certwatcher.reloader import CertReloader
 from certwatcher.tls import ALPN_PROTOCOLS, HTTP1_ONLY
-from injector.http.access import PodCreateReview
 from injector.http.app import create_webhook_app
 from injector.http.body import BodyLimits
 from injector.http.budget import ByteBudget
@@ -24,6 +23,7 @@ from injector.http.decisions import WebhookSettings
 from injector.http.namespaces import NamespaceLookup
 from injector.http.server import Limits, Listener
 from injector.http.sources import ConnectionSource
+from injector.http.tenants import PodCreateReview
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer

@@ -32,7 +32,20 @@ from typing import Any
 from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.spec import hashing, names, selectors
 from sidecarsets.spec.conversion import is_v1beta1
-from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, type_name
+from sidecarsets.spec.reading import (
+    ModelError,
+    Problem,
+    Reader,
+    collision_count,
+    first_problem,
+    history_limit,
+    is_int,
+    namespace_scope,
+    only_name_label,
+    own_namespace,
+    own_scope,
+    type_name,
+)
 from sidecarsets.spec.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
 from sidecarsets.spec.strategies import RevisionPin, UpdateStrategy, read_revision_pin, read_update_strategy
 from sidecarsets.values.jsontemplate import JsonTemplate
@@ -119,13 +132,13 @@ class SidecarSet:
         derive("_pod_matcher", selectors.matcher(selector))
         sel = self.namespace_selector
         if self.namespace:
-            derive("_namespace_matcher", _own_namespace(self.namespace))
+            derive("_namespace_matcher", own_namespace(self.namespace))
             derive("_namespace_name_only", False)  # the disabled label decides too: labels must be known
             # After every cluster SidecarSet: a pod gets the cluster's sidecars first, its namespace's after.
             derive("injection_order", (2, self.name))
             return
         derive("_namespace_matcher", selectors.matcher(sel))
-        derive("_namespace_name_only", sel is not None and _only_name_label(sel))
+        derive("_namespace_name_only", sel is not None and only_name_label(sel))
         derive("injection_order", (0 if selectors.names_namespaces(sel, names.NS_NAME_LABEL) else 1, self.name))
 
     @classmethod
@@ -151,9 +164,9 @@ class SidecarSet:
         status = reader.object(obj.get("status"), "status")
         selector = reader.optional_object(spec.get("selector"), "spec.selector")
         if namespace:
-            ns_selector: JsonObj | None = _own_scope(reader, spec, namespace)
+            ns_selector: JsonObj | None = own_scope(reader, spec, namespace)
         else:
-            ns_selector = _namespace_scope(reader, spec, beta=is_v1beta1(obj))
+            ns_selector = namespace_scope(reader, spec, beta=is_v1beta1(obj))
         init_containers = read_containers(reader, spec.get("initContainers"), "spec.initContainers", init=True)
         containers = read_containers(reader, spec.get("containers"), "spec.containers", init=False)
         _check_names(reader, containers, init_containers)
@@ -169,7 +182,7 @@ class SidecarSet:
             spec=spec,
             uid=str(metadata.get("uid") or ""),
             resource_version=str(metadata.get("resourceVersion") or ""),
-            generation=generation if _is_int(generation) else 0,
+            generation=generation if is_int(generation) else 0,
             creation_timestamp=str(metadata.get("creationTimestamp") or ""),
             labels=mapping(metadata, "labels"),
             annotations=mapping(metadata, "annotations"),
@@ -187,9 +200,9 @@ class SidecarSet:
             volumes=reader.named_objects(spec.get("volumes"), "spec.volumes"),
             image_pull_secrets=reader.named_objects(spec.get("imagePullSecrets"), "spec.imagePullSecrets"),
             patch_pod_metadata=read_patch_pod_metadata(reader, spec.get("patchPodMetadata")),
-            revision_history_limit=_history_limit(reader, spec.get("revisionHistoryLimit")),
+            revision_history_limit=history_limit(reader, spec.get("revisionHistoryLimit")),
             latest_revision=latest if isinstance(latest, str) and latest else None,
-            collision_count=_collision_count(reader, status.get("collisionCount")),
+            collision_count=collision_count(reader, status.get("collisionCount")),
             problems=tuple(reader.problems),
         )
 
@@ -346,10 +359,6 @@ def status_path(ss: SidecarSet) -> str:
     return f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}/{ss.name}/status"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_type(reader: Reader, obj: Mapping[str, Any], *, namespaced: bool) -> None:
     api_version = obj.get("apiVersion")
     accepted = (names.API_VERSION_V1BETA1,) if namespaced else ACCEPTED_API_VERSIONS
@@ -360,48 +369,6 @@ def _check_type(reader: Reader, obj: Mapping[str, Any], *, namespaced: bool) -> 
     expected = names.NAMESPACED_KIND if namespaced else names.KIND
     if kind is not None and kind != expected:
         reader.fail("kind", f"kind: {kind!r} is not {expected}")
-
-
-def _own_scope(reader: Reader, spec: Mapping[str, Any], namespace: str) -> JsonObj:
-    """A NamespacedSidecarSet selects pods of its own namespace only: it has no namespace fields."""
-    for field in ("namespaceSelector", "namespace", "specificNamespace"):
-        if spec.get(field) is not None:
-            reader.fail(
-                f"spec.{field}",
-                f"spec.{field}: a {names.NAMESPACED_KIND} selects pods of its own namespace only and has no such field",
-            )
-    return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
-
-
-def _own_namespace(namespace: str) -> Callable[[Mapping[str, str]], bool]:
-    """Its namespace, unless that namespace turned NamespacedSidecarSets off."""
-
-    def matches(labels: Mapping[str, str]) -> bool:
-        return labels.get(names.NS_NAME_LABEL) == namespace and not names.namespaced_sidecarsets_disabled(labels)
-
-    return matches
-
-
-def _namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
-    """The selector of the namespaces in scope; one namespace (which wins) is its name label.
-
-    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: Kruise 1.9's top-level
-    `namespaceSelector`, or the legacy `specificNamespace` (sidecarsets.spec.conversion).
-    """
-    where = "spec"
-    scope: Mapping[str, Any] = spec
-    if beta:
-        specific = reader.optional_object(spec.get("specificNamespace"), "spec.specificNamespace")
-        if specific is not None:
-            if spec.get("namespaceSelector") is not None:
-                reader.fail(
-                    "spec.namespaceSelector", "spec.namespaceSelector and spec.specificNamespace are mutually exclusive"
-                )
-            where, scope = "spec.specificNamespace", specific
-    namespace = None if beta and scope is spec else reader.string(scope.get("namespace"), f"{where}.namespace")
-    if namespace:
-        return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
-    return reader.optional_object(scope.get("namespaceSelector"), f"{where}.namespaceSelector")
 
 
 def _check_names(
@@ -423,40 +390,3 @@ def _check_images(reader: Reader, raw_containers: Any) -> None:
         if isinstance(raw, dict) and (not isinstance(image, str) or not image):
             where = f"spec.containers[{i}].image"
             reader.fail(where, f"{where}: must be a non-empty string", advisory=True)
-
-
-def _history_limit(reader: Reader, value: Any) -> int:
-    """Kruise keeps at least one revision; the default is 10."""
-    if value is None:
-        return 10
-    if not _is_int(value):
-        reader.fail(
-            "spec.revisionHistoryLimit", f"spec.revisionHistoryLimit must be an integer, got {value!r}", advisory=True
-        )
-        return 10
-    return int(max(1, value))
-
-
-def _collision_count(reader: Reader, value: Any) -> int:
-    if value is None:
-        return 0
-    if not _is_int(value) or value < 0:
-        reader.fail(
-            "status.collisionCount",
-            f"status.collisionCount must be a non-negative integer, got {value!r}",
-            advisory=True,
-        )
-        return 0
-    return int(value)
-
-
-def _only_name_label(selector: Mapping[str, Any]) -> bool:
-    """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
-    try:
-        keys = set(mapping(selector, "matchLabels").keys())
-        for expr in selector.get("matchExpressions") or []:
-            if isinstance(expr, Mapping):
-                keys.add(str(expr.get("key")))
-    except (AttributeError, TypeError):  # ill-formed: such a selector matches nothing anyway
-        return False
-    return keys <= {names.NS_NAME_LABEL}
