@@ -23,7 +23,7 @@ from kuberuntime import api, events
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets.controller import history, metrics
+from sidecarsets.controller import history, metrics, tenants
 from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites, rv_number
 from sidecarsets.pods import podstate
@@ -101,6 +101,8 @@ class Controller(PodWrites):
         old_gen = ((old or {}).get("metadata") or {}).get("generation")
         if old is None or old_gen != new.get("metadata", {}).get("generation"):
             self.queue.add(name)
+            if "/" not in name:  # a cluster SidecarSet may now take a NamespacedSidecarSet's names
+                self.refresh([key for key in self.sidecarsets if "/" in key])
         elif _progressing(old) != _progressing(new):
             self.queue.add(name)  # the stop condition removed by hand: the rollout resumes
 
@@ -215,6 +217,12 @@ class Controller(PodWrites):
         now = self.clock()
         for condition in self.conditions(name) if self.conditions is not None else ():
             status.set_condition(new_status, ss.status, condition, now=now)
+        if ss.namespaced:  # a cluster SidecarSet that takes its names wins them in its pods
+            labels = self.namespaces().get(ss.namespace)
+            found = self.sidecarsets.values()
+            await tenants.report_cluster_conflict(
+                self.recorder, ss, new_status, sidecarsets=found, namespace_labels=labels, now=now
+            )
         progress = deadline.progress(ss, matched, verdicts, revision=latest, now=_time(now))
         if progress.condition is not None:
             status.put_condition(new_status, progress.condition)
