@@ -180,13 +180,20 @@ def test_the_disabled_label_refuses_new_ones_and_stops_injection(kube: Kube, inj
     assert "sidecarctl.io/namespaced-sidecarsets=disabled" in message
 
 
+def wait_injected(kube: Kube, namespace: str) -> None:
+    eventually(
+        lambda: "log" in containers(new_pod(kube, namespace, "web")), timeout=20, what=f"injected in {namespace}"
+    )
+
+
 def test_an_image_change_rolls_in_place_in_that_namespace_only(
     kube: Kube, injected_ns: str, teams: Callable[..., str]
 ) -> None:
     team_a, team_b = injected_ns, teams()
     for team in (team_a, team_b):
         kube.create(nss_path(team), tenant_set("logs", team, "web"))
-        eventually(lambda t=team: "log" in containers(new_pod(kube, t, "web")), timeout=20, what=f"injected in {team}")
+    for team in (team_a, team_b):
+        wait_injected(kube, team)
     before = {team: create_ready_pods(kube, team, "web", 2) for team in (team_a, team_b)}
     kube.patch(
         nss_path(team_a, "logs"), [{"op": "replace", "path": "/spec/containers/0/image", "value": "log:2"}], "json"
