@@ -144,7 +144,7 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
     errors = [
         str(e)
         for e in validation.validate_sidecarset(
-            review.object, old=review.old_object, others=list(snapshot.objects.values()), models=snapshot.by_name
+            review.object, old=review.old_object, others=_cluster_objects(snapshot), models=snapshot.by_name
         )
     ]
     problem = pins.pin_problem(review.object, snapshot.revisions.values())
@@ -182,6 +182,12 @@ async def _validate_namespaced(review: admission.Review, store: TemplateStore, s
         access_review=settings.access_review,
     )
     return Decision(result, body)
+
+
+def _cluster_objects(snapshot: Snapshot) -> list[Any]:
+    """The SidecarSets a SidecarSet's names are checked against: a tenant's NamespacedSidecarSet never
+    blocks one (in the pods both select, the cluster's sidecar wins)."""
+    return [obj for key, obj in snapshot.objects.items() if "/" not in key]
 
 
 def _annotation(obj: Any, key: str) -> str | None:

@@ -177,3 +177,24 @@ def test_schema_rules_are_the_sidecarsets() -> None:
 def test_bad_input_is_a_4xx_denial_never_a_fault(obj: dict[str, Any]) -> None:
     code, message = refusal(validate(obj))
     assert 400 <= code < 500 and message.startswith(f"{names.NAMESPACED_KIND} rejected: ")
+
+
+def test_a_tenants_name_never_blocks_a_cluster_sidecarset() -> None:
+    tenant = builders.namespaced_sidecarset("debug", containers=[builders.container("proxy", "mine:1")])
+    store = store_with(TEAM_A, tenant)
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "7f0b2a8e-0000-4000-8000-000000000049",
+            "kind": {"group": names.GROUP, "version": names.VERSION, "kind": names.KIND},
+            "resource": {"group": names.GROUP, "version": names.VERSION, "resource": names.PLURAL},
+            "operation": "CREATE",
+            "userInfo": {"username": "admin"},
+            "object": builders.sidecarset("mesh"),
+        },
+    }
+    client = TestClient(create_webhook_app(store, WebhookSettings(replay=None)), raise_server_exceptions=False)
+    resp = client.post(names.VALIDATE_PATH, content=orjson.dumps(review), headers={"content-type": "application/json"})
+    assert resp.json()["response"]["allowed"] is True
+    assert "team-a/debug" in store.snapshot.objects  # the tenant's set was there to clash with
