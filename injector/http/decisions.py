@@ -177,6 +177,7 @@ async def _validate_namespaced(review: admission.Review, store: TemplateStore, s
         review,
         store.snapshot,
         enabled=settings.namespaced_sidecarsets,
+        policy_only=settings.policy_only,
         manager_namespace=settings.manager_namespace,
         lookup=settings.namespace_lookup,
         access_review=settings.access_review,

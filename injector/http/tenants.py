@@ -122,13 +122,15 @@ async def validate(
     snapshot: Snapshot,
     *,
     enabled: bool,
+    policy_only: bool = False,
     manager_namespace: str,
     lookup: Lookup | None,
     access_review: AccessReview | None,
 ) -> tuple[str, bytes]:
     """(metrics result, AdmissionReview response) for a NamespacedSidecarSet create or update."""
-    if not enabled:
-        message = f"{KIND}s are turned off in this cluster (the manager runs with --no-namespaced-sidecarsets)"
+    if not enabled or policy_only:
+        flag = "--injection=policy: no webhook serves them" if policy_only else "--no-namespaced-sidecarsets"
+        message = f"{KIND}s are turned off in this cluster (the manager runs with {flag})"
         return "denied", refused(review, message, 403)
     namespace = review.namespace
     if not namespace:

@@ -58,6 +58,7 @@ def validate(
     user: Mapping[str, Any] = ALICE,
     enabled: bool = True,
     namespace: str = "team-a",
+    policy_only: bool = False,
 ) -> dict[str, Any]:
     review = {
         "apiVersion": "admission.k8s.io/v1",
@@ -72,7 +73,9 @@ def validate(
             "object": obj,
         },
     }
-    settings = WebhookSettings(access_review=access or Access(), namespaced_sidecarsets=enabled, replay=None)
+    settings = WebhookSettings(
+        access_review=access or Access(), namespaced_sidecarsets=enabled, replay=None, policy_only=policy_only
+    )
     app = create_webhook_app(store or store_with(TEAM_A), settings)
     client = TestClient(app, raise_server_exceptions=False)
     resp = client.post(names.VALIDATE_PATH, content=orjson.dumps(review), headers={"content-type": "application/json"})
@@ -117,6 +120,11 @@ def test_the_disabled_namespace_label_refuses() -> None:
 def test_the_kind_turned_off_cluster_wide_refuses() -> None:
     code, message = refusal(validate(builders.namespaced_sidecarset(), enabled=False))
     assert code == 403 and "--no-namespaced-sidecarsets" in message
+
+
+def test_policy_only_injection_refuses_the_kind_no_webhook_would_serve() -> None:
+    code, message = refusal(validate(builders.namespaced_sidecarset(), policy_only=True))
+    assert code == 403 and "--injection=policy" in message
 
 
 @pytest.mark.parametrize("namespace", ["kube-system", names.DEFAULT_MANAGER_NAMESPACE])
