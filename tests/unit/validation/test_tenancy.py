@@ -15,11 +15,8 @@ LABELS = {names.NS_NAME_LABEL: "team-a", "env": "dev"}
 
 
 def tenant(*containers: str, volumes: list[dict[str, Any]] | None = None) -> SidecarSet:
-    obj = builders.namespaced_sidecarset(
-        "logs",
-        containers=[builders.container(c, "x:1") for c in containers],
-        **({"volumes": volumes} if volumes else {}),
-    )
+    sidecars = [builders.container(c, "x:1") for c in containers]
+    obj = builders.namespaced_sidecarset("logs", containers=sidecars, volumes=volumes or [])
     return SidecarSet.from_object(obj)
 
 
