@@ -29,17 +29,10 @@ def tenant(status: dict[str, Any] | None = None) -> SidecarSet:
 
 
 def report(ss: SidecarSet, *others: SidecarSet) -> tuple[dict[str, Any], Recorder]:
-    recorder, new_status = Recorder(), {}  # type: ignore[var-annotated]
-    asyncio.run(
-        report_cluster_conflict(
-            recorder,
-            ss,
-            new_status,
-            sidecarsets=[ss, *others],
-            namespace_labels=LABELS,
-            now=NOW,  # type: ignore[arg-type]
-        )
-    )
+    recorder, new_status = Recorder(), dict[str, Any]()
+    stand_in: Any = recorder  # records what an EventRecorder would write
+    found = [ss, *others]
+    asyncio.run(report_cluster_conflict(stand_in, ss, new_status, sidecarsets=found, namespace_labels=LABELS, now=NOW))
     [condition] = new_status["conditions"]
     return condition, recorder
 
