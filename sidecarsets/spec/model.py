@@ -14,11 +14,9 @@ object is accepted.
 The hashes are computed from the spec exactly as received, so that they equal what anything else
 computes with `sidecarsets.spec.hashing` from the same object.
 
-A NamespacedSidecarSet (an object with `metadata.namespace`) is the same model: its `name` is its key
-`<namespace>/<name>` (names.sidecarset_key), the one every annotation, hash, cache and metric uses,
-so nothing downstream can mistake `shop/mesh` for a cluster `mesh`; `object_name` and `namespace`
-address the object itself. Its scope is its own namespace, unless that namespace is labelled
-`sidecarctl.io/namespaced-sidecarsets: disabled` (or its labels are unknown).
+A NamespacedSidecarSet is the same model, `name` being its key `<namespace>/<name>` in every annotation,
+hash, cache and metric (`object_name` and `namespace` address the object); its scope is its namespace
+unless labelled `sidecarctl.io/namespaced-sidecarsets: disabled` (or its labels are unknown).
 """
 
 from __future__ import annotations
@@ -58,7 +56,7 @@ ACCEPTED_API_VERSIONS = (
 )
 _IMAGE_FIELD = re.compile(r"^spec\.containers\[\d+\]\.image$")
 
-__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet", "object_key", "status_path"]
+__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet", "namespace_of", "object_key", "status_path"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +151,7 @@ class SidecarSet:
             reader.fail("", f"a SidecarSet must be an object, not {type_name(obj)}")
             obj = {}
         metadata = reader.object(obj.get("metadata"), "metadata", required=True)
-        namespace = metadata.get("namespace")
-        namespace = namespace if isinstance(namespace, str) else ""
+        namespace = namespace_of(obj)
         _check_type(reader, obj, namespaced=bool(namespace))
         name = metadata.get("name")
         if not isinstance(name, str) or not name:
@@ -344,11 +341,22 @@ class SidecarSet:
         return self._pod_matcher(pod_labels)
 
 
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    """A NamespacedSidecarSet's namespace, or "" for a SidecarSet. The kind decides when it is given: a
+    SidecarSet manifest that carries a namespace (the API server drops it) is still a SidecarSet."""
+    meta = obj.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    kind = obj.get("kind")
+    if not isinstance(namespace, str) or (kind is not None and kind != names.NAMESPACED_KIND):
+        return ""
+    return namespace
+
+
 def object_key(obj: Mapping[str, Any] | None) -> str:
     """The key (`SidecarSet.name`) of a SidecarSet or NamespacedSidecarSet object, without reading it."""
     meta = (obj or {}).get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
-    return names.sidecarset_key(str(meta.get("name") or ""), str(meta.get("namespace") or ""))
+    return names.sidecarset_key(str(meta.get("name") or ""), namespace_of(obj or {}))
 
 
 def status_path(ss: SidecarSet) -> str:

@@ -89,3 +89,9 @@ def test_a_cluster_sidecarset_wins_a_container_name_whatever_its_age() -> None:
     [proxy] = [c for c in patched(result)["spec"]["containers"] if c["name"] == "proxy"]
     assert proxy["image"] == "proxy:1"
     assert any("team-a/debug is not injected" in w and "a cluster SidecarSet" in w for w in result.warnings)
+
+
+def test_a_sidecarset_manifest_carrying_a_namespace_is_still_a_cluster_sidecarset() -> None:
+    obj = builders.sidecarset("mesh", metadata={"namespace": "shop"})
+    ss = SidecarSet.from_object(obj)
+    assert (ss.name, ss.namespace, ss.kind) == ("mesh", "", names.KIND)
