@@ -269,6 +269,8 @@ def by_url(obj: dict[str, Any], url: str) -> dict[str, Any]:
     """A webhook configuration, or the CRD's conversion webhook, pointed at `url` instead of the
     in-cluster Service (same paths)."""
     if obj["kind"] == "CustomResourceDefinition":
+        if "conversion" not in obj["spec"]:
+            return obj  # one version (NamespacedSidecarSet): nothing to convert
         webhook = obj["spec"]["conversion"]["webhook"]
         client = {"url": url + webhook["clientConfig"]["service"]["path"]}
         conversion = {**obj["spec"]["conversion"], "webhook": {**webhook, "clientConfig": client}}
