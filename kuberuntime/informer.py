@@ -63,6 +63,10 @@ CATCH_UP_TIMEOUT = 3
 CATCH_UP_RELIST_AFTER = 5 * CATCH_UP_TIMEOUT
 
 
+class _Never(Exception):
+    """Raised by nothing: the exception a non-optional informer does not catch on its own."""
+
+
 class Informer(Generic[T]):
     """Keeps `store` (key → transformed object) in step with the API server."""
 
@@ -80,6 +84,7 @@ class Informer(Generic[T]):
         watch_timeout: int = 40,
         max_backoff: float = 30.0,
         watch_list: bool = True,
+        optional: bool = False,
     ) -> None:
         self.client = client
         self.path = path
@@ -96,6 +101,10 @@ class Informer(Generic[T]):
         self.max_backoff = max_backoff
         # Whether to ask for the state as a WatchList stream; False once the server refused one.
         self.watch_list = watch_list
+        # A resource that may not be served (a CRD not installed): a 404 on the list counts as an
+        # empty, synced list, so nothing waits on it, and the list is tried again with backoff.
+        self.optional = optional
+        self._not_served: type[Exception] = api.NotFound if optional else _Never
         self.store: dict[str, T] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -182,6 +191,8 @@ class Informer(Generic[T]):
             try:
                 page = await self.client.get(self.path, params={**self.params, "limit": 1})
                 break
+            except self._not_served:
+                return self.version  # nothing served, nothing to catch up with
             except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 wait = backoff.next()
                 log.warning("informer %s: quorum read failed (%s), retrying in %.1fs", self.name, api.reason(e), wait)
@@ -262,6 +273,17 @@ class Informer(Generic[T]):
                 need_state = True
             except asyncio.CancelledError:
                 raise
+            except self._not_served:
+                if not self.synced.is_set():
+                    log.info(
+                        "informer %s: %s is not served; listed again every %.0fs",
+                        self.name,
+                        self.path,
+                        self.max_backoff,
+                    )
+                self.synced.set()
+                await sleep_or_stop(stop, self.max_backoff)
+                need_state = True
             except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
                 stalled = isinstance(e, TimeoutError | aiohttp.ServerTimeoutError)
                 WATCH_RESTARTS.labels(self.name, "stalled" if stalled else "error").inc()

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
-from sidecarsets.spec.model import ModelError, SidecarSet
+from sidecarsets.spec.model import ModelError, SidecarSet, object_key
 from sidecarsets.spec.podindex import PodIndex
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ class Snapshot:
     """One consistent view; never mutated after it is published."""
 
     sidecarsets: tuple[SidecarSet, ...] = ()
-    # SidecarSet name → object as stored, including ones the model could not read (for validation).
+    # SidecarSet key → object as stored, including ones the model could not read (for validation);
+    # NamespacedSidecarSets under `<namespace>/<name>`.
     objects: Mapping[str, JsonObj] = field(default_factory=lambda: _EMPTY)
     namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: _EMPTY)
     # ControllerRevision name → object, for injecting a pinned revision.
@@ -174,7 +175,8 @@ class TemplateStore:
 
     # -- informer handlers: (event type, old, new) ---------------------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        name = _name(new or old)
+        """A SidecarSet or NamespacedSidecarSet event: both kinds share the store, by key."""
+        name = object_key(new or old)
         if kind == "DELETED" or new is None:
             self._models.pop(name, None)
             self._objects.pop(name, None)

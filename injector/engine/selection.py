@@ -2,9 +2,10 @@
 
 Three rules remove matching SidecarSets before anything is built, in this order: a canary that
 selects the pod replaces its base (Kruise's sidecarset-canary/-base annotations); of two that
-define one container name, the older wins (the other is skipped whole, with a warning, rather
-than giving the pod a name twice); one whose current hash the pod already records is not injected
-again (re-invocation and repeated admission add nothing).
+define one container name, a cluster SidecarSet wins over a NamespacedSidecarSet, else the older
+wins (the other is skipped whole, with a warning, rather than giving the pod a name twice); one
+whose current hash the pod already records is not injected again (re-invocation and repeated
+admission add nothing).
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def _without_conflicts(
     init_containers: Sequence[JsonObj],
     warnings: list[str],
 ) -> list[SidecarSet]:
-    """Drop SidecarSets that would give the pod two containers of one name; oldest SidecarSet wins."""
+    """Drop SidecarSets that would give the pod two containers of one name: a cluster SidecarSet wins
+    over a NamespacedSidecarSet whatever their ages (a tenant cannot displace the cluster's sidecar),
+    then the oldest wins."""
     app_names = {c["name"] for c in containers}
     init_names = {c["name"] for c in init_containers}
     claimed: dict[str, str] = {}
@@ -106,9 +109,12 @@ def _without_conflicts(
     for ss in sorted(matched, key=_age):
         if not ss.all_container_names.isdisjoint(claimed):
             clash = sorted(ss.all_container_names.intersection(claimed))
+            why = (
+                "a cluster SidecarSet" if ss.namespaced and "/" not in claimed[clash[0]] else "older, or first by name"
+            )
             warnings.append(
-                f"SidecarSet {ss.name} is not injected: container {clash[0]} is also defined by SidecarSet "
-                f"{claimed[clash[0]]}, which takes precedence (older, or first by name)"
+                f"{ss.kind} {ss.name} is not injected: container {clash[0]} is also defined by SidecarSet "
+                f"{claimed[clash[0]]}, which takes precedence ({why})"
             )
             continue
         crossed = []
@@ -128,6 +134,6 @@ def _without_conflicts(
     return chosen
 
 
-def _age(ss: SidecarSet) -> tuple[str, str]:
-    """Older first: the SidecarSet that wins a container name."""
-    return (ss.creation_timestamp, ss.name)
+def _age(ss: SidecarSet) -> tuple[bool, str, str]:
+    """Cluster SidecarSets first, then older first: the SidecarSet that wins a container name."""
+    return (ss.namespaced, ss.creation_timestamp, ss.name)

@@ -7,6 +7,7 @@ body is bytes in, a `Review` or a `ReviewError` (an HTTP status and a message) o
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,9 @@ class Review:
     dry_run: bool
     object: JsonObj | None
     old_object: JsonObj | None
+    user_info: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict
+    )  # request.userInfo (for a SubjectAccessReview)
 
 
 def check_content_type(value: str | None) -> None:
@@ -93,6 +97,7 @@ def parse(body: bytes) -> Review:
         dry_run=bool(request.get("dryRun")),
         object=obj,
         old_object=old,
+        user_info=mapping(request, "userInfo"),
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from injector.engine import engine
-from injector.http import admission
+from injector.http import admission, tenants
 from injector.http.metrics import POD_DENIALS
 from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
@@ -53,6 +53,10 @@ class WebhookSettings:
     replay: ReplayCache | None = field(default_factory=ReplayCache)
     # --injection=policy: there is no pod webhook, so a SidecarSet no policy can serve is refused.
     policy_only: bool = False
+    # --namespaced-sidecarsets; and the SubjectAccessReview a NamespacedSidecarSet's writer must pass
+    # (injector.http.access; None: every such write is refused, to be retried).
+    namespaced_sidecarsets: bool = True
+    access_review: tenants.AccessReview | None = None
 
 
 class NamespaceUnknown(Exception):
@@ -123,7 +127,9 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
 
 
 async def validate(review: admission.Review, store: TemplateStore, settings: WebhookSettings | None = None) -> Decision:
-    admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets")
+    if review.kind.get("group") == names.GROUP and review.kind.get("kind") == names.NAMESPACED_KIND:
+        return await _validate_namespaced(review, store, settings or WebhookSettings())
+    admission.require_kind(review, group=names.GROUP, kind=names.KIND, what="SidecarSets and NamespacedSidecarSets")
     if review.operation not in ("CREATE", "UPDATE"):
         return Decision("allowed", admission.response(review))
     if review.object is None:
@@ -138,7 +144,7 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
     errors = [
         str(e)
         for e in validation.validate_sidecarset(
-            review.object, old=review.old_object, others=list(snapshot.objects.values()), models=snapshot.by_name
+            review.object, old=review.old_object, others=_cluster_objects(snapshot), models=snapshot.by_name
         )
     ]
     problem = pins.pin_problem(review.object, snapshot.revisions.values())
@@ -160,6 +166,29 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
         return Decision("denied", admission.response(review, denied=message, code=422))
     warnings = podsecurity.warnings(found) + advice.warnings(review.object)
     return Decision("allowed", admission.response(review, warnings=warnings))
+
+
+async def _validate_namespaced(review: admission.Review, store: TemplateStore, settings: WebhookSettings) -> Decision:
+    if review.operation not in ("CREATE", "UPDATE"):
+        return Decision("allowed", admission.response(review))
+    if review.object is None:
+        raise admission.ReviewError(400, f"request.object is required for {review.operation}")
+    result, body = await tenants.validate(
+        review,
+        store.snapshot,
+        enabled=settings.namespaced_sidecarsets,
+        policy_only=settings.policy_only,
+        manager_namespace=settings.manager_namespace,
+        lookup=settings.namespace_lookup,
+        access_review=settings.access_review,
+    )
+    return Decision(result, body)
+
+
+def _cluster_objects(snapshot: Snapshot) -> list[Any]:
+    """The SidecarSets a SidecarSet's names are checked against: a tenant's NamespacedSidecarSet never
+    blocks one (in the pods both select, the cluster's sidecar wins)."""
+    return [obj for key, obj in snapshot.objects.items() if "/" not in key]
 
 
 def _annotation(obj: Any, key: str) -> str | None:

@@ -3,7 +3,8 @@
 CEL cannot parse JSON, so a policy only works on hash annotations in the exact compact form the
 engine (and the policies) write: each entry matched by `ENTRY_RE`, the whole annotation being
 `{` + entries joined by `,` + `}`. A pod whose annotation has any other form is left to the
-webhook (which parses it), so the two paths always write the same text.
+webhook (which parses it), so the two paths always write the same text. An entry's key is a
+SidecarSet's name or a NamespacedSidecarSet's `<namespace>/<name>` (names.sidecarset_key).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sidecarsets.spec.model import SidecarSet
 
 _QUOTED = r'"[^"\\]*"'
 ENTRY_RE = (
-    r'"[a-zA-Z0-9._-]+":(?:\{"updateTimestamp":(?:' + _QUOTED + r'|null),"hash":' + _QUOTED
+    r'"[a-zA-Z0-9._/-]+":(?:\{"updateTimestamp":(?:' + _QUOTED + r'|null),"hash":' + _QUOTED
     + r',"sidecarSetName":' + _QUOTED
     + r',"sidecarList":\[(?:' + _QUOTED + r"(?:," + _QUOTED + r")*)?\]"
     + r'(?:,"controllerRevision":' + _QUOTED + r")?\}|" + _QUOTED + ")"

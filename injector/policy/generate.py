@@ -52,6 +52,10 @@ def check_servable(ss: SidecarSet) -> None:
     """Raise NeedsWebhook for a feature of `ss` that a policy cannot express (or its owner keeps off them)."""
     if ss.annotations.get(names.ANN_INJECTION_PATH) == "webhook":
         raise NeedsWebhook(f"annotation {names.ANN_INJECTION_PATH}=webhook")
+    if ss.namespaced:
+        # Its scope also depends on its namespace's sidecarctl.io/namespaced-sidecarsets label, and a
+        # cluster SidecarSet must win its container names in every pod: the webhook decides both.
+        raise NeedsWebhook(f"{names.NAMESPACED_KIND} (served by the webhook, after the cluster's SidecarSets)")
     if ss.canary_base is not None:
         # On the webhook, the pods a canary selects are served whole there (the base's policy leaves
         # them alone), so the engine drops the base for them; the base itself can stay on a policy.

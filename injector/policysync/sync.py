@@ -40,7 +40,7 @@ from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
-from sidecarsets.spec.model import ModelError, SidecarSet
+from sidecarsets.spec.model import ModelError, SidecarSet, object_key
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class PolicySync:
 
     # -- informer handlers ---------------------------------------------------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        name = name_of(new or old)
+        name = object_key(new or old)  # a NamespacedSidecarSet as `<namespace>/<name>`
         if kind == "DELETED" or new is None:
             self.models.pop(name, None)
         else:

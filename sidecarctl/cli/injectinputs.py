@@ -130,6 +130,9 @@ def read_inputs(paths: Sequence[str]) -> list[InputFile]:
 
 
 def _is_sidecarset(obj: Mapping[str, Any]) -> bool:
+    """A SidecarSet, or a NamespacedSidecarSet (injected as the webhook does: in its namespace only)."""
+    if obj.get("kind") == names.NAMESPACED_KIND:
+        return obj.get("apiVersion") in (None, names.API_VERSION_V1BETA1)
     if obj.get("kind") != names.KIND:
         return False
     api_version = obj.get("apiVersion")
@@ -220,6 +223,8 @@ def load_sidecarset(where: str, obj: JsonObj) -> SidecarSet:
     label = f"SidecarSet {name}" if isinstance(name, str) and name else "SidecarSet (unnamed)"
     if meta is None:
         raise CliError(f"{where}: {label}: metadata is missing (a SidecarSet needs metadata.name)")
+    if obj.get("kind") == names.NAMESPACED_KIND and not resolve(meta, "namespace"):
+        raise CliError(f"{where}: {names.NAMESPACED_KIND} {name}: metadata.namespace is required (its pods' namespace)")
     try:
         return SidecarSet.from_object(obj)
     except ModelError as e:

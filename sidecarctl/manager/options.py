@@ -178,6 +178,11 @@ class InjectionOptions:
     policy_settle: float = opt(
         2.0, "seconds a new or changed policy is given to be enforced before the webhook stops taking its pods"
     )
+    namespaced_sidecarsets: bool = opt(
+        True,
+        "serve NamespacedSidecarSets (tenant sidecars); off: every one is refused at admission and none is "
+        "injected, status-kept or rolled out, in every namespace",
+    )
 
     def __post_init__(self) -> None:
         if self.injection not in INJECTION_MODES:

@@ -144,7 +144,10 @@ def _build(w: Wiring, caches: WarmCaches) -> Term:
 def _attach(term: Term, caches: WarmCaches) -> None:
     """The caches' events to the term's parts, and what they hold first: SidecarSets before the
     pods, which the controller files under the SidecarSets it knows."""
-    warm.attach(caches.sidecarsets, _both(term.controller.on_sidecarset, term.policies.on_sidecarset))
+    sidecarsets = _both(term.controller.on_sidecarset, term.policies.on_sidecarset)
+    warm.attach(caches.sidecarsets, sidecarsets)
+    if caches.tenant_sets is not None:
+        warm.attach(caches.tenant_sets, sidecarsets)
     warm.attach(caches.namespaces, _both(term.controller.on_namespace, term.security.on_namespace))
     warm.attach(caches.webhook_config, term.policies.on_webhook_config)
     warm.attach(caches.pods, term.controller.on_pod)

@@ -33,7 +33,7 @@ from kuberuntime.discovery import Served
 from kuberuntime.informer import Handler, Informer
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.manager.options import ManagerOptions
-from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.pods.projection import PodProjection, project
 from sidecarsets.spec import names
 from sidecarsets.store import namespace_labels
@@ -146,8 +146,16 @@ class WarmCaches:
             # Pods are large; small pages keep the peak heap (and so the RSS, which Python keeps) low.
             page_size=100,
         )
+        # NamespacedSidecarSets (none with --no-namespaced-sidecarsets): optional, since a cluster
+        # without their CRD has none, and nothing may wait for a first list there.
+        self.tenant_sets: Informer[JsonObj] | None = (
+            routed(client, NSS_PATH, name="namespacedsidecarsets", transform=identity, optional=True)
+            if opts.injection.namespaced_sidecarsets
+            else None
+        )
         self.core: list[Informer[Any]] = [
             self.sidecarsets,
+            *([self.tenant_sets] if self.tenant_sets is not None else []),
             self.namespaces,
             self.revisions,
             self.webhook_config,

@@ -23,13 +23,14 @@ from injector.http.decisions import WebhookSettings
 from injector.http.namespaces import NamespaceLookup
 from injector.http.server import Limits, Listener
 from injector.http.sources import ConnectionSource
+from injector.http.tenants import PodCreateReview
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.manager.listeners import listen
 from sidecarctl.manager.options import ManagerOptions
-from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore, namespace_labels
 
@@ -70,6 +71,18 @@ class WebhookRole:
                 label_selector=names.REVISION_LABEL_SIDECARSET,
             ),
         ]
+        if opts.injection.namespaced_sidecarsets:
+            # Optional: a cluster without the NamespacedSidecarSet CRD has none to wait for.
+            self.informers.append(
+                Informer(
+                    self.client,
+                    NSS_PATH,
+                    name="namespacedsidecarsets",
+                    transform=_identity,
+                    handler=self.store.on_sidecarset,
+                    optional=True,
+                )
+            )
         for informer in self.informers:
             informer.watch_timeout = opts.watches.watch_timeout
         self.reloader = CertReloader(
@@ -83,6 +96,8 @@ class WebhookRole:
             manager_namespace=opts.namespace,
             namespace_lookup=NamespaceLookup(self.client, timeout=budgets.namespace_lookup_timeout),
             policy_only=opts.injection.injection == "policy",
+            namespaced_sidecarsets=opts.injection.namespaced_sidecarsets,
+            access_review=PodCreateReview(self.client, timeout=budgets.namespace_lookup_timeout),
         )
         body = BodyLimits(
             timeout=budgets.body_timeout,

@@ -24,18 +24,20 @@ from kuberuntime.api import rv_number
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets.controller import history, metrics
+from sidecarsets.controller import history, metrics, tenants
 from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
 from sidecarsets.spec import names
-from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet, object_key, status_path
 
 log = logging.getLogger("sidecarsets.controller")
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+# Every NamespacedSidecarSet, watched across namespaces (one version: v1beta1).
+NSS_PATH = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.NAMESPACED_PLURAL}"
 RESYNC_SECONDS = 30.0
 REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
 
@@ -91,8 +93,7 @@ class Controller(PodWrites):
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
-        obj = new or old or {}
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = object_key(new or old)
         if kind == "DELETED" or new is None:
             self.sidecarsets.pop(name, None)
             self.queue.add(name)  # its reconcile drops its metric series (after one in flight, if any)
@@ -101,6 +102,8 @@ class Controller(PodWrites):
         old_gen = ((old or {}).get("metadata") or {}).get("generation")
         if old is None or old_gen != new.get("metadata", {}).get("generation"):
             self.queue.add(name)
+            if "/" not in name:  # a cluster SidecarSet may now take a NamespacedSidecarSet's names
+                self.refresh([key for key in self.sidecarsets if "/" in key])
         elif _progressing(old) != _progressing(new):
             self.queue.add(name)  # the stop condition removed by hand: the rollout resumes
 
@@ -215,7 +218,11 @@ class Controller(PodWrites):
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
         cached = None if self.revisions is None else self.revisions()
         latest, collisions = await history.sync_history(
-            self.client, ss, namespace=self.namespace, in_use=in_use, cached=cached
+            self.client,
+            ss,
+            namespace=history.revisions_namespace(ss, self.namespace),
+            in_use=in_use,
+            cached=None if ss.namespaced else cached,  # the cache holds the manager namespace's only
         )
         verdicts = status.pod_verdicts(ss, matched)  # shared by the status and the plan: each pod is evaluated once
         new_status = status.compute_status(
@@ -224,6 +231,12 @@ class Controller(PodWrites):
         now = self.clock()
         for condition in self.conditions(name) if self.conditions is not None else ():
             status.set_condition(new_status, ss.status, condition, now=now)
+        if ss.namespaced:  # a cluster SidecarSet that takes its names wins them in its pods
+            labels = self.namespaces().get(ss.namespace)
+            found = self.sidecarsets.values()
+            await tenants.report_cluster_conflict(
+                self.recorder, ss, new_status, sidecarsets=found, namespace_labels=labels, now=now
+            )
         progress = deadline.progress(ss, matched, verdicts, revision=latest, now=_time(now))
         if progress.condition is not None:
             status.put_condition(new_status, progress.condition)
@@ -369,7 +382,7 @@ class Controller(PodWrites):
         name = ss.name
         body = {"metadata": {"resourceVersion": ss.resource_version}, "status": new_status}
         try:
-            updated = await self.client.patch(f"{SS_PATH}/{name}/status", body, patch_type="merge")
+            updated = await self.client.patch(status_path(ss), body, patch_type="merge")
             # Keep the cache current so the next pass does not write the same status again, unless
             # the watch has already brought a newer object while the patch was on its way back: that
             # one stays (keeping ours would plan with an older spec and make every status write conflict).

@@ -18,6 +18,7 @@ from sidecarsets.spec.names import REVISION_LABEL_SIDECARSET, SS_LABEL_CUSTOM_VE
 from sidecarsets.spec.revisions import (
     MAX_COLLISIONS,
     RevisionError,
+    owner_name,
     plan_history,
     revision_hash,
     revision_name,
@@ -42,13 +43,13 @@ def _owned_by(revision: Mapping[str, Any], uid: str) -> bool:
 async def list_revisions(client: api.Client, ss: SidecarSet, *, namespace: str) -> list[JsonObj]:
     """The SidecarSet's revisions in `namespace`, oldest first."""
     listed = await client.get(
-        revisions_path(namespace), params={"labelSelector": f"{REVISION_LABEL_SIDECARSET}={ss.name}"}
+        revisions_path(namespace), params={"labelSelector": f"{REVISION_LABEL_SIDECARSET}={owner_name(ss)}"}
     )
     return _owned_revisions(ss, listed.get("items") or [])
 
 
 def _owned_revisions(ss: SidecarSet, items: Iterable[Mapping[str, Any]]) -> list[JsonObj]:
-    name, uid = ss.name, ss.uid
+    name, uid = owner_name(ss), ss.uid
     return sort_revisions(
         dict(r)
         for r in items
@@ -73,9 +74,15 @@ async def _create(
             if existing.get("data") == body["data"] and _owned_by(existing, uid):
                 return name, collisions
             collisions += 1
-            new_name = revision_name(ss.name, revision_hash(body["data"], collisions))
+            new_name = revision_name(owner_name(ss), revision_hash(body["data"], collisions))
             body = {**body, "metadata": {**body["metadata"], "name": new_name}}
     raise RevisionError(f"SidecarSet {ss.name}: no free revision name after {MAX_COLLISIONS} tries")
+
+
+def revisions_namespace(ss: SidecarSet, manager_namespace: str) -> str:
+    """Where a SidecarSet's ControllerRevisions live: the manager's namespace for a cluster SidecarSet,
+    its own namespace for a NamespacedSidecarSet (owned by it there, and readable by its owners)."""
+    return ss.namespace or manager_namespace
 
 
 async def sync_history(

@@ -13,6 +13,10 @@ object is accepted.
 
 The hashes are computed from the spec exactly as received, so that they equal what anything else
 computes with `sidecarsets.spec.hashing` from the same object.
+
+A NamespacedSidecarSet is the same model, `name` being its key `<namespace>/<name>` in every annotation,
+hash, cache and metric (`object_name` and `namespace` address the object); its scope is its namespace
+unless labelled `sidecarctl.io/namespaced-sidecarsets: disabled` (or its labels are unknown).
 """
 
 from __future__ import annotations
@@ -26,7 +30,20 @@ from typing import Any
 from kuberuntime.jsontypes import JsonObj, mapping
 from sidecarsets.spec import hashing, names, selectors
 from sidecarsets.spec.conversion import is_v1beta1
-from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, type_name
+from sidecarsets.spec.reading import (
+    ModelError,
+    Problem,
+    Reader,
+    collision_count,
+    first_problem,
+    history_limit,
+    is_int,
+    namespace_scope,
+    only_name_label,
+    own_namespace,
+    own_scope,
+    type_name,
+)
 from sidecarsets.spec.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
 from sidecarsets.spec.strategies import RevisionPin, UpdateStrategy, read_revision_pin, read_update_strategy
 from sidecarsets.values.jsontemplate import JsonTemplate
@@ -39,14 +56,14 @@ ACCEPTED_API_VERSIONS = (
 )
 _IMAGE_FIELD = re.compile(r"^spec\.containers\[\d+\]\.image$")
 
-__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet"]
+__all__ = ["ACCEPTED_API_VERSIONS", "ModelError", "Problem", "SidecarSet", "namespace_of", "object_key", "status_path"]
 
 
 @dataclass(frozen=True, slots=True)
 class SidecarSet:
     """An immutable view of one SidecarSet object; build it with `SidecarSet.from_object`."""
 
-    name: str
+    name: str  # the key: `name` for a SidecarSet, `<namespace>/<name>` for a NamespacedSidecarSet
     obj: JsonObj
     spec: JsonObj
     uid: str
@@ -73,6 +90,8 @@ class SidecarSet:
     latest_revision: str | None
     collision_count: int
     problems: tuple[Problem, ...] = ()
+    namespace: str = ""  # a NamespacedSidecarSet's namespace; "" for a (cluster-scoped) SidecarSet
+    object_name: str = ""  # metadata.name (the key without the namespace)
     # Derived once from the fields above: the engine asks for them for every pod, and a
     # SidecarSet is read once per change.
     _container_names: tuple[str, ...] = _derived(init=False, repr=False, compare=False)
@@ -110,8 +129,14 @@ class SidecarSet:
         selector = None if selectors.is_empty(self.selector) else self.selector
         derive("_pod_matcher", selectors.matcher(selector))
         sel = self.namespace_selector
+        if self.namespace:
+            derive("_namespace_matcher", own_namespace(self.namespace))
+            derive("_namespace_name_only", False)  # the disabled label decides too: labels must be known
+            # After every cluster SidecarSet: a pod gets the cluster's sidecars first, its namespace's after.
+            derive("injection_order", (2, self.name))
+            return
         derive("_namespace_matcher", selectors.matcher(sel))
-        derive("_namespace_name_only", sel is not None and _only_name_label(sel))
+        derive("_namespace_name_only", sel is not None and only_name_label(sel))
         derive("injection_order", (0 if selectors.names_namespaces(sel, names.NS_NAME_LABEL) else 1, self.name))
 
     @classmethod
@@ -125,8 +150,9 @@ class SidecarSet:
         if not isinstance(obj, Mapping):
             reader.fail("", f"a SidecarSet must be an object, not {type_name(obj)}")
             obj = {}
-        _check_type(reader, obj)
         metadata = reader.object(obj.get("metadata"), "metadata", required=True)
+        namespace = namespace_of(obj)
+        _check_type(reader, obj, namespaced=bool(namespace))
         name = metadata.get("name")
         if not isinstance(name, str) or not name:
             reader.fail("metadata.name", "metadata.name must be a non-empty string")
@@ -134,7 +160,10 @@ class SidecarSet:
         spec = reader.object(obj.get("spec"), "spec", required=True)
         status = reader.object(obj.get("status"), "status")
         selector = reader.optional_object(spec.get("selector"), "spec.selector")
-        ns_selector = _namespace_scope(reader, spec, beta=is_v1beta1(obj))
+        if namespace:
+            ns_selector: JsonObj | None = own_scope(reader, spec, namespace)
+        else:
+            ns_selector = namespace_scope(reader, spec, beta=is_v1beta1(obj))
         init_containers = read_containers(reader, spec.get("initContainers"), "spec.initContainers", init=True)
         containers = read_containers(reader, spec.get("containers"), "spec.containers", init=False)
         _check_names(reader, containers, init_containers)
@@ -143,12 +172,14 @@ class SidecarSet:
         generation = metadata.get("generation", 0)
         latest = status.get("latestRevision")
         return cls(
-            name=name,
+            name=names.sidecarset_key(name, namespace),
+            namespace=namespace,
+            object_name=name,
             obj=obj if isinstance(obj, dict) else dict(obj),
             spec=spec,
             uid=str(metadata.get("uid") or ""),
             resource_version=str(metadata.get("resourceVersion") or ""),
-            generation=generation if _is_int(generation) else 0,
+            generation=generation if is_int(generation) else 0,
             creation_timestamp=str(metadata.get("creationTimestamp") or ""),
             labels=mapping(metadata, "labels"),
             annotations=mapping(metadata, "annotations"),
@@ -166,13 +197,22 @@ class SidecarSet:
             volumes=reader.named_objects(spec.get("volumes"), "spec.volumes"),
             image_pull_secrets=reader.named_objects(spec.get("imagePullSecrets"), "spec.imagePullSecrets"),
             patch_pod_metadata=read_patch_pod_metadata(reader, spec.get("patchPodMetadata")),
-            revision_history_limit=_history_limit(reader, spec.get("revisionHistoryLimit")),
+            revision_history_limit=history_limit(reader, spec.get("revisionHistoryLimit")),
             latest_revision=latest if isinstance(latest, str) and latest else None,
-            collision_count=_collision_count(reader, status.get("collisionCount")),
+            collision_count=collision_count(reader, status.get("collisionCount")),
             problems=tuple(reader.problems),
         )
 
     # -- questions -------------------------------------------------------------------------------
+    @property
+    def namespaced(self) -> bool:
+        """A NamespacedSidecarSet (a tenant's), not a cluster SidecarSet."""
+        return bool(self.namespace)
+
+    @property
+    def kind(self) -> str:
+        return names.NAMESPACED_KIND if self.namespace else names.KIND
+
     @property
     def container_names(self) -> tuple[str, ...]:
         """The sidecars a pod carries for this SidecarSet: containers and native-sidecar init containers."""
@@ -238,7 +278,7 @@ class SidecarSet:
     @property
     def custom_version(self) -> str:
         """The SidecarSet's custom version (v1beta1 `spec.customVersion`, v1alpha1 a label), or ""."""
-        if is_v1beta1(self.obj):
+        if self.namespace or is_v1beta1(self.obj):
             value = self.spec.get("customVersion")
             return value if isinstance(value, str) else ""
         return str(self.labels.get(names.SS_LABEL_CUSTOM_VERSION) or "")
@@ -301,42 +341,42 @@ class SidecarSet:
         return self._pod_matcher(pod_labels)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_type(reader: Reader, obj: Mapping[str, Any]) -> None:
-    api_version = obj.get("apiVersion")
-    if api_version is not None and api_version not in ACCEPTED_API_VERSIONS:
-        reader.fail(
-            "apiVersion",
-            f"apiVersion: {api_version!r} is not a SidecarSet version ({' or '.join(ACCEPTED_API_VERSIONS)})",
-        )
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    """A NamespacedSidecarSet's namespace, or "" for a SidecarSet. The kind decides when it is given: a
+    SidecarSet manifest that carries a namespace (the API server drops it) is still a SidecarSet."""
+    meta = obj.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
     kind = obj.get("kind")
-    if kind is not None and kind != names.KIND:
-        reader.fail("kind", f"kind: {kind!r} is not {names.KIND}")
+    if not isinstance(namespace, str) or (kind is not None and kind != names.NAMESPACED_KIND):
+        return ""
+    return namespace
 
 
-def _namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
-    """The selector of the namespaces in scope; one namespace (which wins) is its name label.
+def object_key(obj: Mapping[str, Any] | None) -> str:
+    """The key (`SidecarSet.name`) of a SidecarSet or NamespacedSidecarSet object, without reading it."""
+    meta = (obj or {}).get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return names.sidecarset_key(str(meta.get("name") or ""), namespace_of(obj or {}))
 
-    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: Kruise 1.9's top-level
-    `namespaceSelector`, or the legacy `specificNamespace` (sidecarsets.spec.conversion).
-    """
-    where = "spec"
-    scope: Mapping[str, Any] = spec
-    if beta:
-        specific = reader.optional_object(spec.get("specificNamespace"), "spec.specificNamespace")
-        if specific is not None:
-            if spec.get("namespaceSelector") is not None:
-                reader.fail(
-                    "spec.namespaceSelector", "spec.namespaceSelector and spec.specificNamespace are mutually exclusive"
-                )
-            where, scope = "spec.specificNamespace", specific
-    namespace = None if beta and scope is spec else reader.string(scope.get("namespace"), f"{where}.namespace")
-    if namespace:
-        return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
-    return reader.optional_object(scope.get("namespaceSelector"), f"{where}.namespaceSelector")
+
+def status_path(ss: SidecarSet) -> str:
+    """The status subresource of the object `ss` was read from (the version the manager writes)."""
+    if ss.namespace:
+        base = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/namespaces/{ss.namespace}/{names.NAMESPACED_PLURAL}"
+        return f"{base}/{ss.object_name}/status"
+    return f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}/{ss.name}/status"
+
+
+def _check_type(reader: Reader, obj: Mapping[str, Any], *, namespaced: bool) -> None:
+    api_version = obj.get("apiVersion")
+    accepted = (names.API_VERSION_V1BETA1,) if namespaced else ACCEPTED_API_VERSIONS
+    if api_version is not None and api_version not in accepted:
+        what = names.NAMESPACED_KIND if namespaced else "SidecarSet"
+        reader.fail("apiVersion", f"apiVersion: {api_version!r} is not a {what} version ({' or '.join(accepted)})")
+    kind = obj.get("kind")
+    expected = names.NAMESPACED_KIND if namespaced else names.KIND
+    if kind is not None and kind != expected:
+        reader.fail("kind", f"kind: {kind!r} is not {expected}")
 
 
 def _check_names(
@@ -358,40 +398,3 @@ def _check_images(reader: Reader, raw_containers: Any) -> None:
         if isinstance(raw, dict) and (not isinstance(image, str) or not image):
             where = f"spec.containers[{i}].image"
             reader.fail(where, f"{where}: must be a non-empty string", advisory=True)
-
-
-def _history_limit(reader: Reader, value: Any) -> int:
-    """Kruise keeps at least one revision; the default is 10."""
-    if value is None:
-        return 10
-    if not _is_int(value):
-        reader.fail(
-            "spec.revisionHistoryLimit", f"spec.revisionHistoryLimit must be an integer, got {value!r}", advisory=True
-        )
-        return 10
-    return int(max(1, value))
-
-
-def _collision_count(reader: Reader, value: Any) -> int:
-    if value is None:
-        return 0
-    if not _is_int(value) or value < 0:
-        reader.fail(
-            "status.collisionCount",
-            f"status.collisionCount must be a non-negative integer, got {value!r}",
-            advisory=True,
-        )
-        return 0
-    return int(value)
-
-
-def _only_name_label(selector: Mapping[str, Any]) -> bool:
-    """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
-    try:
-        keys = set(mapping(selector, "matchLabels").keys())
-        for expr in selector.get("matchExpressions") or []:
-            if isinstance(expr, Mapping):
-                keys.add(str(expr.get("key")))
-    except (AttributeError, TypeError):  # ill-formed: such a selector matches nothing anyway
-        return False
-    return keys <= {names.NS_NAME_LABEL}

@@ -5,6 +5,8 @@ Kept in one module so a rename is one edit and a grep finds every use.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 GROUP = "sidecarctl.io"
 # The version the manager reads and writes, and the CRD's storage version (README: storage version).
 VERSION = "v1alpha1"
@@ -15,6 +17,17 @@ API_VERSION_V1BETA1 = f"{GROUP}/{VERSION_V1BETA1}"
 KIND = "SidecarSet"
 PLURAL = "sidecarsets"
 CRD_NAME = f"{PLURAL}.{GROUP}"
+# Tenant SidecarSets: namespaced, v1beta1 only, selecting pods of their own namespace. A pod's
+# annotations key one as `<namespace>/<name>` (sidecarset_key), which no cluster SidecarSet name can
+# be (a name has no "/"), so `shop/mesh` and a cluster `mesh` never share an entry.
+NAMESPACED_KIND = "NamespacedSidecarSet"
+NAMESPACED_PLURAL = "namespacedsidecarsets"
+NAMESPACED_CRD_NAME = f"{NAMESPACED_PLURAL}.{GROUP}"
+# Namespace label: `disabled` refuses NamespacedSidecarSets there and stops their injection.
+NS_NAMESPACED_SIDECARSETS_LABEL = "sidecarctl.io/namespaced-sidecarsets"
+NS_NAMESPACED_SIDECARSETS_DISABLED = "disabled"
+# NamespacedSidecarSet status condition: a cluster SidecarSet owns some of its names in its pods.
+CONDITION_CLUSTER_CONFLICT = "ClusterSidecarSetConflict"
 KRUISE_GROUP = "apps.kruise.io"
 KRUISE_API_VERSION = f"{KRUISE_GROUP}/{VERSION}"
 KRUISE_API_VERSION_V1BETA1 = f"{KRUISE_GROUP}/{VERSION_V1BETA1}"
@@ -88,3 +101,14 @@ VALIDATING_WEBHOOK_CONFIG = "sidecarctl-validator"
 INJECT_PATH = "/inject"
 VALIDATE_PATH = "/validate-sidecarset"
 CONVERT_PATH = "/convert"
+
+
+def sidecarset_key(name: str, namespace: str = "") -> str:
+    """How a SidecarSet is named in pod annotations, hashes, metrics and the caches: a cluster one by
+    its name, a NamespacedSidecarSet as `<namespace>/<name>`."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def namespaced_sidecarsets_disabled(labels: Mapping[str, str] | None) -> bool:
+    """Whether a namespace with these labels turned NamespacedSidecarSets off (unknown labels: off too)."""
+    return labels is None or labels.get(NS_NAMESPACED_SIDECARSETS_LABEL) == NS_NAMESPACED_SIDECARSETS_DISABLED

@@ -13,11 +13,13 @@ Some problems are never fatal, even in strict mode (`advisory`): fields injectio
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, mapping
+from sidecarsets.spec import names
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -128,3 +130,87 @@ def first_problem(problems: tuple[Problem, ...], *prefixes: str, exact: bool = F
             if f == prefix or (not exact and f.startswith((prefix + ".", prefix + "["))):
                 return problem
     return None
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- the fields SidecarSet.from_object reads with these helpers ---------------------------------
+def namespace_scope(reader: Reader, spec: Mapping[str, Any], *, beta: bool) -> JsonObj | None:
+    """The selector of the namespaces in scope; one namespace (which wins) is its name label.
+
+    v1alpha1: `namespace` and `namespaceSelector`; v1beta1: Kruise 1.9's top-level
+    `namespaceSelector`, or the legacy `specificNamespace` (sidecarsets.spec.conversion).
+    """
+    where = "spec"
+    scope: Mapping[str, Any] = spec
+    if beta:
+        specific = reader.optional_object(spec.get("specificNamespace"), "spec.specificNamespace")
+        if specific is not None:
+            if spec.get("namespaceSelector") is not None:
+                reader.fail(
+                    "spec.namespaceSelector", "spec.namespaceSelector and spec.specificNamespace are mutually exclusive"
+                )
+            where, scope = "spec.specificNamespace", specific
+    namespace = None if beta and scope is spec else reader.string(scope.get("namespace"), f"{where}.namespace")
+    if namespace:
+        return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
+    return reader.optional_object(scope.get("namespaceSelector"), f"{where}.namespaceSelector")
+
+
+def own_scope(reader: Reader, spec: Mapping[str, Any], namespace: str) -> JsonObj:
+    """A NamespacedSidecarSet selects pods of its own namespace only: it has no namespace fields."""
+    for field in ("namespaceSelector", "namespace", "specificNamespace"):
+        if spec.get(field) is not None:
+            reader.fail(
+                f"spec.{field}",
+                f"spec.{field}: a {names.NAMESPACED_KIND} selects pods of its own namespace only and has no such field",
+            )
+    return {"matchLabels": {names.NS_NAME_LABEL: namespace}}
+
+
+def own_namespace(namespace: str) -> Callable[[Mapping[str, str]], bool]:
+    """Its namespace, unless that namespace turned NamespacedSidecarSets off."""
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        return labels.get(names.NS_NAME_LABEL) == namespace and not names.namespaced_sidecarsets_disabled(labels)
+
+    return matches
+
+
+def only_name_label(selector: Mapping[str, Any]) -> bool:
+    """Whether the selector constrains nothing but the namespace name label (so a name decides it)."""
+    try:
+        keys = set(mapping(selector, "matchLabels").keys())
+        for expr in selector.get("matchExpressions") or []:
+            if isinstance(expr, Mapping):
+                keys.add(str(expr.get("key")))
+    except (AttributeError, TypeError):  # ill-formed: such a selector matches nothing anyway
+        return False
+    return keys <= {names.NS_NAME_LABEL}
+
+
+def history_limit(reader: Reader, value: Any) -> int:
+    """Kruise keeps at least one revision; the default is 10."""
+    if value is None:
+        return 10
+    if not is_int(value):
+        reader.fail(
+            "spec.revisionHistoryLimit", f"spec.revisionHistoryLimit must be an integer, got {value!r}", advisory=True
+        )
+        return 10
+    return int(max(1, value))
+
+
+def collision_count(reader: Reader, value: Any) -> int:
+    if value is None:
+        return 0
+    if not is_int(value) or value < 0:
+        reader.fail(
+            "status.collisionCount",
+            f"status.collisionCount must be a non-negative integer, got {value!r}",
+            advisory=True,
+        )
+        return 0
+    return int(value)

@@ -39,7 +39,7 @@ from sidecarsets.spec.hashing import spec_hash, spec_hash_without_image
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.names import (
     API_VERSION,
-    KIND,
+    API_VERSION_V1BETA1,
     REVISION_LABEL_SIDECARSET,
     SS_ANN_HASH,
     SS_ANN_HASH_WITHOUT_IMAGE,
@@ -67,10 +67,13 @@ class PinnedRevisionNotFound(RevisionError):
     """`injectionStrategy.revision` names a revision that does not exist (pod creation must fail)."""
 
 
-def _ss_name(ss: SidecarSet) -> str:
-    if not ss.name:
+def owner_name(ss: SidecarSet) -> str:
+    """The name its revisions carry: metadata.name (a NamespacedSidecarSet's live in its own namespace,
+    where that name is unique)."""
+    name = ss.object_name or ss.name
+    if not name:
         raise RevisionError("metadata.name is required")
-    return ss.name
+    return name
 
 
 def _require(ss: SidecarSet, *fields: str, exact: bool = False) -> None:
@@ -136,12 +139,13 @@ def owner_reference(ss: SidecarSet) -> JsonObj:
     uid = ss.uid
     if not uid:
         raise RevisionError("metadata.uid is required to own ControllerRevisions (is the SidecarSet stored?)")
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": _ss_name(ss), "uid": str(uid), "controller": True}
+    api_version = API_VERSION_V1BETA1 if ss.namespaced else API_VERSION
+    return {"apiVersion": api_version, "kind": ss.kind, "name": owner_name(ss), "uid": str(uid), "controller": True}
 
 
 def new_revision(ss: SidecarSet, *, name: str, number: int) -> JsonObj:
     """The ControllerRevision object for the SidecarSet's current spec (namespace left to the caller)."""
-    ss_name = _ss_name(ss)
+    ss_name = owner_name(ss)
     labels = {**ss.labels, REVISION_LABEL_SIDECARSET: ss_name}
     if ss.custom_version:
         labels[SS_LABEL_CUSTOM_VERSION] = ss.custom_version
@@ -176,7 +180,7 @@ def _pinned(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> tuple[str
     if name:
         found = next((r for r in revs if resolve(r, "metadata", "name") == name), None)
         return f"revisionName {name!r}", (dict(found) if found is not None else None)
-    ss_name = _ss_name(ss)
+    ss_name = owner_name(ss)
     matching = [
         r
         for r in revs
@@ -199,7 +203,7 @@ def resolve_pinned(ss: SidecarSet, revisions: Iterable[Mapping[str, Any]]) -> Js
     what, found = pinned
     if found is None:
         raise PinnedRevisionNotFound(
-            f"spec.injectionStrategy.revision: no ControllerRevision of SidecarSet {_ss_name(ss)!r} matches {what}"
+            f"spec.injectionStrategy.revision: no ControllerRevision of SidecarSet {owner_name(ss)!r} matches {what}"
         )
     return found
 
@@ -298,7 +302,7 @@ def plan_history(ss: SidecarSet, existing: Iterable[Mapping[str, Any]], *, in_us
     `in_use` names revisions that must survive truncation (those pods record); the revision pinned
     by `injectionStrategy.revision` is added here.
     """
-    ss_name = _ss_name(ss)
+    ss_name = owner_name(ss)
     revs = sort_revisions(existing)
     data = revision_data(ss)
     next_number = revision_number(revs[-1]) + 1 if revs else 1

@@ -22,7 +22,8 @@ from typing import Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec.defaults import apply_defaults
-from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet, namespace_of
+from sidecarsets.validation import tenancy
 from sidecarsets.validation.base import Errors, FieldError, obj_field, type_name, validate_selector
 from sidecarsets.validation.canary import validate_canary
 from sidecarsets.validation.conflicts import validate_conflicts
@@ -86,6 +87,8 @@ def validate_sidecarset(
     current = apply_defaults(raw)
     others = list(others)
     validate_name(current, errs)
+    if namespace_of(current):
+        tenancy.validate_shape(current, errs)
     validate_canary(current, old if isinstance(old, Mapping) else None, others, errs)
     spec = obj_field(current, "spec", "spec", errs)
     if spec is None:

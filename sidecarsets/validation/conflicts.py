@@ -22,7 +22,7 @@ from typing import Any
 from kuberuntime.jsontypes import mapping
 from sidecarsets.spec import selectors
 from sidecarsets.spec.enums import PatchPolicy
-from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet, object_key
 from sidecarsets.validation.base import Errors, FieldError
 
 
@@ -74,7 +74,7 @@ def validate_conflicts(
         if not isinstance(raw, Mapping):
             continue
         meta = raw.get("metadata")
-        known = (models or {}).get(str(meta.get("name"))) if isinstance(meta, Mapping) else None
+        known = (models or {}).get(object_key(raw)) if isinstance(meta, Mapping) else None
         other = known if known is not None and known.obj is raw else SidecarSet.from_object(raw, tolerant=True)
         if other.name == own.name or own.canary_base == other.name or other.canary_base == own.name:
             continue

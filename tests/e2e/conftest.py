@@ -23,6 +23,7 @@ from tests.e2e.helpers import SS_PATH, make_sidecarset
 from tests.kube import builders
 from tests.kube.ci import IN_CI
 from tests.kube.client import Kube, eventually
+from tests.kube.cluster import install_crd
 from tests.kube.controlplane import ControlPlane, ControlPlaneError, free_port
 from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
@@ -35,6 +36,7 @@ from tests.kube.managerharness import (
     conversion_crd,
     conversion_works,
     ensure_namespace,
+    namespaced_crd,
     start_in_process,
     wait_ready,
     webhook_configs,
@@ -178,6 +180,8 @@ def crd(kube: Kube, manager_port: int) -> dict[str, object]:
         return conds.get("Established") == "True"
 
     eventually(established, timeout=30, what="CRD Established")
+    # The NamespacedSidecarSet CRD too, so the session's manager serves the kind as an install does.
+    install_crd(kube, namespaced_crd())
     return obj
 
 

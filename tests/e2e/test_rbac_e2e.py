@@ -269,6 +269,8 @@ def by_url(obj: dict[str, Any], url: str) -> dict[str, Any]:
     """A webhook configuration, or the CRD's conversion webhook, pointed at `url` instead of the
     in-cluster Service (same paths)."""
     if obj["kind"] == "CustomResourceDefinition":
+        if "conversion" not in obj["spec"]:
+            return obj  # one version (NamespacedSidecarSet): nothing to convert
         webhook = obj["spec"]["conversion"]["webhook"]
         client = {"url": url + webhook["clientConfig"]["service"]["path"]}
         conversion = {**obj["spec"]["conversion"], "webhook": {**webhook, "clientConfig": client}}
@@ -365,8 +367,8 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
     installed = [by_url(o, f"https://127.0.0.1:{port}") for o in rendered if o["kind"] in INSTALLED_KINDS]
     early = [o for o in installed if o["kind"] in ("Namespace", "CustomResourceDefinition")]
     kubectl(cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(early))
-    crd_name = next(o["metadata"]["name"] for o in early if o["kind"] == "CustomResourceDefinition")
-    eventually(lambda: crd_established(kube, crd_name), timeout=30, what="CRD Established")
+    crd_names = [o["metadata"]["name"] for o in early if o["kind"] == "CustomResourceDefinition"]
+    eventually(lambda: all(crd_established(kube, n) for n in crd_names), timeout=30, what="CRDs Established")
 
     # Take the name the SidecarSet's first revision will get, with other data: the manager must
     # read it back (get), see the collision and pick the next name.
@@ -521,6 +523,20 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
             lambda: kube.get_or_none(f"{POLICIES}/{holder}") is None and kube.get_or_none(binding_path) is None,
             timeout=20,
             what="the paused SidecarSet's policy deleted (it held nothing else)",
+        )
+
+        # A NamespacedSidecarSet: watched across namespaces, its status patched, its revision in its namespace.
+        nss = builders.namespaced_sidecarset(
+            "tenant", ns, app="tenant", containers=[builders.container("log", "log:1")]
+        )
+        nss_path = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/namespaces/{ns}/{names.NAMESPACED_PLURAL}"
+        kube.create(nss_path, nss)
+        wait_injecting(kube, ns, "tenant", lambda p: "log" in [c["name"] for c in p["spec"]["containers"]])
+        create_ready_pods(kube, ns, "tenant", 1)
+        eventually(
+            lambda: (kube.get(f"{nss_path}/tenant").get("status") or {}).get("readyPods") == 1,
+            timeout=30,
+            what="the NamespacedSidecarSet's status written",
         )
 
         events = [

@@ -91,6 +91,14 @@ def sidecarset(
     return obj
 
 
+def namespaced_sidecarset(name: str = "mesh", namespace: str = "team-a", **kw: Any) -> JsonObj:
+    """A NamespacedSidecarSet (v1beta1) in `namespace`: `sidecarset`'s object of that kind there."""
+    obj = sidecarset(name, api_version=names.API_VERSION_V1BETA1, **kw)
+    obj["kind"] = names.NAMESPACED_KIND
+    obj["metadata"]["namespace"] = namespace
+    return obj
+
+
 def pod(
     name: str | None = "web",
     *,

@@ -68,6 +68,16 @@ def webhook_configs(url: str, *, mutating: str, validating: str) -> tuple[dict[s
     return out[0], out[1]
 
 
+CRD_NAME = names.CRD_NAME
+
+
+def namespaced_crd() -> dict[str, Any]:
+    """The NamespacedSidecarSet CRD of config/crd (one version: nothing to convert)."""
+    path = REPO / "config" / "crd" / f"{names.GROUP}_{names.NAMESPACED_PLURAL}.yaml"
+    found: dict[str, Any] = yaml.safe_load(path.read_text())
+    return found
+
+
 def conversion_crd(url: str) -> dict[str, Any]:
     """The SidecarSet CRD of config/crd with its conversion webhook's Service replaced by `url` + its path.
 
@@ -75,7 +85,9 @@ def conversion_crd(url: str) -> dict[str, Any]:
     storage version) work; anything needing v1beta1 fails with the API server's conversion error.
     """
     docs = [d for p in sorted((REPO / "config" / "crd").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
-    (crd,) = [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
+    (crd,) = [
+        d for d in docs if d and d.get("kind") == "CustomResourceDefinition" and d["metadata"]["name"] == CRD_NAME
+    ]
     webhook = crd["spec"]["conversion"]["webhook"]
     webhook["clientConfig"] = {"url": url + webhook["clientConfig"]["service"]["path"]}
     found: dict[str, Any] = crd

@@ -654,3 +654,22 @@ def test_explain_names_each_path_and_leaves_stdout_alone(tmp_path: Path, mesh: P
         "explain: SidecarSet off: not injected: injection paused or no selector: nothing is injected",
     ]
     assert "explain:" not in plain.stderr.decode()
+
+
+def test_a_namespaced_sidecarset_injects_pods_of_its_namespace_keyed_namespace_slash_name(tmp_path: Path) -> None:
+    tenant = sidecarset("logs", containers=[container("log", "log:1")], api_version=names.API_VERSION_V1BETA1)
+    tenant["kind"] = names.NAMESPACED_KIND
+    tenant["metadata"]["namespace"] = "shop"
+    (tmp_path / "nss.yaml").write_text(yaml.safe_dump(tenant))
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": ns, "labels": {"app": "web"}},
+             "spec": {"containers": [{"name": "app", "image": "app:1"}]}} for ns in ("shop", "other")]  # fmt: skip
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump_all(pods))
+    args = ["inject", "-f", str(tmp_path / "pods.yaml"), "--sidecarset", str(tmp_path / "nss.yaml")]
+    labels = ["--namespace-labels", "shop:team=shop", "--namespace-labels", "other:team=other"]
+    shop, other = yaml.safe_load_all(ok(sidecarctl(*args, *labels)))
+    assert [c["name"] for c in shop["spec"]["containers"]] == ["log", "app"]
+    assert set(json.loads(shop["metadata"]["annotations"][names.ANN_HASH])) == {"shop/logs"}
+    assert [c["name"] for c in other["spec"]["containers"]] == ["app"]
+    del tenant["metadata"]["namespace"]
+    (tmp_path / "nss.yaml").write_text(yaml.safe_dump(tenant))
+    assert "metadata.namespace is required" in failed(sidecarctl(*args, *labels))

@@ -159,8 +159,9 @@ def test_the_comparison_names_each_differing_field() -> None:
 
 
 def test_the_crd_is_config_crd_itself() -> None:
-    link = CHART / "files" / "sidecarctl.io_sidecarsets.yaml"
-    assert link.is_symlink() and link.resolve() == (CONFIG / "crd" / "sidecarctl.io_sidecarsets.yaml").resolve()
+    for crd_file in ("sidecarctl.io_sidecarsets.yaml", "sidecarctl.io_namespacedsidecarsets.yaml"):
+        link = CHART / "files" / crd_file
+        assert link.is_symlink() and link.resolve() == (CONFIG / "crd" / crd_file).resolve()
 
 
 def test_helm_lint_is_clean() -> None:
@@ -277,10 +278,10 @@ def test_another_namespace_moves_every_reference(default_render: dict[Key, Obj])
 
 def test_crd_values(default_render: dict[Key, Obj]) -> None:
     crd = ("CustomResourceDefinition", "", "sidecarsets.sidecarctl.io")
-    assert changed(["--set", "crds.keep=true"], default_render) == {
-        describe(crd): {"/metadata/annotations": (ABSENT, {"helm.sh/resource-policy": "keep"})}
-    }
-    assert set(default_render) - set(keyed(helm.helm_template("--set", "crds.install=false"))) == {crd}
+    tenant_crd = ("CustomResourceDefinition", "", "namespacedsidecarsets.sidecarctl.io")
+    keep = {"/metadata/annotations": (ABSENT, {"helm.sh/resource-policy": "keep"})}
+    assert changed(["--set", "crds.keep=true"], default_render) == {describe(crd): keep, describe(tenant_crd): keep}
+    assert set(default_render) - set(keyed(helm.helm_template("--set", "crds.install=false"))) == {crd, tenant_crd}
 
 
 def test_extra_args_env_and_scheduling(tmp_path: Path, default_render: dict[Key, Obj]) -> None:

@@ -135,6 +135,9 @@ def test_every_file_says_what_it_is_for_in_a_leading_comment(path: Path) -> None
 def test_default_holds_exactly_the_install_objects(default: dict[tuple[str, str, str], Obj]) -> None:
     assert set(default) == {
         ("CustomResourceDefinition", "", f"{names.PLURAL}.{names.GROUP}"),
+        ("CustomResourceDefinition", "", names.NAMESPACED_CRD_NAME),
+        ("ClusterRole", "", "sidecarctl-namespacedsidecarsets-edit"),
+        ("ClusterRole", "", "sidecarctl-namespacedsidecarsets-view"),
         ("Namespace", "", MANAGER_NS),
         ("ServiceAccount", MANAGER_NS, SA),
         ("ClusterRole", "", SA),
@@ -206,6 +209,11 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         (names.GROUP, names.PLURAL, "list", ()),
         (names.GROUP, names.PLURAL, "watch", ()),
         (names.GROUP, f"{names.PLURAL}/status", "patch", ()),
+        (names.GROUP, names.NAMESPACED_PLURAL, "list", ()),
+        (names.GROUP, names.NAMESPACED_PLURAL, "watch", ()),
+        (names.GROUP, f"{names.NAMESPACED_PLURAL}/status", "patch", ()),
+        # a NamespacedSidecarSet's revisions live in its own namespace
+        *(("apps", "controllerrevisions", v, ()) for v in ("list", "get", "create", "patch", "delete")),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get", (args.mutating_config,)),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", (args.mutating_config,)),
         # the policy sync watches the pod webhook's configuration by name (its matchCondition)
@@ -373,6 +381,22 @@ def test_injection_webhook_settings(default: dict[tuple[str, str, str], Obj]) ->
     assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
 
 
+def test_namespaced_sidecarsets_roles_aggregate_to_the_built_in_roles(default: dict[tuple[str, str, str], Obj]) -> None:
+    edit = one(default, "ClusterRole", "sidecarctl-namespacedsidecarsets-edit")
+    view = one(default, "ClusterRole", "sidecarctl-namespacedsidecarsets-view")
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in edit["metadata"]["labels"].items() if k.startswith(aggregate) and v == "true"} == {
+        aggregate + "admin",
+        aggregate + "edit",
+    }
+    assert {k for k, v in view["metadata"]["labels"].items() if k.startswith(aggregate) and v == "true"} == {
+        aggregate + "view"
+    }
+    writes = {"create", "update", "patch", "delete"}
+    assert writes <= {verb for _, resource, verb, _ in rules(edit) if resource == names.NAMESPACED_PLURAL}
+    assert {verb for _, _, verb, _ in rules(view)} == {"get", "list", "watch"}
+
+
 def test_validation_webhook_settings(default: dict[tuple[str, str, str], Obj]) -> None:
     hook = _webhook(default, "ValidatingWebhookConfiguration", names.VALIDATING_WEBHOOK_CONFIG)
     assert hook["clientConfig"] == {
@@ -385,7 +409,14 @@ def test_validation_webhook_settings(default: dict[tuple[str, str, str], Obj]) -
             "operations": ["CREATE", "UPDATE"],
             "resources": [names.PLURAL],
             "scope": "Cluster",
-        }
+        },
+        {
+            "apiGroups": [names.GROUP],
+            "apiVersions": [names.VERSION_V1BETA1],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [names.NAMESPACED_PLURAL],
+            "scope": "Namespaced",
+        },
     ]
     assert hook["failurePolicy"] == "Fail"
     assert hook["sideEffects"] == "None"

@@ -120,3 +120,65 @@ def test_error_event_410_in_the_stream_relists() -> None:
     api = ScriptedApi([obj("a", "1")], [kube.error_from_status(410, status)])
     run(api, lambda inf, seen: api.lists >= 2)
     assert api.lists >= 2
+
+
+class Unserved(ScriptedApi):
+    """A resource whose CRD is not installed until `served` is set: its lists answer 404 until then."""
+
+    served = False
+
+    async def get(self, path: str, *, params: Any = None) -> dict[str, Any]:
+        if not self.served:
+            self.lists += 1
+            raise kube.NotFound(404, "NotFound", "the server could not find the requested resource")
+        return await super().get(path, params=params)
+
+
+def test_an_optional_resource_not_served_counts_as_an_empty_synced_list_and_is_listed_again() -> None:
+    api = Unserved([obj("a", "1")], [])
+
+    async def main() -> tuple[bool, int, dict[str, Any]]:
+        inf: Informer[dict[str, Any]] = Informer(
+            api,  # type: ignore[arg-type]
+            "/x",
+            name="t",
+            transform=lambda o: o,
+            max_backoff=0.01,
+            optional=True,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(inf.run(stop))
+        await asyncio.wait_for(inf.synced.wait(), 1)
+        empty_then = not inf.store
+        api.served = True  # the CRD installed: the next list finds its objects
+        for _ in range(200):
+            if inf.store:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+        return empty_then, api.lists, dict(inf.store)
+
+    empty_then, lists, store = asyncio.run(main())
+    assert empty_then and lists >= 2 and set(store) == {"a"}
+
+
+def test_a_required_resource_not_served_is_never_synced() -> None:
+    api = Unserved([], [])
+
+    async def main() -> bool:
+        inf: Informer[dict[str, Any]] = Informer(
+            api,  # type: ignore[arg-type]
+            "/x",
+            name="t",
+            transform=lambda o: o,
+            max_backoff=0.01,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(inf.run(stop))
+        await asyncio.sleep(0.2)
+        stop.set()
+        await task
+        return inf.synced.is_set()
+
+    assert asyncio.run(main()) is False

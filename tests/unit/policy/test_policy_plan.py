@@ -473,3 +473,16 @@ def test_with_no_webhook_to_hand_it_to_a_selector_without_a_required_label_gets_
     assert set(by_member["loose"].members) == {"loose"}
     [gates] = by_member["p00"].policy["spec"]["matchConditions"]
     assert gates["expression"] != "true" and '"team" in l' in gates["expression"]
+
+
+def test_a_namespaced_sidecarset_is_served_by_the_webhook_and_named_in_its_condition() -> None:
+    tenant = SidecarSet.from_object(
+        builders.namespaced_sidecarset("logs", "shop", containers=[builders.container("log", "log:1")])
+    )
+    p = planned(ss("mesh"), tenant)
+    route = p.routes["shop/logs"]
+    assert route.path is Path.WEBHOOK and route.why is Why.NEEDS_WEBHOOK
+    assert names.NAMESPACED_KIND in route.message
+    assert p.routes["mesh"].path is Path.POLICY
+    # The pods the tenant's set may select go to the webhook, which injects the cluster's sidecars too.
+    assert p.webhook_condition != "false" and "shop" in p.webhook_condition
