@@ -24,7 +24,7 @@ from dataclasses import field as _derived
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj, mapping
-from sidecarsets.spec import hashing, names, selectors
+from sidecarsets.spec import hashing, names, selectors, sidecar
 from sidecarsets.spec.conversion import is_v1beta1
 from sidecarsets.spec.reading import ModelError, Problem, Reader, first_problem, type_name
 from sidecarsets.spec.sidecar import MetadataPatch, SidecarContainer, read_containers, read_patch_pod_metadata
@@ -72,6 +72,7 @@ class SidecarSet:
     revision_history_limit: int
     latest_revision: str | None
     collision_count: int
+    overrides: tuple[sidecar.OverrideBounds, ...] = ()  # spec.overrides: what pods may change by annotation
     problems: tuple[Problem, ...] = ()
     # Derived once from the fields above: the engine asks for them for every pod, and a
     # SidecarSet is read once per change.
@@ -169,6 +170,7 @@ class SidecarSet:
             revision_history_limit=_history_limit(reader, spec.get("revisionHistoryLimit")),
             latest_revision=latest if isinstance(latest, str) and latest else None,
             collision_count=_collision_count(reader, status.get("collisionCount")),
+            overrides=sidecar.read_overrides(reader, spec.get("overrides")),
             problems=tuple(reader.problems),
         )
 
