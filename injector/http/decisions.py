@@ -17,7 +17,7 @@ import orjson
 
 from injector.engine import engine
 from injector.http import admission
-from injector.http.metrics import POD_DENIALS
+from injector.http.metrics import OVERRIDE_REFUSALS, POD_DENIALS
 from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
 from injector.policy import servable
@@ -115,6 +115,12 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         operation=review.operation,
         manager_namespace=settings.manager_namespace,
     )
+    if outcome.refusal is not None and outcome.denied is not None:
+        # Refused like a LimitRange refuses a pod: Forbidden, naming the override and its bounds.
+        POD_DENIALS.labels("overrides").inc()
+        OVERRIDE_REFUSALS.labels(outcome.refusal).inc()
+        body = admission.response(review, denied=outcome.denied, code=403, warnings=outcome.warnings)
+        return Decision("denied", body)
     if outcome.denied is not None:
         POD_DENIALS.labels("cannot_inject").inc()
         return Decision("denied", admission.response(review, denied=outcome.denied, code=400))

@@ -1,0 +1,176 @@
+"""An override checked against its SidecarSet's bounds and merged into a sidecar, field by field.
+
+Checked like a LimitRange: every value the pod names must lie in the range its SidecarSet gives that
+resource, every env name must be one the SidecarSet lists, and after merging no request may exceed
+its limit. A refusal names the annotation, the SidecarSet, the container, the field, the value and
+what is allowed; nothing is clamped. Merged field by field: the sidecar keeps the SidecarSet's value
+(or the one its resourcesPolicy computed) of every field the pod does not name, so overriding the
+CPU request keeps the CPU limit, the memory values and every other env var.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kuberuntime.jsontypes import JsonObj, mapping
+from sidecarsets.overrides.annotation import (
+    NOT_ALLOWED,
+    OUT_OF_RANGE,
+    REQUEST_ABOVE_LIMIT,
+    ContainerOverride,
+    OverrideError,
+    field,
+    shown,
+)
+from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.sidecar import OverrideBounds
+from sidecarsets.values import quantity
+
+APPLIED, REFUSED, IGNORED = "applied", "refused", "ignored"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one container's override in one pod: applied (what), refused or ignored (why)."""
+
+    container: str
+    verdict: str  # APPLIED, REFUSED or IGNORED
+    message: str
+    reason: str = ""  # a refusal's reason (annotation.REASONS)
+
+
+def applied(ss: SidecarSet, override: ContainerOverride) -> Outcome:
+    fields = [f"resources.{s}.{r}={v.text}" for s in ("requests", "limits") for r, v in override.section(s)]
+    fields += [f"env {name}={shown(value)}" for name, value in override.env]
+    what = ", ".join(fields) or "nothing (an empty override)"
+    return Outcome(override.container, APPLIED, f"{what} (allowed by SidecarSet {ss.name})")
+
+
+def ignored(override: ContainerOverride) -> Outcome:
+    message = (
+        f"{field(override.container)}: no SidecarSet injects a container {override.container} into this pod; "
+        "its override is ignored"
+    )
+    return Outcome(override.container, IGNORED, message)
+
+
+def bounds_of(ss: SidecarSet, container: str) -> OverrideBounds | None:
+    return next((b for b in ss.overrides if b.container == container), None)
+
+
+def allowed_text(bounds: OverrideBounds | None) -> str:
+    """Everything a pod may override of a sidecar, as a refusal lists it."""
+    if bounds is None:
+        return "nothing"
+    parts = [f"{r.resource} {r.text()}" for r in bounds.resources]
+    if bounds.env:
+        parts.append("env " + ", ".join(bounds.env))
+    return "; ".join(parts) or "nothing"
+
+
+def check(ss: SidecarSet, override: ContainerOverride) -> None:
+    """OverrideError when `override` asks `ss` for more than its `spec.overrides` allows."""
+    name = override.container
+    bounds = bounds_of(ss, name)
+    whose = f"SidecarSet {ss.name} allows"
+    if bounds is None and (override.has_resources or override.env):
+        message = f"{field(name)}: Forbidden: {whose} no override of container {name} (allowed: nothing)"
+        raise OverrideError(message, NOT_ALLOWED)
+    allowed = allowed_text(bounds)
+    for section in ("requests", "limits"):
+        for resource, value in override.section(section):
+            where = field(name, "resources", section, resource)
+            bound = bounds.range_of(resource) if bounds is not None else None
+            if bound is None:
+                detail = f"{shown(value.text)}: {whose} no {resource} override of container {name} (allowed: {allowed})"
+                raise OverrideError(f"{where}: Forbidden: {detail}", NOT_ALLOWED)
+            side = (
+                "below the minimum"
+                if bound.min is not None and value.quantity.cmp(bound.min) < 0
+                else "above the maximum"
+                if bound.max is not None and value.quantity.cmp(bound.max) > 0
+                else None
+            )
+            if side is not None:
+                detail = f"{shown(value.text)} is {side} {whose} for container {name} (allowed: {bound.text()})"
+                raise OverrideError(f"{where}: Forbidden: {detail}", OUT_OF_RANGE)
+    for env_name, env_value in override.env:
+        if bounds is None or env_name not in bounds.env:
+            where = field(name, "env", f"[{env_name}]")
+            detail = (
+                f"{shown(env_value)}: {whose} no override of env {env_name} in container {name} (allowed: {allowed})"
+            )
+            raise OverrideError(f"{where}: Forbidden: {detail}", NOT_ALLOWED)
+
+
+def merged_resources(resources: Mapping[str, Any], override: ContainerOverride | None) -> JsonObj:
+    """`resources` (the SidecarSet's, or computed) with the fields the override names replaced."""
+    out: JsonObj = {k: v for k, v in resources.items() if k not in ("requests", "limits")}
+    for section in ("requests", "limits"):
+        values = dict(mapping(resources, section))
+        if override is not None:
+            values.update((resource, value.text) for resource, value in override.section(section))
+        if values:
+            out[section] = values
+    return out
+
+
+def _value(raw: Any) -> quantity.Quantity | None:
+    try:
+        return quantity.parse(quantity.json_text(raw))
+    except quantity.QuantityError:
+        return None
+
+
+def check_request_limits(ss: SidecarSet, override: ContainerOverride, resources: Mapping[str, Any]) -> None:
+    """OverrideError when, after merging, a request the pod names exceeds its limit or a limit the pod
+    names is below its request (the API server would refuse the pod with a less helpful message)."""
+    requests, limits = mapping(resources, "requests"), mapping(resources, "limits")
+    named = {(s, r) for s in ("requests", "limits") for r, _ in override.section(s)}
+    for resource in sorted({r for _, r in named}):
+        request, limit = _value(requests.get(resource)), _value(limits.get(resource))
+        if request is None or limit is None or request.cmp(limit) <= 0:
+            continue
+        section = "requests" if ("requests", resource) in named else "limits"
+        other = "limits" if section == "requests" else "requests"
+        origin = "the pod's" if (other, resource) in named else f"SidecarSet {ss.name}'s"
+        req, lim = shown(str(requests.get(resource))), shown(str(limits.get(resource)))
+        detail = (
+            f"{req} is above the {resource} limit {lim}"
+            if section == "requests"
+            else f"{lim} is below the {resource} request {req}"
+        )
+        where = field(override.container, "resources", section, resource)
+        message = f"{where}: Forbidden: {detail} after merging with {origin} {other}"
+        message += " (a request may not exceed its limit)"
+        raise OverrideError(message, REQUEST_ABOVE_LIMIT)
+
+
+def merged_env(env: Iterable[Any], override: ContainerOverride | None) -> list[Any]:
+    """The env list with each var the override names set to its value (in place; appended when new)."""
+    if override is None or not override.env:
+        return list(env)
+    wanted = dict(override.env)
+    out: list[Any] = []
+    for entry in env:
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if isinstance(name, str) and name in wanted:
+            out.append({"name": name, "value": wanted.pop(name)})
+        else:
+            out.append(entry)
+    out += [{"name": name, "value": value} for name, value in wanted.items()]
+    return out
+
+
+def apply(container: JsonObj, ss: SidecarSet, override: ContainerOverride) -> None:
+    """Check `override` and merge it into `container` (the sidecar as it enters the pod, owned by the
+    caller); OverrideError, with `container` untouched, when it is refused."""
+    check(ss, override)
+    resources = merged_resources(mapping(container, "resources"), override)
+    check_request_limits(ss, override, resources)
+    if override.has_resources:
+        container["resources"] = resources
+    if override.env:
+        container["env"] = merged_env(container.get("env") or [], override)
