@@ -175,11 +175,13 @@ def _build(
 def _record_env(
     annotations: dict[str, str], overrides: annotation.PodOverrides, outcomes: Sequence[merge.Outcome]
 ) -> None:
-    """The env values the applied overrides gave the sidecars, recorded on the pod (a record the pod
-    came with is emptied: the patch only adds): a running container cannot take a changed one, which
-    the controller reports by comparing the two annotations."""
+    """The env values the applied overrides gave the sidecars, recorded on every pod that asks for
+    overrides (`{}` when none; a record a pod came with is emptied, the patch only adds): a running
+    container cannot take a changed one, which the controller reports by comparing the two
+    annotations, and the record keeps the pod's resizes in the controller's care after the annotation
+    is removed (its sidecars then go back to the SidecarSet's values)."""
     record = annotation.env_record(overrides, (o.container for o in outcomes if o.verdict == merge.APPLIED))
-    if record is not None or names.ANN_OVERRIDES_ENV_APPLIED in annotations:
+    if record is not None or names.ANN_OVERRIDES in annotations or names.ANN_OVERRIDES_ENV_APPLIED in annotations:
         annotations[names.ANN_OVERRIDES_ENV_APPLIED] = record or "{}"
 
 
