@@ -24,8 +24,9 @@ from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics
+from sidecarsets.controller.overridewrites import OverrideWrites
 from sidecarsets.controller.podfailures import PodFailures
-from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites, rv_number
+from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, rv_number
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
@@ -39,7 +40,7 @@ RESYNC_SECONDS = 30.0
 REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
 
 
-class Controller(PodWrites):
+class Controller(OverrideWrites):
     """Reconciles every SidecarSet; run it only while holding the leader Lease."""
 
     def __init__(
@@ -87,6 +88,7 @@ class Controller(PodWrites):
         self._resizable: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
         # Whether the API server serves pods/resize (discovery, kept by the composition root).
         self.resize_served = True
+        self._override_said: dict[tuple[str, str, str], str] = {}  # sidecarsets.controller.overridewrites
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -235,16 +237,18 @@ class Controller(PodWrites):
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
         if stale:
             return 0.5  # our own pod writes are not in the cache yet: plan again once they are
+        held_back = self.failures.held_back()
         plan = planner.plan_upgrade(
             ss,
             matched,
             revision=latest,
             now=self.clock(),
             verdicts=verdicts,
-            held_back=self.failures.held_back(),
+            held_back=held_back,
             resizable=self._resizable_from(ss),
             resize_refusal=None if self.resize_served else resize.NOT_SERVED,
         )
+        plan = await self._with_overrides(ss, matched, plan, held_back)
         await self._mark_upgradable(ss, matched, set(plan.not_upgradable), plan.reasons)
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
