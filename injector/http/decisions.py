@@ -20,6 +20,8 @@ from injector.http import admission
 from injector.http.metrics import OVERRIDE_REFUSALS, POD_DENIALS
 from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
+from injector.http.tightened import PodLister
+from injector.http.tightened import warnings as tightened_warnings
 from injector.policy import servable
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import mapping, resolve
@@ -53,6 +55,8 @@ class WebhookSettings:
     replay: ReplayCache | None = field(default_factory=ReplayCache)
     # --injection=policy: there is no pod webhook, so a SidecarSet no policy can serve is refused.
     policy_only: bool = False
+    # Reads a SidecarSet's injected pods when an update tightens its overrides' bounds (injector.http.tightened).
+    pod_lister: PodLister | None = None
 
 
 class NamespaceUnknown(Exception):
@@ -165,6 +169,8 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
         message = f"SidecarSet rejected ({names.ANN_POD_SECURITY}=enforce): " + " ".join(podsecurity.warnings(refused))
         return Decision("denied", admission.response(review, denied=message, code=422))
     warnings = podsecurity.warnings(found) + advice.warnings(review.object)
+    if review.old_object is not None and settings is not None:
+        warnings += await tightened_warnings(review.object, review.old_object, settings.pod_lister)
     return Decision("allowed", admission.response(review, warnings=warnings))
 
 

@@ -23,6 +23,7 @@ from injector.http.decisions import WebhookSettings
 from injector.http.namespaces import NamespaceLookup
 from injector.http.server import Limits, Listener
 from injector.http.sources import ConnectionSource
+from injector.http.tightened import PodLister
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
@@ -83,6 +84,7 @@ class WebhookRole:
             manager_namespace=opts.namespace,
             namespace_lookup=NamespaceLookup(self.client, timeout=budgets.namespace_lookup_timeout),
             policy_only=opts.injection.injection == "policy",
+            pod_lister=PodLister(self.client, timeout=budgets.namespace_lookup_timeout),
         )
         body = BodyLimits(
             timeout=budgets.body_timeout,

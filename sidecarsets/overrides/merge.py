@@ -22,6 +22,7 @@ from sidecarsets.overrides.annotation import (
     ContainerOverride,
     OverrideError,
     field,
+    parsed,
     shown,
 )
 from sidecarsets.spec.model import SidecarSet
@@ -174,3 +175,43 @@ def apply(container: JsonObj, ss: SidecarSet, override: ContainerOverride) -> No
         container["resources"] = resources
     if override.env:
         container["env"] = merged_env(container.get("env") or [], override)
+
+
+def outside(ss: SidecarSet, text: str | None) -> str | None:
+    """Why a pod whose annotation is `text` asks `ss` for more than its bounds allow now (None: it
+    does not, or asks nothing of `ss`): a running pod's overrides after the bounds changed."""
+    if text is None:
+        return None
+    found = parsed(text)
+    if isinstance(found, OverrideError):
+        return str(found)
+    for sc in (*ss.containers, *ss.init_containers):
+        override = found.get(sc.name)
+        if override is None:
+            continue
+        try:
+            check(ss, override)
+        except OverrideError as e:
+            return str(e)
+    return None
+
+
+def tightened(old: SidecarSet, new: SidecarSet) -> bool:
+    """Whether `new` allows less than `old` somewhere: an entry, a resource or an env name dropped, a
+    minimum raised or a maximum lowered. Only then can running pods fall outside the bounds."""
+    for before in old.overrides:
+        after = bounds_of(new, before.container)
+        if after is None or set(before.env) - set(after.env):
+            return True
+        for was in before.resources:
+            now = after.range_of(was.resource)
+            if now is None or _narrower(was.min, now.min, -1) or _narrower(was.max, now.max, 1):
+                return True
+    return False
+
+
+def _narrower(was: quantity.Quantity | None, now: quantity.Quantity | None, side: int) -> bool:
+    """A bound that now excludes values it allowed (side -1: a minimum, 1: a maximum)."""
+    if now is None:
+        return False
+    return was is None or now.cmp(was) == -side

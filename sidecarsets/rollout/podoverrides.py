@@ -47,20 +47,7 @@ def _tracked(pod: PodProjection) -> bool:
 
 def refusal(ss: SidecarSet, pod: PodProjection) -> str | None:
     """Why the pod's overrides of `ss`'s sidecars are refused now (None: allowed, or none asked)."""
-    if pod.overrides is None:
-        return None
-    found = annotation.parsed(pod.overrides)
-    if isinstance(found, annotation.OverrideError):
-        return str(found)
-    for name in _sidecars(ss):
-        override = found.get(name)
-        if override is None:
-            continue
-        try:
-            merge.check(ss, override)
-        except annotation.OverrideError as e:
-            return str(e)
-    return None
+    return merge.outside(ss, pod.overrides)
 
 
 def outside_bounds(ss: SidecarSet, matched: Sequence[PodProjection]) -> dict[tuple[str, str], str]:
