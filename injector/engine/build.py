@@ -170,7 +170,8 @@ def _sidecar(
     override = overrides.get(sc.name) if overrides.containers else None
     if override is not None:
         try:
-            merge.apply(out, ss, override)
+            own = None if sc.resources_policy is not None else sc.container.get("resources")
+            merge.apply(out, ss, override, own=own if isinstance(own, dict) else None)
             built.overrides.append(merge.applied(ss, override))
         except OverrideError as e:
             built.overrides.append(merge.Outcome(sc.name, merge.REFUSED, str(e), e.reason))

@@ -147,10 +147,10 @@ def _build(
     """The sidecars built with the pod's overrides, and what became of each override; or the
     refusal (a malformed annotation, a refused override, a resourcesPolicy that cannot apply)."""
     raw = (meta.get("annotations") or {}).get(names.ANN_OVERRIDES)
-    try:
-        overrides = annotation.NONE if raw is None else annotation.parse(raw)
-    except annotation.OverrideError as e:
-        return InjectionResult(patch=[], warnings=tuple(warnings), denied=str(e), refusal=e.reason)
+    # Read once per distinct text: the replicas of a workload carry the same one.
+    overrides = annotation.parsed(raw) if isinstance(raw, str) or raw is None else annotation.parse_error(raw)
+    if isinstance(overrides, annotation.OverrideError):
+        return InjectionResult(patch=[], warnings=tuple(warnings), denied=str(overrides), refusal=overrides.reason)
     try:
         built = build.sidecars(
             todo,

@@ -14,6 +14,7 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as _derived
 from typing import Any
 
 import orjson
@@ -79,9 +80,18 @@ class ContainerOverride:
 @dataclass(frozen=True, slots=True)
 class PodOverrides:
     containers: tuple[ContainerOverride, ...] = ()
+    # Derived once: injection asks for every sidecar of every pod, and records the env of all.
+    _by_name: dict[str, ContainerOverride] = _derived(init=False, repr=False, compare=False)
+    _env_text: str | None = _derived(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {c.container: c for c in self.containers})
+        record = {c.container: dict(c.env) for c in self.containers if c.env}
+        text = orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode() if record else None
+        object.__setattr__(self, "_env_text", text)
 
     def get(self, container: str) -> ContainerOverride | None:
-        return next((c for c in self.containers if c.container == container), None)
+        return self._by_name.get(container)
 
 
 NONE = PodOverrides()
@@ -136,6 +146,16 @@ def parsed(text: str | None) -> PodOverrides | OverrideError:
     if text is None:
         return NONE
     return _remembered(text) if len(text) <= _REMEMBERED_BYTES else _parse_or_error(text)
+
+
+def parse_error(value: object) -> OverrideError:
+    """The refusal of an annotation value that is not text (a pod's annotations are strings; a CLI
+    manifest's YAML may hold anything)."""
+    try:
+        parse(value)
+    except OverrideError as e:
+        return e
+    raise AssertionError("only text is an annotation")  # parse refuses every non-string
 
 
 def _parse_or_error(text: str) -> PodOverrides | OverrideError:
@@ -222,7 +242,10 @@ def _env(container: str, items: Any) -> tuple[tuple[str, str], ...]:
 def env_record(overrides: PodOverrides, applied: Iterable[str]) -> str | None:
     """The record of the env overrides of the `applied` containers, or None when there are none."""
     chosen = set(applied)
-    record = {c.container: dict(c.env) for c in overrides.containers if c.container in chosen and c.env}
+    with_env = [c for c in overrides.containers if c.env]
+    if all(c.container in chosen for c in with_env):
+        return overrides._env_text  # the usual case: every override applied
+    record = {c.container: dict(c.env) for c in with_env if c.container in chosen}
     return orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode() if record else None
 
 

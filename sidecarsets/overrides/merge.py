@@ -10,6 +10,7 @@ CPU request keeps the CPU limit, the memory values and every other env var.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,15 +39,24 @@ class Outcome:
 
     container: str
     verdict: str  # APPLIED, REFUSED or IGNORED
-    message: str
+    detail: str = ""  # why refused or ignored
     reason: str = ""  # a refusal's reason (annotation.REASONS)
+    override: ContainerOverride | None = None  # applied: what, said only when asked (check-inject)
+    sidecarset: str = ""
+
+    @property
+    def message(self) -> str:
+        if self.verdict != APPLIED or self.override is None:
+            return self.detail
+        o = self.override
+        fields = [f"resources.{s}.{r}={v.text}" for s in ("requests", "limits") for r, v in o.section(s)]
+        fields += [f"env {name}={shown(value)}" for name, value in o.env]
+        what = ", ".join(fields) or "nothing (an empty override)"
+        return f"{what} (allowed by SidecarSet {self.sidecarset})"
 
 
 def applied(ss: SidecarSet, override: ContainerOverride) -> Outcome:
-    fields = [f"resources.{s}.{r}={v.text}" for s in ("requests", "limits") for r, v in override.section(s)]
-    fields += [f"env {name}={shown(value)}" for name, value in override.env]
-    what = ", ".join(fields) or "nothing (an empty override)"
-    return Outcome(override.container, APPLIED, f"{what} (allowed by SidecarSet {ss.name})")
+    return Outcome(override.container, APPLIED, override=override, sidecarset=ss.name)
 
 
 def ignored(override: ContainerOverride) -> Outcome:
@@ -73,20 +83,26 @@ def allowed_text(bounds: OverrideBounds | None) -> str:
 
 def check(ss: SidecarSet, override: ContainerOverride) -> None:
     """OverrideError when `override` asks `ss` for more than its `spec.overrides` allows."""
+    refused = _refusal(ss.name, bounds_of(ss, override.container), override)
+    if refused is not None:
+        raise OverrideError(*refused)
+
+
+@functools.lru_cache(maxsize=1024)
+def _refusal(sidecarset: str, bounds: OverrideBounds | None, override: ContainerOverride) -> tuple[str, str] | None:
+    """(message, reason) of `check`, remembered: the replicas of a workload ask the same of one
+    SidecarSet's bounds (both immutable values) for every pod."""
     name = override.container
-    bounds = bounds_of(ss, name)
-    whose = f"SidecarSet {ss.name} allows"
+    whose = f"SidecarSet {sidecarset} allows"
     if bounds is None and (override.has_resources or override.env):
-        message = f"{field(name)}: Forbidden: {whose} no override of container {name} (allowed: nothing)"
-        raise OverrideError(message, NOT_ALLOWED)
-    allowed = allowed_text(bounds)
+        return f"{field(name)}: Forbidden: {whose} no override of container {name} (allowed: nothing)", NOT_ALLOWED
     for section in ("requests", "limits"):
         for resource, value in override.section(section):
             where = field(name, "resources", section, resource)
             bound = bounds.range_of(resource) if bounds is not None else None
             if bound is None:
-                detail = f"{shown(value.text)}: {whose} no {resource} override of container {name} (allowed: {allowed})"
-                raise OverrideError(f"{where}: Forbidden: {detail}", NOT_ALLOWED)
+                detail = f"{shown(value.text)}: {whose} no {resource} override of container {name}"
+                return f"{where}: Forbidden: {detail} (allowed: {allowed_text(bounds)})", NOT_ALLOWED
             side = (
                 "below the minimum"
                 if bound.min is not None and value.quantity.cmp(bound.min) < 0
@@ -96,14 +112,13 @@ def check(ss: SidecarSet, override: ContainerOverride) -> None:
             )
             if side is not None:
                 detail = f"{shown(value.text)} is {side} {whose} for container {name} (allowed: {bound.text()})"
-                raise OverrideError(f"{where}: Forbidden: {detail}", OUT_OF_RANGE)
+                return f"{where}: Forbidden: {detail}", OUT_OF_RANGE
     for env_name, env_value in override.env:
         if bounds is None or env_name not in bounds.env:
             where = field(name, "env", f"[{env_name}]")
-            detail = (
-                f"{shown(env_value)}: {whose} no override of env {env_name} in container {name} (allowed: {allowed})"
-            )
-            raise OverrideError(f"{where}: Forbidden: {detail}", NOT_ALLOWED)
+            detail = f"{shown(env_value)}: {whose} no override of env {env_name} in container {name}"
+            return f"{where}: Forbidden: {detail} (allowed: {allowed_text(bounds)})", NOT_ALLOWED
+    return None
 
 
 def merged_resources(resources: Mapping[str, Any], override: ContainerOverride | None) -> JsonObj:
@@ -120,7 +135,16 @@ def merged_resources(resources: Mapping[str, Any], override: ContainerOverride |
 
 def _value(raw: Any) -> quantity.Quantity | None:
     try:
-        return quantity.parse(quantity.json_text(raw))
+        return _parsed(quantity.json_text(raw))
+    except quantity.QuantityError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> quantity.Quantity | None:
+    """A quantity of a SidecarSet or an override (few distinct texts, read for every pod), or None."""
+    try:
+        return quantity.parse(text)
     except quantity.QuantityError:
         return None
 
@@ -156,8 +180,8 @@ def merged_env(env: Iterable[Any], override: ContainerOverride | None) -> list[A
     wanted = dict(override.env)
     out: list[Any] = []
     for entry in env:
-        name = entry.get("name") if isinstance(entry, Mapping) else None
-        if isinstance(name, str) and name in wanted:
+        name = entry.get("name") if type(entry) is dict or isinstance(entry, Mapping) else None
+        if name in wanted:
             out.append({"name": name, "value": wanted.pop(name)})
         else:
             out.append(entry)
@@ -165,16 +189,47 @@ def merged_env(env: Iterable[Any], override: ContainerOverride | None) -> list[A
     return out
 
 
-def apply(container: JsonObj, ss: SidecarSet, override: ContainerOverride) -> None:
+def apply(
+    container: JsonObj, ss: SidecarSet, override: ContainerOverride, *, own: Mapping[str, Any] | None = None
+) -> None:
     """Check `override` and merge it into `container` (the sidecar as it enters the pod, owned by the
-    caller); OverrideError, with `container` untouched, when it is refused."""
-    check(ss, override)
-    resources = merged_resources(mapping(container, "resources"), override)
-    check_request_limits(ss, override, resources)
+    caller); OverrideError, with `container` untouched, when it is refused.
+
+    `own`: the SidecarSet's own `resources` of this sidecar, when they are the container's (no
+    resourcesPolicy computed them): the judgement is then remembered for that object and this
+    override (the replicas of a workload all ask the same of one SidecarSet)."""
+    bounds = bounds_of(ss, override.container)
+    if own is None:
+        judged = _judged(ss, override, mapping(container, "resources"))
+    else:
+        key = (id(own), id(override), id(bounds))
+        hit = _JUDGED.get(key)
+        if hit is None or hit[0] is not own or hit[1] is not override or hit[2] is not bounds:
+            if len(_JUDGED) >= 1024:
+                _JUDGED.clear()
+            hit = _JUDGED[key] = (own, override, bounds, _judged(ss, override, own))
+        judged = hit[3]
+    if isinstance(judged, tuple):
+        raise OverrideError(*judged)
     if override.has_resources:
-        container["resources"] = resources
+        container["resources"] = {k: dict(v) if isinstance(v, dict) else v for k, v in judged.items()}
     if override.env:
         container["env"] = merged_env(container.get("env") or [], override)
+
+
+# (resources, override, bounds, judged) by their ids; the objects are kept, so an id is never reused
+_JUDGED: dict[tuple[int, int, int], tuple[object, object, object, JsonObj | tuple[str, str]]] = {}
+
+
+def _judged(ss: SidecarSet, override: ContainerOverride, resources: Mapping[str, Any]) -> JsonObj | tuple[str, str]:
+    """The merged `resources`, or a refusal's (message, reason)."""
+    try:
+        check(ss, override)
+        merged = merged_resources(resources, override)
+        check_request_limits(ss, override, merged)
+    except OverrideError as e:
+        return str(e), e.reason
+    return merged
 
 
 def outside(ss: SidecarSet, text: str | None) -> str | None:
