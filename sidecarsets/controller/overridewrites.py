@@ -52,7 +52,8 @@ class OverrideWrites(PodWrites):
                 plan, not_upgradable=blocked, reasons=dict(sorted({**plan.reasons, **refused}.items()))
             )
         by_key = {p.key: p for p in matched}
-        asked = {k: why for k, why in plan.reasons.items() if why.startswith(names.ANN_OVERRIDES)}
+        # Said on the pod too: the override refused, or the resize it asks for (its owner reads the pod).
+        asked = {k: why for k, why in plan.reasons.items() if why.startswith(names.ANN_OVERRIDES) or k in refused}
         await self._say(ss, by_key, REASON_REFUSED, asked, "the pod's sidecars are left as they are")
         changes = podoverrides.env_changes(ss, matched)
         await self._say(ss, by_key, REASON_RECREATE, changes, "a running container cannot change its env: recreate it")

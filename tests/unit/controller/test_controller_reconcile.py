@@ -352,3 +352,22 @@ def test_a_changed_override_is_resized_in_place_and_an_env_change_is_said_on_the
     rig.reconcile()
     assert len(rig.api.writes("patch", pod_path("p0"))) == 1, "at its values now: not written again"
     assert len([p for p in rig.api.objects if "/events/" in p]) == len(events), "said once"
+
+
+def test_a_resize_an_override_asks_for_that_the_api_server_would_refuse_is_said_on_the_pod_and_not_sent() -> None:
+    ss = copy.deepcopy(V1)
+    ss["spec"]["overrides"] = [{"containerName": "envoy", "resources": {"cpu": {"max": "1"}}}]
+    guaranteed = {"requests": {"cpu": "200m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}
+    ss["spec"]["containers"][0]["resources"] = guaranteed
+    rig = Rig(ss, pods=0)
+    raw = _overridden(ss, {"envoy": {"resources": {"requests": {"cpu": "50m"}}}}, {})
+    raw["status"]["containerStatuses"] = [cs for cs in raw["status"]["containerStatuses"] if cs["name"] == "envoy"]
+    raw["spec"]["containers"] = [c for c in raw["spec"]["containers"] if c["name"] == "envoy"]
+    envoy = raw["spec"]["containers"][0]
+    envoy["resources"] = copy.deepcopy(guaranteed)
+    raw["status"]["containerStatuses"][0]["resources"] = copy.deepcopy(guaranteed)
+    rig.api.put(pod_path("p0"), raw)  # Guaranteed; a lower request alone would make it Burstable
+    rig.reconcile()
+    assert pod_path("p0") + "/resize" not in rig.api.writes("patch", pod_path("p0"))
+    (said,) = [e for p, e in rig.api.objects.items() if "/events/" in p and e["reason"] == "OverridesRefused"]
+    assert said["involvedObject"]["name"] == "p0" and "QoS class would change" in said["message"]
