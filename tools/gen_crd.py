@@ -515,6 +515,57 @@ def v1beta1_namespace_fields(inl: Inliner) -> Schema:
     }
 
 
+def overrides_schema(inl: Inliner) -> Schema:
+    """`spec.overrides` (our extension, both versions): what pods may change of a sidecar by the
+    annotation sidecarctl.io/overrides. The quantity checks (parse, min <= max) are the validating
+    webhook's (sidecarsets.validation.overrides): CEL's quantity library is not on every supported minor."""
+    quantity = inl.named(QUANTITY)
+    bound: Schema = {
+        "type": "object",
+        "description": "The range a request and a limit of this resource may take (either end optional).",
+        "minProperties": 1,
+        "properties": {
+            "min": {**copy.deepcopy(quantity), "description": "Smallest value a pod may ask for."},
+            "max": {**copy.deepcopy(quantity), "description": "Largest value a pod may ask for."},
+        },
+    }
+    return {
+        "type": "array",
+        "description": (
+            "sidecarctl extension: what a pod may change of a sidecar with its annotation "
+            f"{names.ANN_OVERRIDES}, within which bounds. Absent: nothing."
+        ),
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["containerName"],
+        "maxItems": 256,
+        "items": {
+            "type": "object",
+            "required": ["containerName"],
+            "properties": {
+                "containerName": {"type": "string", "description": "A sidecar of this SidecarSet."},
+                "resources": {
+                    "type": "object",
+                    "description": "Per resource (cpu, memory): the range a request and a limit may take.",
+                    "properties": {"cpu": copy.deepcopy(bound), "memory": copy.deepcopy(bound)},
+                },
+                "env": {
+                    "type": "array",
+                    "description": "Env var names a pod may set a value for (value only, no valueFrom).",
+                    "x-kubernetes-list-type": "set",
+                    "maxItems": 128,
+                    "items": {"type": "string", "minLength": 1, "pattern": "^[ -<>-~]+$"},
+                },
+            },
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.resources) || has(self.env)",
+                    "message": "an entry must allow resources or env (or both) to be overridden",
+                }
+            ],
+        },
+    }
+
+
 def spec_schema(inl: Inliner, version: str) -> Schema:
     beta = version == names.VERSION_V1BETA1
     schema: Schema = {
@@ -545,6 +596,7 @@ def spec_schema(inl: Inliner, version: str) -> Schema:
                 "description": "Pull secrets added to the pod at injection.",
                 "items": inl.named(CORE + "LocalObjectReference"),
             },
+            "overrides": overrides_schema(inl),
             "revisionHistoryLimit": {
                 "type": "integer",
                 "format": "int32",

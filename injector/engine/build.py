@@ -3,8 +3,11 @@
 Each sidecar is the SidecarSet's container, freshly copied, plus what it takes from the pod: the
 app containers' volume mounts and devices when it shares them, transferred env vars, resources
 computed by its resourcesPolicy, IS_INJECTED; a HotUpgrade sidecar becomes its `-1`/`-2` pair.
-The volumes the sidecars mount and the pull secrets are collected beside them. Nothing built here
-shares an object with the SidecarSet or the pod, so the patch can own every value it adds.
+The volumes the sidecars mount and the pull secrets are collected beside them. A pod's override
+(sidecarsets.overrides) replaces the fields it names, after resourcesPolicy and before the env vars
+taken from the pod (so an overridden var wins, as the sidecar's own does); each is recorded as
+applied or refused. Nothing built here shares an object with the SidecarSet or the pod, so the
+patch can own every value it adds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 from injector.engine import envs, hotupgrade, volumes
 from kuberuntime.jsontypes import JsonObj
+from sidecarsets.overrides import merge
+from sidecarsets.overrides.annotation import NONE, OverrideError, PodOverrides
 from sidecarsets.spec import resourcespolicy as resources
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.sidecar import SidecarContainer
@@ -31,6 +36,7 @@ class Built:
     pull_secrets: list[JsonObj]
     warnings: list[str]
     hot: list[str]  # the HotUpgrade sidecars split into pairs, by their own names
+    overrides: list[merge.Outcome]  # each override of a sidecar built here: applied or refused
 
 
 class Refused(Exception):
@@ -104,8 +110,9 @@ def sidecars(
     containers: Sequence[JsonObj],
     apps: Apps,
     volumes_in_pod: Sequence[JsonObj],
+    overrides: PodOverrides = NONE,
 ) -> Built:
-    built = Built(init_containers=[], containers=[], volumes=[], pull_secrets=[], warnings=[], hot=[])
+    built = Built(init_containers=[], containers=[], volumes=[], pull_secrets=[], warnings=[], hot=[], overrides=[])
     pod_volume_names = {v.get("name") for v in volumes_in_pod}
     for ss in todo:
         pairs = hotupgrade.pairs_of(ss)
@@ -114,7 +121,7 @@ def sidecars(
             (False, ss.containers, built.containers),
         ):
             for sc in group:
-                container = _sidecar(sc, ss, pod_metadata, containers, apps, built.warnings)
+                container = _sidecar(sc, ss, pod_metadata, containers, apps, built, overrides)
                 pair = pairs.get((init, sc.name)) if pairs else None
                 if pair is None:
                     out.append((sc.inject_policy, container))
@@ -145,9 +152,11 @@ def _sidecar(
     pod_metadata: Mapping[str, Any],
     containers: Sequence[JsonObj],
     apps: Apps,
-    warnings: list[str],
+    built: Built,
+    overrides: PodOverrides,
 ) -> JsonObj:
-    """The container as it goes into the pod: shared mounts, IS_INJECTED and transferred env added.
+    """The container as it goes into the pod: the pod's override, shared mounts, IS_INJECTED and
+    transferred env added.
 
     The result shares no object with the SidecarSet or the pod: the SidecarSet's part is a fresh
     copy and what comes from the pod is copied as it is added.
@@ -158,6 +167,14 @@ def _sidecar(
             out["resources"] = resources.computed_resources(sc.resources_policy, apps.spec, apps.sidecar_names)
         except resources.ResourcesPolicyError as e:
             raise Refused(f"{_where(ss, sc)}: resourcesPolicy: {e}") from None
+    override = overrides.get(sc.name) if overrides.containers else None
+    if override is not None:
+        try:
+            own = None if sc.resources_policy is not None else sc.container.get("resources")
+            merge.apply(out, ss, override, own=own if isinstance(own, dict) else None)
+            built.overrides.append(merge.applied(ss, override))
+        except OverrideError as e:
+            built.overrides.append(merge.Outcome(sc.name, merge.REFUSED, str(e), e.reason))
     memo: dict[int, Any] = {}
 
     def adopt(item: JsonObj) -> JsonObj:
@@ -178,7 +195,7 @@ def _sidecar(
     transferred: list[JsonObj] = []
     if sc.transfer_env:
         transferred, problems = envs.transferred(sc.transfer_env, pod_metadata=pod_metadata, pod_containers=containers)
-        warnings.extend(f"{_where(ss, sc)}: {p}" for p in problems)
+        built.warnings.extend(f"{_where(ss, sc)}: {p}" for p in problems)
     out["env"] = envs.merged(out.get("env") or [], transferred, shared_env, copy_added=adopt)
     return out
 

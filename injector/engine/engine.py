@@ -16,9 +16,13 @@ where Kruise leaves a gap:
 As in Kruise, a canary SidecarSet that selects the pod replaces its base for that pod (the base is
 dropped before anything else is decided), and a sidecar with a resourcesPolicy gets resources
 computed from the pod's containers (sidecarsets.spec.resourcespolicy); a policy that cannot be applied refuses
-the pod. A HotUpgrade sidecar is built as a cold one and then split into the pair `<n>-1` /
-`<n>-2` with its version and working annotations (injector.engine.hotupgrade); the hash annotations
-still list it by its own name.
+the pod. A pod's `sidecarctl.io/overrides` annotation is read once (a malformed one refuses the
+pod), each container's override is checked against its SidecarSet's `spec.overrides` and merged
+into that sidecar (sidecarsets.overrides): one refused override refuses the pod, naming every refused
+one; an override of a container no SidecarSet injects here is ignored with a warning; the env
+values applied are recorded on the pod. A HotUpgrade sidecar is built as a cold one and then split
+into the pair `<n>-1` / `<n>-2` with its version and working annotations (injector.engine.hotupgrade);
+the hash annotations still list it by its own name.
 
 The clock is read by the caller and passed in `now`, which keeps the function pure.
 """
@@ -42,6 +46,7 @@ from injector.engine import (
     volumes,
 )
 from kuberuntime.jsontypes import JsonObj, is_object
+from sidecarsets.overrides import annotation, merge
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
@@ -54,7 +59,8 @@ SKIP_ALL_CONFLICT = selection.SKIP_ALL_CONFLICT
 class InjectionResult:
     """What to do with a pod: `patch` (possibly empty) plus why, when nothing is done.
 
-    `denied` is set only for a pod too malformed to inject into; the caller rejects it.
+    `denied` is set only for a pod too malformed to inject into, or whose overrides are refused
+    (`refusal` then says why, in one of sidecarsets.overrides.annotation.REASONS); the caller rejects it.
     """
 
     patch: list[JsonObj]
@@ -62,6 +68,8 @@ class InjectionResult:
     skipped: str | None = None
     warnings: tuple[str, ...] = ()
     denied: str | None = None
+    refusal: str | None = None
+    overrides: tuple[merge.Outcome, ...] = ()  # each override of the pod: applied, refused or ignored
 
 
 def inject(
@@ -108,21 +116,18 @@ def inject(
     if isinstance(selected, str):
         return InjectionResult(patch=[], skipped=selected, warnings=tuple(warnings))
     todo, hash_maps = selected.todo, selected.hash_maps
-
     apps = build.Apps(spec["containers"], spec=spec, sidecar_names=selected.sidecar_names)
-    try:
-        built = build.sidecars(
-            todo, pod_metadata=meta, containers=spec["containers"], apps=apps, volumes_in_pod=spec.get("volumes") or []
-        )
-    except build.Refused as e:
-        return InjectionResult(patch=[], denied=str(e))
-    warnings.extend(built.warnings)
+    done = _build(todo, meta, spec, apps, warnings)
+    if isinstance(done, InjectionResult):
+        return done
+    built, outcomes, overrides = done
     # Kruise sorts the injected init containers of all SidecarSets together, by name.
     built.init_containers.sort(key=lambda item: str(item[1]["name"]))
     new_labels = {**labels, names.POD_INJECTED_LABEL: "true"}
     new_annotations = _annotations(
         annotations, todo, hash_maps, built, apps, now=now, warnings=warnings, replaced=selected.replaced
     )
+    _record_env(new_annotations, overrides, outcomes)
     ops = _metadata_ops(pod, new_labels, new_annotations)
     drop = _left_by_replaced_bases(spec, annotations, sidecarsets, selected.replaced, built)
     spec_ops = _spec_ops(spec, built, drop=drop)
@@ -132,7 +137,61 @@ def inject(
         # `<n>` is a container); kept so that the API server is never sent such a pod.
         return InjectionResult(patch=[], denied=f"injection would duplicate container name {spec_ops}")
     # Every object in `ops` is already the patch's own (see `build._sidecar` and the model's `fresh_*`).
-    return InjectionResult(patch=ops + spec_ops, injected=tuple(ss.name for ss in todo), warnings=tuple(warnings))
+    injected = tuple(ss.name for ss in todo)
+    return InjectionResult(patch=ops + spec_ops, injected=injected, warnings=tuple(warnings), overrides=outcomes)
+
+
+def _build(
+    todo: Sequence[SidecarSet], meta: Mapping[str, Any], spec: Mapping[str, Any], apps: build.Apps, warnings: list[str]
+) -> tuple[build.Built, tuple[merge.Outcome, ...], annotation.PodOverrides] | InjectionResult:
+    """The sidecars built with the pod's overrides, and what became of each override; or the
+    refusal (a malformed annotation, a refused override, a resourcesPolicy that cannot apply)."""
+    raw = (meta.get("annotations") or {}).get(names.ANN_OVERRIDES)
+    # Read once per distinct text: the replicas of a workload carry the same one.
+    overrides = annotation.parsed(raw) if isinstance(raw, str) or raw is None else annotation.parse_error(raw)
+    if isinstance(overrides, annotation.OverrideError):
+        return InjectionResult(patch=[], warnings=tuple(warnings), denied=str(overrides), refusal=overrides.reason)
+    try:
+        built = build.sidecars(
+            todo,
+            pod_metadata=meta,
+            containers=spec["containers"],
+            apps=apps,
+            volumes_in_pod=spec.get("volumes") or [],
+            overrides=overrides,
+        )
+    except build.Refused as e:
+        return InjectionResult(patch=[], denied=str(e))
+    warnings.extend(built.warnings)
+    outcomes = _override_outcomes(overrides, built)
+    refused = [o for o in outcomes if o.verdict == merge.REFUSED]
+    if refused:
+        denied = "; ".join(o.message for o in refused)
+        return InjectionResult([], (), None, tuple(warnings), denied, refused[0].reason, outcomes)
+    warnings.extend(o.message for o in outcomes if o.verdict == merge.IGNORED)
+    return built, outcomes, overrides
+
+
+def _record_env(
+    annotations: dict[str, str], overrides: annotation.PodOverrides, outcomes: Sequence[merge.Outcome]
+) -> None:
+    """The env values the applied overrides gave the sidecars, recorded on every pod that asks for
+    overrides (`{}` when none; a record a pod came with is emptied, the patch only adds): a running
+    container cannot take a changed one, which the controller reports by comparing the two
+    annotations, and the record keeps the pod's resizes in the controller's care after the annotation
+    is removed (its sidecars then go back to the SidecarSet's values)."""
+    record = annotation.env_record(overrides, (o.container for o in outcomes if o.verdict == merge.APPLIED))
+    if record is not None or names.ANN_OVERRIDES in annotations or names.ANN_OVERRIDES_ENV_APPLIED in annotations:
+        annotations[names.ANN_OVERRIDES_ENV_APPLIED] = record or "{}"
+
+
+def _override_outcomes(overrides: annotation.PodOverrides, built: build.Built) -> tuple[merge.Outcome, ...]:
+    """Each container override of the pod: as the build judged it, or ignored when no SidecarSet
+    injected here has that sidecar (a removed SidecarSet must not break a template still asking)."""
+    if not overrides.containers:
+        return ()
+    judged = {o.container: o for o in built.overrides}  # every sidecar of `todo` was built
+    return tuple(judged.get(c.container) or merge.ignored(c) for c in overrides.containers)
 
 
 _HashMaps = selection.HashMaps

@@ -16,10 +16,13 @@ from typing import Any
 import orjson
 
 from injector.engine import engine
-from injector.http import admission, tenants
-from injector.http.metrics import POD_DENIALS
+from injector.http import admission
+from injector.http.metrics import OVERRIDE_REFUSALS, POD_DENIALS
 from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
+from injector.http.validate import advice, tenants
+from injector.http.validate.tightened import PodLister
+from injector.http.validate.tightened import warnings as tightened_warnings
 from injector.policy import servable
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import mapping, resolve
@@ -27,7 +30,7 @@ from sidecarsets import pins, validation
 from sidecarsets.spec import names
 from sidecarsets.spec.model import ModelError, SidecarSet
 from sidecarsets.store import Snapshot, TemplateStore
-from sidecarsets.validation import advice, podsecurity
+from sidecarsets.validation import podsecurity
 
 # Partial revision pins draw per pod; from a generator of our own, not the shared `random` state.
 _DRAWS = random.Random()
@@ -57,6 +60,9 @@ class WebhookSettings:
     # (injector.http.access; None: every such write is refused, to be retried).
     namespaced_sidecarsets: bool = True
     access_review: tenants.AccessReview | None = None
+    # Reads a SidecarSet's injected pods when an update tightens its overrides' bounds
+    # (injector.http.validate.tightened).
+    pod_lister: PodLister | None = None
 
 
 class NamespaceUnknown(Exception):
@@ -119,6 +125,12 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         operation=review.operation,
         manager_namespace=settings.manager_namespace,
     )
+    if outcome.refusal is not None and outcome.denied is not None:
+        # Refused like a LimitRange refuses a pod: Forbidden, naming the override and its bounds.
+        POD_DENIALS.labels("overrides").inc()
+        OVERRIDE_REFUSALS.labels(outcome.refusal).inc()
+        body = admission.response(review, denied=outcome.denied, code=403, warnings=outcome.warnings)
+        return Decision("denied", body)
     if outcome.denied is not None:
         POD_DENIALS.labels("cannot_inject").inc()
         return Decision("denied", admission.response(review, denied=outcome.denied, code=400))
@@ -165,6 +177,8 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
         message = f"SidecarSet rejected ({names.ANN_POD_SECURITY}=enforce): " + " ".join(podsecurity.warnings(refused))
         return Decision("denied", admission.response(review, denied=message, code=422))
     warnings = podsecurity.warnings(found) + advice.warnings(review.object)
+    if review.old_object is not None and settings is not None:
+        warnings += await tightened_warnings(review.object, review.old_object, settings.pod_lister)
     return Decision("allowed", admission.response(review, warnings=warnings))
 
 

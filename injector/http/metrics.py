@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from sidecarsets.overrides.annotation import REASONS as OVERRIDE_REASONS
+
 ADMISSIONS = Counter(
     "sidecarctl_admissions_total",
     "Admission requests answered, by webhook and result (injected, skipped, allowed, denied, error, bad_request).",
@@ -17,11 +19,20 @@ POD_DENIALS = Counter(
     "sidecarctl_pod_denials_total",
     "Pods the inject webhook refused, by reason (namespace_unknown: its labels could not be read, retry; "
     "pinned_revision: a pinned revision that does not exist or cannot be used; cannot_inject: the pod cannot take "
-    "a selected SidecarSet's sidecars).",
+    "a selected SidecarSet's sidecars; overrides: its sidecarctl.io/overrides annotation is refused).",
     ["reason"],
 )
-for _reason in ("namespace_unknown", "pinned_revision", "cannot_inject"):
+for _reason in ("namespace_unknown", "pinned_revision", "cannot_inject", "overrides"):
     POD_DENIALS.labels(_reason)  # from 0, so that the first refusal is an increase a rate sees
+OVERRIDE_REFUSALS = Counter(
+    "sidecarctl_override_refusals_total",
+    "Pods refused for their sidecarctl.io/overrides annotation, by reason (invalid: not JSON of the shape; "
+    "not_allowed: a container, resource or env var the SidecarSet does not list; out_of_range: a value outside "
+    "its bounds; request_above_limit: a request above its limit after merging).",
+    ["reason"],
+)
+for _reason in OVERRIDE_REASONS:
+    OVERRIDE_REFUSALS.labels(_reason)
 ADMISSION_LATENCY = Histogram(
     "sidecarctl_admission_duration_seconds",
     "Time to answer one admission request, from body received to response built.",

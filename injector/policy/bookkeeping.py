@@ -4,7 +4,9 @@ CEL cannot parse JSON, so a policy only works on hash annotations in the exact c
 engine (and the policies) write: each entry matched by `ENTRY_RE`, the whole annotation being
 `{` + entries joined by `,` + `}`. A pod whose annotation has any other form is left to the
 webhook (which parses it), so the two paths always write the same text. An entry's key is a
-SidecarSet's name or a NamespacedSidecarSet's `<namespace>/<name>` (names.sidecarset_key).
+SidecarSet's name or a NamespacedSidecarSet's `<namespace>/<name>` (names.sidecarset_key). A pod
+that asks for per-pod overrides (or carries their record) is the webhook's too: the overrides are
+read, checked and merged there (sidecarsets.overrides), once.
 """
 
 from __future__ import annotations
@@ -58,3 +60,9 @@ def recorded(ss: SidecarSet) -> str:
     k = cel.string(names.ANN_HASH)
     value = f"{cel.ANNOTATIONS}[{k}]"
     return f"{k} in {cel.ANNOTATIONS} && {value}.findAll({cel.string(ENTRY_RE)}).exists(e, {recorded_test(ss)})"
+
+
+def overrides_asked() -> str:
+    """CEL: the pod carries the per-pod overrides annotation, or the record of the env they applied."""
+    anns = cel.ANNOTATIONS
+    return " || ".join(f"({cel.string(k)} in {anns})" for k in (names.ANN_OVERRIDES, names.ANN_OVERRIDES_ENV_APPLIED))

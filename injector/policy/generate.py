@@ -213,6 +213,7 @@ class Generator(SpecOps, MetadataOps):
                 '!has(object.status) || !has(object.status.phase) || !(object.status.phase in ["Succeeded", "Failed"])',
             ),
             ("hash-annotations-canonical", bookkeeping.canonical()),
+            ("no-per-pod-overrides", f"!({bookkeeping.overrides_asked()})"),
         ]
         labels = V + "labels"
         own = [("a-member-selects-the-pod", " || ".join(f"({cel.selector(ss.selector, labels)})" for ss in self.group))]

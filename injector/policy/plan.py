@@ -6,7 +6,7 @@ Every pod is served by exactly one path:
   exclude it), so its layout is the engine's even when policy-served SidecarSets select it too;
 - a pod only policy-served SidecarSets select is injected inside the API server, and never calls
   the webhook, unless its policy declines it (bookkeeping annotations the CEL cannot rewrite, a
-  MergePatchJson into an annotation it already has): then the webhook serves it.
+  MergePatchJson into an annotation it already has, per-pod overrides): then the webhook serves it.
 The webhook's matchCondition is therefore "W or D": some webhook-served SidecarSet selects the pod
 (its namespace selector decided from the request's namespace when it names namespaces only, and
 otherwise taken as matching, so the webhook is called rather than skipped), or a policy declines it.
@@ -94,17 +94,19 @@ def policy_excludes(sidecarsets: Iterable[SidecarSet]) -> str:
 def policies_decline(sidecarsets: Iterable[SidecarSet]) -> str:
     """CEL over a webhook request: a policy-served SidecarSet selects the pod but its policy leaves it.
 
-    Every policy leaves a pod whose hash annotations are not in the form it can rewrite, so that
-    test is written once, behind "some policy-served SidecarSet could select it" read by anchors
-    (one lookup of the label that tells the sets apart): every policy-served pod evaluates it, and
-    exact selectors there would cost each pod a term per SidecarSet sharing its anchor's key, to
-    send at most a few more pods (with hand-written hash annotations) to the webhook, which serves
-    them right. A MergePatchJson into an annotation the pod already has is per SidecarSet (few have one).
+    Every policy leaves a pod whose hash annotations are not in the form it can rewrite, and a pod
+    that asks for per-pod overrides, so those tests are written once, behind "some policy-served
+    SidecarSet could select it" read by anchors (one lookup of the label that tells the sets apart):
+    every policy-served pod evaluates it, and exact selectors there would cost each pod a term per
+    SidecarSet sharing its anchor's key, to send at most a few more pods (with hand-written hash
+    annotations) to the webhook, which serves them right. A MergePatchJson into an annotation the
+    pod already has is per SidecarSet (few have one).
     """
     sidecarsets = list(sidecarsets)
     if not sidecarsets:
         return "false"
-    terms = [f"(({pods_selected(sidecarsets, approximate=True)}) && !({bookkeeping.canonical()}))"]
+    left = f"!({bookkeeping.canonical()}) || {bookkeeping.overrides_asked()}"
+    terms = [f"(({pods_selected(sidecarsets, approximate=True)}) && ({left}))"]
     for ss in sidecarsets:
         keys = [k for patch in ss.patch_pod_metadata if patch.policy is PatchPolicy.MERGE_PATCH_JSON
                 for k, _ in patch.annotations]  # fmt: skip

@@ -35,7 +35,8 @@ With NAME: the status counters (and observedGeneration against generation), the 
 now (patched, new image not yet running and ready), what holds pods back (not upgradable in place
 and which fields, the progress deadline, pods not ready, pods outside updateStrategy.selector),
 pods in namespaces labelled {names.NS_INJECTION_LABEL}={names.NS_INJECTION_ENABLED} that run without its
-sidecars and why, and the conditions.
+sidecars and why, pods whose env overrides ({names.ANN_OVERRIDES}) changed since injection (only a
+recreated pod takes them), and the conditions.
 
 Exit status: 0 shown, 1 cluster not readable or no such SidecarSet, 2 bad command line.
 """
@@ -165,7 +166,7 @@ def _condition(c: Mapping[str, Any]) -> str:
 def render_one(g: Glance) -> str:
     c, live = g.counts, g.live
     short = clusterread.PodNames(
-        [k for k, _ in (*g.upgrading, *g.not_ready)]
+        [k for k, _ in (*g.upgrading, *g.not_ready, *g.recreate)]
         + [b.pod for b in g.not_upgradable]
         + list(g.excluded_by_selector)
         + [m.key for m in g.missing]
@@ -203,6 +204,9 @@ def render_one(g: Glance) -> str:
     if g.excluded_by_selector:
         lines.append(f"Outside updateStrategy.selector ({len(g.excluded_by_selector)}):")
         lines.append("  " + short.join(g.excluded_by_selector))
+    if g.recreate:
+        lines.append(f"Env overrides changed since injection ({len(g.recreate)}); recreate them to pick them up:")
+        lines += _pairs(g.recreate, short)
     if g.missing:
         lines.append(f"Running without its sidecars ({len(g.missing)}):")
         lines += [

@@ -56,7 +56,11 @@ class BudgetOptions:
     body_budget_mib: int = opt(64, "MiB of request bodies (and their parsed form) a worker holds at once (429)")
     h2_max_streams: int = opt(100, "concurrent HTTP/2 streams per connection (with --enable-http2)")
     max_requests_per_connection: int = opt(10_000, "requests per connection before it is closed")
-    namespace_lookup_timeout: float = opt(2.0, "seconds to read a namespace the watch has not delivered yet")
+    namespace_lookup_timeout: float = opt(
+        2.0,
+        "seconds admission may spend reading the API server: a namespace the watch has not delivered yet, or the "
+        "running pods a SidecarSet update that tightens spec.overrides may leave outside the bounds (warned about)",
+    )
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from injector.http.decisions import WebhookSettings
 from injector.http.namespaces import NamespaceLookup
 from injector.http.server import Limits, Listener
 from injector.http.sources import ConnectionSource
-from injector.http.tenants import PodCreateReview
+from injector.http.validate.tenants import PodCreateReview
+from injector.http.validate.tightened import PodLister
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
@@ -98,6 +99,7 @@ class WebhookRole:
             policy_only=opts.injection.injection == "policy",
             namespaced_sidecarsets=opts.injection.namespaced_sidecarsets,
             access_review=PodCreateReview(self.client, timeout=budgets.namespace_lookup_timeout),
+            pod_lister=PodLister(self.client, timeout=budgets.namespace_lookup_timeout),
         )
         body = BodyLimits(
             timeout=budgets.body_timeout,

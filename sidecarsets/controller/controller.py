@@ -24,9 +24,10 @@ from kuberuntime.api import rv_number
 from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
-from sidecarsets.controller import history, metrics, tenants
+from sidecarsets.controller import history, metrics, reports, tenants
+from sidecarsets.controller.overridewrites import OverrideWrites
 from sidecarsets.controller.podfailures import PodFailures
-from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT, PodWrites
+from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT
 from sidecarsets.pods import podstate
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
@@ -42,7 +43,7 @@ RESYNC_SECONDS = 30.0
 REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
 
 
-class Controller(PodWrites):
+class Controller(OverrideWrites):
     """Reconciles every SidecarSet; run it only while holding the leader Lease."""
 
     def __init__(
@@ -90,6 +91,7 @@ class Controller(PodWrites):
         self._resizable: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
         # Whether the API server serves pods/resize (discovery, kept by the composition root).
         self.resize_served = True
+        self._override_said: dict[tuple[str, str, str], str] = {}  # sidecarsets.controller.overridewrites
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -249,7 +251,7 @@ class Controller(PodWrites):
                 return None
             await self._write_status(ss, new_status)
         if progress.newly_overdue:
-            await self._report_stall(ss, progress)
+            await reports.rollout_stalled(self.recorder, ss, progress)
         if progress.stopped:
             return None  # no pod is touched; a spec change or the condition's removal brings it back
         return latest, verdicts
@@ -262,16 +264,18 @@ class Controller(PodWrites):
         stale = [k for k in self.expected if k in self.pods_by_ss.get(name, ())]
         if stale:
             return 0.5  # our own pod writes are not in the cache yet: plan again once they are
+        held_back = self.failures.held_back()
         plan = planner.plan_upgrade(
             ss,
             matched,
             revision=latest,
             now=self.clock(),
             verdicts=verdicts,
-            held_back=self.failures.held_back(),
+            held_back=held_back,
             resizable=self._resizable_from(ss),
             resize_refusal=None if self.resize_served else resize.NOT_SERVED,
         )
+        plan = await self._with_overrides(ss, matched, plan, held_back)
         await self._mark_upgradable(ss, matched, set(plan.not_upgradable), plan.reasons)
         if plan.not_upgradable:
             metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
@@ -331,7 +335,7 @@ class Controller(PodWrites):
                 # One message per revision, so repeats aggregate into one Event's count.
                 message=f"upgrading sidecar images in place to revision {latest}",
             )
-        await self._report_failures(ss, plan.upgrades)
+        await reports.upgrade_failures(self.recorder, self.failures, ss, plan.upgrades)
         if any(f"{u.namespace}/{u.name}" in self.failures for u in plan.upgrades):
             # A refused pod now waits out its backoff, held back from the plan: plan again at once, so
             # the rollout goes on with the other pods instead of idling until that pod's retry.
@@ -344,39 +348,6 @@ class Controller(PodWrites):
             return True
         log.warning("not writing: this replica no longer holds the Lease")
         return False
-
-    async def _report_failures(self, ss: SidecarSet, upgrades: Iterable[planner.PodUpgrade]) -> None:
-        for upgrade in upgrades:
-            key = f"{upgrade.namespace}/{upgrade.name}"
-            failure = self.failures.to_report(key)
-            if failure is None:
-                continue
-            await self.recorder.event(
-                ss.obj,
-                type="Warning",
-                reason="UpgradeFailed",
-                message=(
-                    f"pod {key}: the in-place upgrade was refused {failure.count} times ({failure.reason}); "
-                    "it is retried with backoff while the rollout goes on with other pods"
-                ),
-            )
-
-    async def _report_stall(self, ss: SidecarSet, progress: deadline.Progress) -> None:
-        late = progress.newly_overdue
-        shown = ", ".join(f"{o.key} ({o.why})" for o in late[:10]) + (" ..." if len(late) > 10 else "")
-        log.warning(
-            "rollout stopped: %d upgraded pod(s) not ready within the progress deadline: %s",
-            len(late),
-            shown,
-            extra={"sidecarset": ss.name},
-        )
-        await self.recorder.event(
-            ss.obj,
-            type="Warning",
-            reason=names.REASON_DEADLINE_EXCEEDED,
-            message=f"rollout stopped: {len(late)} upgraded pod(s) not ready within "
-            f"{ss.update_strategy.progress_deadline_seconds}s: {shown}",
-        )
 
     async def _write_status(self, ss: SidecarSet, new_status: JsonObj) -> None:
         name = ss.name

@@ -74,7 +74,13 @@ class PodWrites:
         planned (the watch brings it; planned again). A resize is sent here, before the patch,
         which then tests the resourceVersion the resize produced; the resized pod comes back with it."""
         if not upgrade.metadata and not upgrade.without_image_hash:
-            return upgrade.patch, None
+            if not upgrade.resize:
+                return upgrade.patch, None
+            # A resize alone (a pod's override changed, sidecarsets.rollout.podoverrides): its patch
+            # tests the resourceVersion planned, and nothing else is written.
+            alone: JsonObj = await self.client.patch(f"{path}/resize", list(upgrade.resize), patch_type="json")
+            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "resized").inc()
+            return upgrade.patch, alone
         pod = await self.client.get(path)
         meta = pod.get("metadata") or {}
         if str(meta.get("resourceVersion")) != upgrade.resource_version:
@@ -122,7 +128,8 @@ class PodWrites:
             if prepared is None:
                 metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "conflict").inc()
                 return False
-            result = await self._send(path, *prepared)
+            patch, resized = prepared
+            result = await self._send(path, patch, resized) if patch or resized is None else resized
         except api.NotFound:
             metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "gone").inc()
             self.failures.forget(key)

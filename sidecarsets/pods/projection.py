@@ -23,6 +23,8 @@ from sidecarsets.spec.names import (
     ANN_HASH_WITHOUT_IMAGE,
     ANN_INJECTED_LIST,
     ANN_INPLACE_STATE,
+    ANN_OVERRIDES,
+    ANN_OVERRIDES_ENV_APPLIED,
     ANN_VERSION_ALT_PREFIX,
     ANN_VERSION_PREFIX,
     ANN_WORKING_HOT,
@@ -63,6 +65,10 @@ class PodProjection:
     resources: tuple[Resources, ...] = ()
     applied_resources: tuple[Resources, ...] = ()
     resize_conditions: tuple[tuple[str, str, str], ...] = ()
+    # Per-pod overrides (sidecarsets.overrides): the annotation as the pod carries it, and the env
+    # values injection applied; None where absent. Replicas share one interned text.
+    overrides: str | None = None
+    overrides_env: str | None = None
 
     def hash_for(self, sidecarset: str) -> HashEntry | None:
         return _entry(self.hashes, sidecarset)
@@ -354,7 +360,13 @@ def project(pod: Any) -> PodProjection:
             + _resources(status.get("initContainerStatuses"), init=True, from_status=True)
         ),
         resize_conditions=tuple(sorted(resize)),
+        overrides=_text(annotations.get(ANN_OVERRIDES)),
+        overrides_env=_text(annotations.get(ANN_OVERRIDES_ENV_APPLIED)),
     )
+
+
+def _text(value: Any) -> str | None:
+    return _intern(value) if isinstance(value, str) else None
 
 
 def _hot_working(raw: Any) -> tuple[tuple[str, str], ...]:

@@ -17,7 +17,7 @@ from typing import Any
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import missed
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import deadline, planner, resize, rolloutsim, specdiff, status
+from sidecarsets.rollout import deadline, planner, podoverrides, resize, rolloutsim, specdiff, status
 from sidecarsets.spec import names, selectors
 from sidecarsets.spec.model import SidecarSet
 
@@ -40,6 +40,7 @@ class Glance:
     excluded_by_selector: tuple[str, ...]
     missing: tuple[missed.MissedPod, ...]
     conditions: tuple[Mapping[str, Any], ...]
+    recreate: tuple[tuple[str, str], ...] = ()  # (pod, which env override changed): only a new pod takes it
 
     @property
     def summary(self) -> str:
@@ -51,6 +52,8 @@ class Glance:
             parts.append(f"{len(self.not_upgradable)} not upgradable")
         if self.not_ready:
             parts.append(f"{len(self.not_ready)} not ready")
+        if self.recreate:
+            parts.append(f"{len(self.recreate)} to recreate for env overrides")
         return ", ".join(parts)
 
     def as_json(self) -> JsonObj:
@@ -69,6 +72,7 @@ class Glance:
             "excludedByUpdateSelector": list(self.excluded_by_selector),
             "missing": [{"pod": m.key, "reason": m.reason, "owned": m.owned} for m in self.missing],
             "conditions": [dict(c) for c in self.conditions],
+            "recreateForOverrides": [{"pod": k, "reason": why} for k, why in self.recreate],
             "summary": self.summary,
         }
 
@@ -107,7 +111,7 @@ def of(
         (upgrading if is_new or moving else not_ready).append(entry)
     reasons = plan.reasons  # a resize the API server or the node would refuse: said as such
     blocked = tuple(
-        specdiff.Blocked(f"{ns}/{n}", (reasons[(ns, n)],), "resize")
+        specdiff.Blocked(f"{ns}/{n}", (reasons[(ns, n)],), _compared(reasons[(ns, n)]))
         if (ns, n) in reasons
         else specdiff.why_not_upgradable(ss, raw_pods[f"{ns}/{n}"], specs)
         for ns, n in plan.not_upgradable
@@ -140,7 +144,14 @@ def of(
         excluded_by_selector=excluded,
         missing=tuple(missing),
         conditions=conditions,
+        recreate=tuple(sorted(("/".join(k), why) for k, why in podoverrides.env_changes(ss, matched).items())),
     )
+
+
+def _compared(reason: str) -> str:
+    """What a refusal compared: the pod's own overrides with the bounds, or a resize with what the API
+    server and the node take."""
+    return "the SidecarSet's override bounds" if reason.startswith(names.ANN_OVERRIDES) else "resize"
 
 
 def _stopped_reason(conditions: Sequence[Mapping[str, Any]]) -> str:

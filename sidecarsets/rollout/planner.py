@@ -17,7 +17,7 @@ from typing import Any
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.pods import podstate, resizestate
 from sidecarsets.pods.projection import PodProjection
-from sidecarsets.rollout import hotupgrade, resize
+from sidecarsets.rollout import hotupgrade, podoverrides, resize
 from sidecarsets.rollout.ordering import upgrade_order
 from sidecarsets.rollout.podpatch import inplace_annotation, pod_patch, pointer
 from sidecarsets.rollout.resize import resize_patch
@@ -162,8 +162,9 @@ def plan_upgrade(
         verdicts = pod_verdicts(ss, matched)
     elif not verdicts.is_for(matched, sidecarset=name, spec_hash=ss.hash):
         raise ValueError("verdicts were evaluated for other pods or another SidecarSet spec")
-    reasons = _infeasible_resizes(matched, verdicts)
-    unavailable = _unavailable(matched, verdicts, reasons)
+    infeasible = _infeasible_resizes(matched, verdicts)
+    unavailable = _unavailable(matched, verdicts, infeasible)
+    reasons = {**podoverrides.outside_bounds(ss, matched), **infeasible}  # both left as they are
     done = sum(verdicts.updated) >= total
 
     def plan(
@@ -281,7 +282,7 @@ def _candidates(
     resizes: dict[tuple[str, str], resize.ResizeDecision] = {}
     waiting = 0
     for pod, moving in outdated:
-        if selected is not None and not selected(pod.labels):
+        if (selected is not None and not selected(pod.labels)) or pod.key in reasons:
             continue
         entry = pod.hash_without_image_for(ss.name)
         if entry is None or (entry.hash != ss.hash_without_image and entry.hash not in resizable):

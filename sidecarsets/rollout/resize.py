@@ -14,7 +14,10 @@ not upgradable, with the reason.
 
 The wanted values follow injection: a sidecar's own `resources` (a limit without a request gets
 the limit as its request, as the API server defaults a pod), or, with a `resourcesPolicy`, the
-values computed from the pod's own containers (sidecarsets.spec.resourcespolicy).
+values computed from the pod's own containers (sidecarsets.spec.resourcespolicy); then the pod's
+own overrides (sidecarsets.overrides) replace the fields they name, so a SidecarSet change resizes
+only what the pod does not override. An override outside the SidecarSet's bounds, or a request
+above its limit after merging, is refused like any other change the API server would refuse.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kuberuntime.jsontypes import JsonObj, mapping
+from sidecarsets.overrides import annotation, merge
 from sidecarsets.pods.podrecords import Resources
 from sidecarsets.pods.projection import PodProjection
 from sidecarsets.pods.resizestate import RESIZABLE, same_quantity, same_values
@@ -104,19 +108,36 @@ def _pod_spec(pod: PodProjection) -> JsonObj:
     }
 
 
-def wanted(sc: SidecarContainer, pod: PodProjection) -> tuple[dict[str, str], dict[str, str]]:
-    """(requests, limits) the SidecarSet asks for this sidecar in this pod.
+def wanted(
+    sc: SidecarContainer, pod: PodProjection, ss: SidecarSet | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(requests, limits) the SidecarSet asks for this sidecar in this pod, the pod's overrides merged.
 
-    Raises ResourcesPolicyError when a resourcesPolicy cannot be computed for the pod."""
+    Raises ResourcesPolicyError when a resourcesPolicy cannot be computed for the pod, OverrideError
+    (with `ss`, whose bounds apply) when the pod's override of it is refused."""
     if sc.resources_policy is not None:
         injected = frozenset(n for entry in pod.hashes for n in entry.sidecar_list)
         resources: Mapping[str, Any] = computed_resources(sc.resources_policy, _pod_spec(pod), injected)
     else:
         resources = mapping(sc.container, "resources")
+    override = override_of(pod, sc.name)
+    if override is not None and override.has_resources:
+        resources = merge.merged_resources(resources, override)
+        if ss is not None:
+            merge.check(ss, override)
+            merge.check_request_limits(ss, override, resources)
     requests, limits = _section(resources, "requests"), _section(resources, "limits")
     for resource, value in limits.items():  # the API server's defaulting of a pod
         requests.setdefault(resource, value)
     return requests, limits
+
+
+def override_of(pod: PodProjection, container: str) -> annotation.ContainerOverride | None:
+    """The pod's override of `container`, when its annotation holds one (and can be read)."""
+    if pod.overrides is None:
+        return None
+    found = annotation.parsed(pod.overrides)
+    return found.get(container) if isinstance(found, annotation.PodOverrides) else None
 
 
 def _quantity(value: str) -> quantity.Quantity | None:
@@ -158,9 +179,11 @@ def decide(ss: SidecarSet, pod: PodProjection) -> ResizeDecision:
     for sc in (*ss.containers, *(c for c in ss.init_containers if c.native)):
         current = pod.resources_of(sc.name)
         try:
-            requests, limits = wanted(sc, pod)
+            requests, limits = wanted(sc, pod, ss)
         except ResourcesPolicyError as e:
             return ResizeDecision(refusal=f"{sc.name}: resourcesPolicy: {e}")
+        except annotation.OverrideError as e:
+            return ResizeDecision(refusal=str(e))
         unchanged = current is not None and same_values(current.requests, requests.items())
         if unchanged and current is not None and same_values(current.limits, limits.items()):
             continue

@@ -28,7 +28,7 @@ from dataclasses import field as _derived
 from typing import Any
 
 from kuberuntime.jsontypes import JsonObj, mapping
-from sidecarsets.spec import hashing, names, selectors
+from sidecarsets.spec import hashing, names, selectors, sidecar
 from sidecarsets.spec.conversion import is_v1beta1
 from sidecarsets.spec.reading import (
     ModelError,
@@ -89,6 +89,7 @@ class SidecarSet:
     revision_history_limit: int
     latest_revision: str | None
     collision_count: int
+    overrides: tuple[sidecar.OverrideBounds, ...] = ()  # spec.overrides: what pods may change by annotation
     problems: tuple[Problem, ...] = ()
     namespace: str = ""  # a NamespacedSidecarSet's namespace; "" for a (cluster-scoped) SidecarSet
     object_name: str = ""  # metadata.name (the key without the namespace)
@@ -200,6 +201,7 @@ class SidecarSet:
             revision_history_limit=history_limit(reader, spec.get("revisionHistoryLimit")),
             latest_revision=latest if isinstance(latest, str) and latest else None,
             collision_count=collision_count(reader, status.get("collisionCount")),
+            overrides=sidecar.read_overrides(reader, spec.get("overrides")),
             problems=tuple(reader.problems),
         )
 
@@ -355,8 +357,8 @@ def namespace_of(obj: Mapping[str, Any]) -> str:
 def object_key(obj: Mapping[str, Any] | None) -> str:
     """The key (`SidecarSet.name`) of a SidecarSet or NamespacedSidecarSet object, without reading it."""
     meta = (obj or {}).get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    return names.sidecarset_key(str(meta.get("name") or ""), namespace_of(obj or {}))
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return names.sidecarset_key(str(name or ""), namespace_of(obj or {}))
 
 
 def status_path(ss: SidecarSet) -> str:
@@ -368,13 +370,11 @@ def status_path(ss: SidecarSet) -> str:
 
 
 def _check_type(reader: Reader, obj: Mapping[str, Any], *, namespaced: bool) -> None:
-    api_version = obj.get("apiVersion")
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
     accepted = (names.API_VERSION_V1BETA1,) if namespaced else ACCEPTED_API_VERSIONS
-    if api_version is not None and api_version not in accepted:
-        what = names.NAMESPACED_KIND if namespaced else "SidecarSet"
-        reader.fail("apiVersion", f"apiVersion: {api_version!r} is not a {what} version ({' or '.join(accepted)})")
-    kind = obj.get("kind")
     expected = names.NAMESPACED_KIND if namespaced else names.KIND
+    if api_version is not None and api_version not in accepted:
+        reader.fail("apiVersion", f"apiVersion: {api_version!r} is not a {expected} version ({' or '.join(accepted)})")
     if kind is not None and kind != expected:
         reader.fail("kind", f"kind: {kind!r} is not {expected}")
 

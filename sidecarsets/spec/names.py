@@ -48,6 +48,11 @@ ANN_INPLACE_STATE = "sidecarctl.io/inplace-update-state"
 ANN_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 # How a pod got its sidecars: "policy" (a MutatingAdmissionPolicy) or "webhook" (/inject, or the CLI).
 ANN_INJECTED_BY = "sidecarctl.io/injected-by"
+# Per-pod overrides: the pod asks by this annotation (JSON: container -> {resources, env}) for what its
+# SidecarSets' `spec.overrides` allow; injection records the env values it applied in the second one
+# ({container: {NAME: value}}), which a running container cannot change (the controller compares them).
+ANN_OVERRIDES = "sidecarctl.io/overrides"
+ANN_OVERRIDES_ENV_APPLIED = "sidecarctl.io/overrides-env-applied"
 # HotUpgrade bookkeeping on the pod (Kruise's, under our prefix): which of `<n>-1` / `<n>-2` serves,
 # and each container's version and its partner's (read by the containers as SIDECARSET_VERSION[_ALT]).
 ANN_WORKING_HOT = "sidecarctl.io/sidecarset-working-hotupgrade-container"

@@ -193,20 +193,11 @@ def _quantities(path: str, container: Mapping[str, Any], section: str) -> dict[s
         if raw is None:
             continue
         try:
-            out[resource] = quantity.parse(_quantity_text(raw))
+            out[resource] = quantity.parse(quantity.json_text(raw))
         except QuantityError as e:
             where = f"{path}.resources.{section}[{resource}]"
             raise ResourcesPolicyError(f"{where}: Invalid value: {quote(str(raw))}: {e}") from None
     return out
-
-
-def _quantity_text(raw: Any) -> str:
-    """A quantity as written in a manifest: a string, or a YAML/JSON number."""
-    if isinstance(raw, str):
-        return raw.strip()
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        return repr(raw)
-    raise QuantityError(quantity.ERR_FORMAT)
 
 
 def _aggregate(targets: Sequence[_Target], mode: str) -> tuple[dict[str, Quantity], dict[str, Quantity]]:

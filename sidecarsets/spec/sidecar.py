@@ -1,7 +1,9 @@
-"""A SidecarSet's containers, transferEnv and patchPodMetadata, read once into typed values.
+"""A SidecarSet's containers, transferEnv, patchPodMetadata and the per-pod overrides it allows,
+read once into typed values.
 
 What the injection engine reads for every pod (the pod-ready container, mounted volume names,
-the SidecarSet-only settings with their defaults) is derived here once per SidecarSet change.
+the SidecarSet-only settings with their defaults, the bounds of `spec.overrides`) is derived here
+once per SidecarSet change.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec.enums import InjectPolicy, PatchPolicy, SharePolicy, UpgradeType
 from sidecarsets.spec.reading import Reader, type_name
 from sidecarsets.spec.resourcespolicy import ResourcesPolicy, read_resources_policy
+from sidecarsets.values import quantity
 from sidecarsets.values.jsontemplate import JsonTemplate
 
 # SidecarContainer fields that are not corev1.Container fields: they never reach the pod.
@@ -257,3 +260,75 @@ def read_patch_pod_metadata(reader: Reader, value: Any) -> tuple[MetadataPatch, 
         kept = tuple((k, v) for k, v in annotations.items() if isinstance(v, str))
         out.append(MetadataPatch(kept, policy))
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.overrides: what a pod may change of a sidecar by its annotation (sidecarsets.overrides)
+
+OVERRIDABLE_RESOURCES = ("cpu", "memory")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRange:
+    """The values a request and a limit of one resource may take (None: no bound on that side)."""
+
+    resource: str
+    min: quantity.Quantity | None
+    max: quantity.Quantity | None
+
+    def text(self) -> str:
+        """The range as a message shows it: `50m to 2`, `at least 50m`, `at most 2`."""
+        if self.min is not None and self.max is not None:
+            return f"{self.min} to {self.max}"
+        if self.min is not None:
+            return f"at least {self.min}"
+        return f"at most {self.max}" if self.max is not None else "any value"
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideBounds:
+    """One `spec.overrides[]` entry: what pods may override of sidecar `container`."""
+
+    container: str
+    resources: tuple[ResourceRange, ...] = ()
+    env: tuple[str, ...] = ()  # env names a pod may set a value for, sorted
+
+    def range_of(self, resource: str) -> ResourceRange | None:
+        return next((r for r in self.resources if r.resource == resource), None)
+
+
+def read_overrides(reader: Reader, value: Any) -> tuple[OverrideBounds, ...]:
+    """`spec.overrides`, read for use. Every problem is advisory and drops what it touches (an entry,
+    a resource's range, an env name): an owner's bound that cannot be read allows nothing, so a pod
+    asking for it is refused rather than given an unchecked value. Validation refuses such specs."""
+    out: list[OverrideBounds] = []
+    for i, raw in enumerate(reader.list(value, "spec.overrides", advisory=True)):
+        where = f"spec.overrides[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("containerName"), str):
+            reader.fail(where, f"{where} must be an object with a string containerName", advisory=True)
+            continue
+        ranges: list[ResourceRange] = []
+        resources = reader.object(raw.get("resources"), f"{where}.resources", advisory=True)
+        for resource in OVERRIDABLE_RESOURCES:
+            found = _range(reader, resource, resources.get(resource), f"{where}.resources.{resource}")
+            if found is not None:
+                ranges.append(found)
+        env = reader.list(raw.get("env"), f"{where}.env", advisory=True)
+        names = sorted({e for e in env if isinstance(e, str) and e})
+        out.append(OverrideBounds(raw["containerName"], tuple(ranges), tuple(names)))
+    return tuple(out)
+
+
+def _range(reader: Reader, resource: str, value: Any, where: str) -> ResourceRange | None:
+    section = reader.optional_object(value, where, advisory=True)
+    if section is None:
+        return None
+    ends: list[quantity.Quantity | None] = []
+    for end in ("min", "max"):
+        raw = section.get(end)
+        try:
+            ends.append(None if raw is None else quantity.parse(quantity.json_text(raw)))
+        except quantity.QuantityError as e:
+            reader.fail(f"{where}.{end}", f"{where}.{end}: {e}", advisory=True)
+            return None
+    return ResourceRange(resource, ends[0], ends[1])

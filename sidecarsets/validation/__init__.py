@@ -29,6 +29,7 @@ from sidecarsets.validation.canary import validate_canary
 from sidecarsets.validation.conflicts import validate_conflicts
 from sidecarsets.validation.containers import validate_containers
 from sidecarsets.validation.metadata import validate_name, validate_patch_pod_metadata
+from sidecarsets.validation.overrides import validate_overrides
 from sidecarsets.validation.strategy import validate_injection_strategy, validate_update_strategy
 from sidecarsets.validation.update import validate_update
 from sidecarsets.validation.versions import validate_version_fields
@@ -52,6 +53,7 @@ def _spec(obj: Mapping[str, Any], spec: Mapping[str, Any], errs: Errors) -> None
     validate_pull_secrets(spec, errs)
     validate_revision_history_limit(spec, errs)
     validate_patch_pod_metadata(spec, errs)
+    validate_overrides(spec, errs)
 
 
 def _too_many_sidecars(obj: Mapping[str, Any]) -> FieldError | None:

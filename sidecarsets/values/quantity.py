@@ -9,8 +9,9 @@ was given (`+1`, `1.500` and `01m` survive). To print what Kruise prints, the sa
 needed, including whether Go would hold a value as an int64 or as a big decimal (they round
 negative milli values differently).
 
-Only what resourcesPolicy and validation use is here: parse, canonical string, add, negate,
-compare, sign, milli value, set-milli and the two constructors.
+Only what resourcesPolicy, per-pod overrides and validation use is here: parse (and the text of a
+JSON value), canonical string, add, negate, compare, sign, milli value, set-milli and the two
+constructors.
 """
 
 from __future__ import annotations
@@ -173,6 +174,16 @@ def parse(text: str) -> Quantity:
         elif unscaled < 10**9:  # between 0 and 1: no binary suffix fits
             fmt = DECIMAL_SI
     return Quantity(sign * unscaled, scale, fmt, big=True)
+
+
+def json_text(raw: object) -> str:
+    """A quantity as written in a manifest or an annotation: a string, or a YAML/JSON number;
+    QuantityError for anything else."""
+    if isinstance(raw, str):
+        return raw.strip()
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return repr(raw)
+    raise QuantityError(ERR_FORMAT)
 
 
 def _parse_int64(text: str, positive: bool, num: str, denom: str, exponent: int, fmt: str) -> Quantity | None:

@@ -171,6 +171,7 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_leader_catch_up_seconds": set(),  # before "sidecarctl_leader": the first prefix that matches wins
         "sidecarctl_policy_repairs_total": {"kind"},
         "sidecarctl_pod_denials_total": {"reason"},
+        "sidecarctl_override_refusals_total": {"reason"},
         "sidecarctl_pods_not_upgradable": {"sidecarset"},
         "sidecarctl_pods_missing_sidecars": {"sidecarset"},
         "sidecarctl_rollout_stalled": {"sidecarset"},

@@ -9,9 +9,9 @@ import orjson
 from starlette.testclient import TestClient
 
 from injector.http.app import create_webhook_app
+from injector.http.validate.advice import LAUNCH_PRIORITY, PRIORITY_ENV
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore
-from sidecarsets.validation.advice import LAUNCH_PRIORITY, PRIORITY_ENV
 from tests.kube import builders
 
 

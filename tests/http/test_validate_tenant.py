@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from injector.http.app import create_webhook_app
 from injector.http.decisions import WebhookSettings
-from injector.http.tenants import ReviewFailed, Verdict, review_body
+from injector.http.validate.tenants import ReviewFailed, Verdict, review_body
 from sidecarsets.spec import names
 from sidecarsets.store import TemplateStore
 from tests.kube import builders

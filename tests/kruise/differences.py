@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from injector.http.validate.advice import LAUNCH_PRIORITY
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.spec.names import SYSTEM_NAMESPACES
-from sidecarsets.validation.advice import LAUNCH_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,10 @@ def _launch_priority(case: InjectCase) -> bool:
     )
 
 
+def _overrides(case: InjectCase) -> bool:
+    return names.ANN_OVERRIDES in _annotations(case.pod) and bool(_selecting(case))
+
+
 def _legacy_hash(case: InjectCase) -> bool:
     raw = _annotations(case.pod).get(names.ANN_HASH)
     return raw is not None and any(isinstance(v, str) for v in json.loads(raw).values())
@@ -152,6 +156,14 @@ RULES: tuple[Rule, ...] = (
         "Choices: an old `name: hash` entry is kept as it is (Kruise rewrites it as an object)",
         _legacy_hash,
         r"^metadata\.annotations\.sidecarctl\.io/sidecarset-hash(-without-image)?\.",
+    ),
+    Rule(
+        "per-pod overrides",
+        "SidecarSet guide, per-pod overrides: `spec.overrides` and the pod annotation `sidecarctl.io/overrides`"
+        " are ours; Kruise v1.9.1 has neither and injects the SidecarSet's values",
+        _overrides,
+        r"^(spec\.(containers|initContainers)\[\d+\]\.(resources|env)(\.|\[|$)"
+        r"|metadata\.annotations\.sidecarctl\.io/overrides-env-applied$)",
     ),
     Rule(
         "v1beta1 specificNamespace",

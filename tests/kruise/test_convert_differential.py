@@ -33,8 +33,8 @@ DOCUMENTED = (
     ),
     (
         "sidecarctl's own fields",
-        # README, SidecarSet reference: progressDeadlineSeconds is ours; Kruise's types drop it.
-        r"^spec\.updateStrategy\.progressDeadlineSeconds$",
+        # README, SidecarSet reference: progressDeadlineSeconds and overrides are ours; Kruise's types drop them.
+        r"^spec\.(updateStrategy\.progressDeadlineSeconds|overrides)$",
     ),
 )
 
@@ -66,10 +66,14 @@ def _cases() -> list[tuple[str, dict[str, Any]]]:
     out += [(f"corpus/invalid/{name}", obj) for name, obj in corpus_sidecarsets(invalid=True) if admitted_by_us(obj)]
     for case in golden_cases():
         out += [(f"golden/{case.name}/{obj['metadata']['name']}", obj) for obj in case.sidecarsets]
-    # Our one spec extension, which Kruise's types do not have.
+    # Our spec extensions, which Kruise's types do not have.
     extended = copy.deepcopy(out[0][1])
     extended.setdefault("spec", {}).setdefault("updateStrategy", {})["progressDeadlineSeconds"] = 600
     out.append(("extension/progressDeadlineSeconds", extended))
+    overrides = copy.deepcopy(out[0][1])
+    sidecar = overrides["spec"]["containers"][0]["name"]
+    overrides["spec"]["overrides"] = [{"containerName": sidecar, "resources": {"cpu": {"max": "2"}}, "env": ["L"]}]
+    out.append(("extension/overrides", overrides))
     # Edge cases of the custom version, which no manifest above has: an empty one, both ways.
     empty = copy.deepcopy(out[0][1])
     empty.setdefault("metadata", {})["labels"] = {names.SS_LABEL_CUSTOM_VERSION: "", "team": "a"}

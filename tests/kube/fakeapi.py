@@ -194,7 +194,8 @@ class FakeApiServer:
         self, path: str, body: Any, *, patch_type: api.PatchType = "merge", params: api.Params | None = None
     ) -> JsonObj:
         await self._enter("patch", path)
-        target = path[: -len("/status")] if path.endswith("/status") else path
+        sub = next((s for s in ("/status", "/resize") if path.endswith(s)), "")  # subresources: the pod itself
+        target = path[: -len(sub)] if sub else path
         stored = copy.deepcopy(self._stored(target))
         if patch_type == "json":
             try:

@@ -59,6 +59,11 @@ class TLSServer:
         config.accesslog = None
         config.errorlog = None
         config.graceful_timeout = 1.0
+        # hypercorn ends an HTTP/2 connection after 1,000 requests with a GOAWAY that also fails the
+        # request in flight (the API server: "server sent GOAWAY and closed the connection"); the
+        # API server sends a whole tier's pods over one connection, so a run would fail at about its
+        # 1,000th call, or not, as the number of probes varies.
+        config.keep_alive_max_requests = 1_000_000_000
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(serve(self.app, config, shutdown_trigger=self._stop.wait))
         for _ in range(100):

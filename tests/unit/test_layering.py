@@ -3,7 +3,8 @@
 kuberuntime knows nothing of ours. Within sidecarsets the rooms import downwards only: values <-
 spec <- validation, pods <- rollout <- controller (which also reads validation's Pod Security
 checks), with the admission store and pins beside them
-reading the spec. Within injector: engine <- policy <- policysync, and policy <- http and
+reading the spec, and per-pod overrides (reading the spec) below the rooms that inject, resize or
+explain with them. Within injector: engine <- policy <- policysync, and policy <- http and
 manifests, none of them reading the SidecarSet controller or rollout. The three TLS jobs are three
 packages: certwatcher (serving the certificate) knows only kuberuntime; cabundle (publishing the
 CA) and selfsigned (issuing into a Secret) read certwatcher's certificate files and checks, never
@@ -26,7 +27,9 @@ PRODUCT = ("kuberuntime", "certwatcher", "cabundle", "selfsigned", "sidecarsets"
 TOP = (*PRODUCT, "tests", "bench", "tools")
 
 _SPEC = {"sidecarsets.values", "sidecarsets.spec", "kuberuntime"}
-_ADMISSION_READS = {*_SPEC, "sidecarsets.validation", "sidecarsets.store", "sidecarsets.pins"}
+# Per-pod overrides read the spec only, and every room that injects, resizes or explains reads them.
+_OVERRIDES = "sidecarsets.overrides"
+_ADMISSION_READS = {*_SPEC, _OVERRIDES, "sidecarsets.validation", "sidecarsets.store", "sidecarsets.pins"}
 # room -> the rooms of ours it may import (itself always allowed). A room is a package or a
 # module; a module belongs to the longest room that names it.
 ALLOWED: dict[str, set[str]] = {
@@ -38,11 +41,13 @@ ALLOWED: dict[str, set[str]] = {
     "sidecarsets.values": {"kuberuntime"},
     "sidecarsets.spec": _SPEC,
     "sidecarsets.validation": _SPEC,
+    "sidecarsets.overrides": _SPEC,
     "sidecarsets.pods": _SPEC,
-    "sidecarsets.rollout": {*_SPEC, "sidecarsets.pods"},
+    "sidecarsets.rollout": {*_SPEC, _OVERRIDES, "sidecarsets.pods"},
     # the Pod Security condition reuses validation's checks
     "sidecarsets.controller": {
         *_SPEC,
+        _OVERRIDES,
         "sidecarsets.validation",
         "sidecarsets.pods",
         "sidecarsets.rollout",
@@ -50,7 +55,7 @@ ALLOWED: dict[str, set[str]] = {
     "sidecarsets.store": _SPEC,
     "sidecarsets.pins": {*_SPEC, "sidecarsets.store"},
     "injector": set(),
-    "injector.engine": _SPEC,
+    "injector.engine": {*_SPEC, _OVERRIDES},
     "injector.policy": {*_SPEC, "injector.engine"},
     "injector.policysync": {*_SPEC, "injector.engine", "injector.policy"},
     "injector.http": {*_ADMISSION_READS, "injector.engine", "injector.policy"},

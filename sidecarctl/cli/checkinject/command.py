@@ -25,7 +25,8 @@ namespace label {names.NS_INJECTION_LABEL}={names.NS_INJECTION_ENABLED}, the opt
 failing selector term, a canary that replaces it, a container-name conflict); the path that injects
 it (a named MutatingAdmissionPolicy, or the webhook and why); whether the pod has it, at which
 revision, and why an outdated pod is not upgraded (yet). A SidecarSet in the pod is current or out
-of date as its controller counts the pod, whatever the injection rules say of new pods.
+of date as its controller counts the pod, whatever the injection rules say of new pods. Each per-pod
+override the pod asks for ({names.ANN_OVERRIDES}): applied, refused or ignored, and why.
 
 Exit status: 0 every SidecarSet that selects a pod or that the controller counts in it is present
 and current, 1 one is missing or out of date (or the cluster cannot be read, or the object does not

@@ -48,11 +48,14 @@ def route_of(ss: SidecarSet, members: dict[str, str]) -> Route:
     return Route("unknown", None, f"no {names.CONDITION_POLICY_INJECTION} condition yet (is the manager running?)")
 
 
-def pod_route(verdicts: Sequence[Verdict]) -> Route:
-    """A pod that any webhook-served SidecarSet selects goes to the webhook whole (injector.policy.plan)."""
+def pod_route(verdicts: Sequence[Verdict], *, overrides: bool = False) -> Route:
+    """A pod that any webhook-served SidecarSet selects, or that asks for per-pod overrides, goes to
+    the webhook whole (injector.policy.plan)."""
     selecting = [v for v in verdicts if v.selects]
     if not selecting:
         return Route("none", None, "no SidecarSet selects the pod")
+    if overrides:
+        return Route("webhook", None, f"the pod asks for per-pod overrides ({names.ANN_OVERRIDES})")
     for v in selecting:
         if v.route.path == "webhook":
             return Route("webhook", None, f"SidecarSet {v.sidecarset} needs the webhook ({v.route.reason})")

@@ -42,6 +42,10 @@ def report_json(r: PodReport) -> JsonObj:
         "gate": gate,
         "path": r.route.as_json(),
         "sidecarSets": verdicts,
+        "overrides": [
+            {"container": o.container, "verdict": o.verdict, "message": o.message, "reason": o.reason or None}
+            for o in r.overrides
+        ],
         "ok": r.ok,
     }
 
@@ -92,6 +96,9 @@ def render(reports: list[PodReport]) -> str:
             lines.append("  no SidecarSets in the cluster")
         width = max((len(v.sidecarset) for v in r.verdicts), default=0)
         lines += [f"  {v.sidecarset.ljust(width)}  {_line(v)}" for v in r.verdicts]
+        if r.overrides:
+            lines.append("  overrides (sidecarctl.io/overrides), as the webhook judges them now:")
+            lines += [f"    {o.container}: {o.verdict}: {o.message}" for o in r.overrides]
     bad = [
         f"{r.namespace}/{r.name}: {v.sidecarset} {v.state}" for r in reports for v in r.verdicts if v.state in FAILING
     ]

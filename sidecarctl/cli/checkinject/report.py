@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from injector.engine import engine
+from kuberuntime.jsontypes import mapping
 from sidecarctl.cli.checkinject.paths import pod_route
 from sidecarctl.cli.checkinject.rules import selection_reasons
 from sidecarctl.cli.checkinject.state import state_of
 from sidecarctl.cli.checkinject.verdicts import Cluster, PodReport, Route, Verdict
+from sidecarsets.overrides import merge
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import names
 
@@ -51,6 +54,40 @@ def pod_report(raw: Mapping[str, Any], cluster: Cluster, *, template_of: str | N
         pod.phase,
         injected_by if isinstance(injected_by, str) and template_of is None else None,
         gate,
-        pod_route(verdicts),
+        pod_route(verdicts, overrides=pod.overrides is not None),
         tuple(verdicts),
+        _overrides(raw, cluster, namespace),
     )
+
+
+def _overrides(raw: Mapping[str, Any], cluster: Cluster, namespace: str) -> tuple[merge.Outcome, ...]:
+    """Each override the pod asks for, as the webhook would judge it now: the engine run on the pod as
+    a new one (its bookkeeping annotations left out, so every SidecarSet that selects it is built)."""
+    meta = mapping(raw, "metadata")
+    asked = mapping(meta, "annotations").get(names.ANN_OVERRIDES)
+    if asked is None:
+        return ()
+    fresh = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(mapping(meta, "labels")),
+            "annotations": {names.ANN_OVERRIDES: asked},
+        },
+        "spec": dict(mapping(raw, "spec")),
+    }
+    result = engine.inject(
+        fresh,
+        namespace=namespace,
+        namespace_labels=cluster.labels.get(namespace),
+        sidecarsets=cluster.sidecarsets,
+        now="",
+        manager_namespace=cluster.manager_namespace,
+    )
+    if result.overrides:
+        return result.overrides
+    if result.refusal is not None:  # the annotation itself
+        return (merge.Outcome("*", merge.REFUSED, result.denied or "", result.refusal),)
+    why = f"{names.ANN_OVERRIDES}: no SidecarSet injects this pod now ({result.skipped or result.denied}); ignored"
+    return (merge.Outcome("*", merge.IGNORED, why),)

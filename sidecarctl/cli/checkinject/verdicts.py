@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from kuberuntime.jsontypes import JsonObj, resolve
 from sidecarctl.cli.clusterread import namespace_labels
+from sidecarsets.overrides.merge import Outcome
 from sidecarsets.spec.model import SidecarSet
 
 # Reason codes (the JSON's `reasons[].code`), in the order the product applies the rules.
@@ -79,6 +80,8 @@ class PodReport:
     gate: Reason | None
     route: Route
     verdicts: tuple[Verdict, ...]
+    # Each container override the pod asks for (sidecarctl.io/overrides), as the webhook judges it now.
+    overrides: tuple[Outcome, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -533,7 +533,8 @@ def test_json_shape_and_exit_0(api: StubApi, tmp_path: Path, capsys: Any) -> Non
     doc = json.loads(out)
     assert set(doc) == {"pods", "ok"} and doc["ok"] is True
     (p,) = doc["pods"]
-    assert set(p) == {"namespace", "name", "template", "phase", "injectedBy", "gate", "path", "sidecarSets", "ok"}
+    keys = {"namespace", "name", "template", "phase", "injectedBy", "gate", "path", "sidecarSets", "overrides", "ok"}
+    assert set(p) == keys and p["overrides"] == []
     (v,) = p["sidecarSets"]
     assert set(v) == {"name", "selects", "reasons", "path", "state", "revision", "currentRevision", "detail"}
     assert v["path"] == {
@@ -638,3 +639,38 @@ def test_bad_command_lines_are_status_2(argv: list[str], message: str, capsys: A
 )
 def test_targets(target: str, namespace: str | None, expected: Target) -> None:
     assert parse_target(target, namespace, None) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-pod overrides
+
+
+def test_each_override_is_shown_applied_refused_or_ignored_with_why_and_the_pod_is_the_webhooks() -> None:
+    bounds = [{"containerName": "envoy", "resources": {"cpu": {"max": "2"}}}]
+    ss = shop_sidecarset(overrides=bounds, containers=[container("envoy", "envoy:v1")])
+    raw = shop_pod()
+    asked: dict[str, Any] = {
+        "envoy": {"resources": {"limits": {"cpu": "1"}}},
+        "gone": {"env": [{"name": "A", "value": "1"}]},
+    }
+    raw["metadata"]["annotations"] = {names.ANN_OVERRIDES: json.dumps(asked)}
+    r = pod_report(raw, cluster(ss))
+    assert [(o.container, o.verdict) for o in r.overrides] == [("envoy", "applied"), ("gone", "ignored")]
+    assert r.overrides[0].message == "resources.limits.cpu=1 (allowed by SidecarSet mesh)"
+    assert r.route.path == "webhook" and names.ANN_OVERRIDES in r.route.reason
+    text = render([r])
+    assert "overrides (sidecarctl.io/overrides), as the webhook judges them now:" in text
+    assert "    gone: ignored: sidecarctl.io/overrides[gone]: no SidecarSet injects a container gone" in text
+
+    asked["envoy"]["resources"]["limits"]["cpu"] = "3"
+    raw["metadata"]["annotations"] = {names.ANN_OVERRIDES: json.dumps(asked)}
+    (refused, _) = pod_report(raw, cluster(ss)).overrides
+    assert (refused.verdict, refused.reason) == ("refused", "out_of_range")
+    assert refused.message.endswith("(allowed: at most 2)")
+
+    raw["metadata"]["annotations"] = {names.ANN_OVERRIDES: "{"}
+    (bad,) = pod_report(raw, cluster(ss)).overrides
+    assert (bad.container, bad.verdict, bad.reason) == ("*", "refused", "invalid")
+    raw["metadata"]["labels"] = {"app": "other"}
+    (alone,) = pod_report(raw, cluster(ss)).overrides
+    assert alone.verdict == "ignored" and "no SidecarSet injects this pod now" in alone.message

@@ -132,6 +132,25 @@ class TestGlance:
         elsewhere["metadata"]["namespace"] = "other"
         assert [m.key for m in glance_of(ss, pods, [*bare, elsewhere]).missing] == ["shop/bare"]
 
+    def test_pods_whose_env_overrides_changed_and_pods_outside_tightened_bounds(self) -> None:
+        ss = shop_sidecarset(overrides=[{"containerName": "envoy", "resources": {"cpu": {"max": "1"}}, "env": ["L"]}])
+        changed, outside, fine = (injected_pod(f"p{i}", ss) for i in range(3))
+        for raw, asked, record in (
+            (changed, {"envoy": {"env": [{"name": "L", "value": "b"}]}}, {"envoy": {"L": "a"}}),
+            (outside, {"envoy": {"resources": {"limits": {"cpu": "2"}}}}, {}),
+            (fine, {"envoy": {"env": [{"name": "L", "value": "a"}]}}, {"envoy": {"L": "a"}}),
+        ):
+            raw["metadata"]["annotations"][names.ANN_OVERRIDES] = json.dumps(asked)
+            raw["metadata"]["annotations"][names.ANN_OVERRIDES_ENV_APPLIED] = json.dumps(record)
+        g = glance_of(ss, [changed, outside, fine], [])
+        assert g.recreate == (("shop/p0", 'envoy env L: "a" -> "b"'),)
+        (blocked,) = g.not_upgradable
+        assert (blocked.pod, blocked.compared_with) == ("shop/p1", "the SidecarSet's override bounds")
+        assert "allowed: at most 1" in blocked.fields[0]
+        text = statuscmd.render_one(g)
+        assert "Env overrides changed since injection (1); recreate them to pick them up:\n  p0 (envoy env L" in text
+        assert "1 to recreate for env overrides" in g.summary
+
     def test_json_and_text(self) -> None:
         g = glance_of(*scene())
         doc = g.as_json()
@@ -150,6 +169,7 @@ class TestGlance:
             "excludedByUpdateSelector",
             "missing",
             "conditions",
+            "recreateForOverrides",
             "summary",
         ]
         json.dumps(doc)

@@ -342,3 +342,55 @@ def test_a_pod_changed_since_it_was_planned_is_not_patched_with_stale_metadata()
     assert rig.patched_pods() == []
     assert upgrades("conflict") == before + 1
     assert envoy_image(rig.pod("p0")) == "envoy:v1"
+
+
+def _overridden(ss: JsonObj, asked: JsonObj, record: JsonObj) -> JsonObj:
+    """Pod p0 as injected from `ss` for a pod carrying `record`'s overrides, its annotation now `asked`."""
+    raw = pod("p0", ss)
+    raw["metadata"]["annotations"][names.ANN_OVERRIDES] = orjson.dumps(asked).decode()
+    raw["metadata"]["annotations"][names.ANN_OVERRIDES_ENV_APPLIED] = orjson.dumps(record).decode()
+    envoy = next(c for c in raw["spec"]["containers"] if c["name"] == "envoy")
+    envoy["resources"] = {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}
+    for cs in raw["status"]["containerStatuses"]:
+        cs["resources"] = copy.deepcopy(envoy["resources"]) if cs["name"] == "envoy" else {}
+    return raw
+
+
+def test_a_changed_override_is_resized_in_place_and_an_env_change_is_said_on_the_pod_once() -> None:
+    bounds = [{"containerName": "envoy", "resources": {"cpu": {"max": "1"}}, "env": ["LOG_LEVEL"]}]
+    ss = copy.deepcopy(V1)
+    ss["spec"]["overrides"] = bounds
+    ss["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}
+    rig = Rig(ss, pods=0)
+    asked = {"envoy": {"resources": {"limits": {"cpu": "500m"}}, "env": [{"name": "LOG_LEVEL", "value": "trace"}]}}
+    rig.api.put(pod_path("p0"), _overridden(ss, asked, {"envoy": {"LOG_LEVEL": "debug"}}))
+    rig.reconcile()
+    assert rig.api.writes("patch", pod_path("p0")) == [pod_path("p0") + "/resize"], "the resize alone"
+    envoy = next(c for c in rig.pod("p0")["spec"]["containers"] if c["name"] == "envoy")
+    assert envoy["resources"] == {"requests": {"cpu": "100m"}, "limits": {"cpu": "500m"}}
+    events = [e for p, e in rig.api.objects.items() if "/events/" in p]
+    (said,) = [e for e in events if e["reason"] == "OverridesNeedRecreate"]
+    assert said["involvedObject"]["name"] == "p0" and 'envoy env LOG_LEVEL: "debug" -> "trace"' in said["message"]
+    rig.redeliver()
+    rig.reconcile()
+    assert len(rig.api.writes("patch", pod_path("p0"))) == 1, "at its values now: not written again"
+    assert len([p for p in rig.api.objects if "/events/" in p]) == len(events), "said once"
+
+
+def test_a_resize_an_override_asks_for_that_the_api_server_would_refuse_is_said_on_the_pod_and_not_sent() -> None:
+    ss = copy.deepcopy(V1)
+    ss["spec"]["overrides"] = [{"containerName": "envoy", "resources": {"cpu": {"max": "1"}}}]
+    guaranteed = {"requests": {"cpu": "200m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}
+    ss["spec"]["containers"][0]["resources"] = guaranteed
+    rig = Rig(ss, pods=0)
+    raw = _overridden(ss, {"envoy": {"resources": {"requests": {"cpu": "50m"}}}}, {})
+    raw["status"]["containerStatuses"] = [cs for cs in raw["status"]["containerStatuses"] if cs["name"] == "envoy"]
+    raw["spec"]["containers"] = [c for c in raw["spec"]["containers"] if c["name"] == "envoy"]
+    envoy = raw["spec"]["containers"][0]
+    envoy["resources"] = copy.deepcopy(guaranteed)
+    raw["status"]["containerStatuses"][0]["resources"] = copy.deepcopy(guaranteed)
+    rig.api.put(pod_path("p0"), raw)  # Guaranteed; a lower request alone would make it Burstable
+    rig.reconcile()
+    assert pod_path("p0") + "/resize" not in rig.api.writes("patch", pod_path("p0"))
+    (said,) = [e for p, e in rig.api.objects.items() if "/events/" in p and e["reason"] == "OverridesRefused"]
+    assert said["involvedObject"]["name"] == "p0" and "QoS class would change" in said["message"]

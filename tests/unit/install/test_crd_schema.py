@@ -533,6 +533,7 @@ CEL_RULES = {
     "spec.updateStrategy": ["Partition and Selector cannot be used together"],
     "spec.updateStrategy.priorityStrategy": ["only one of weightPriority and orderPriority"],
     "spec.injectionStrategy.revision": ["revisionName and customVersion cannot be empty"],
+    "spec.overrides[]": ["must allow resources or env"],
     "spec.containers[].transferEnv[]": ["envName or envNames", "sourceContainerName or sourceContainerNameFrom"],
     "spec.initContainers[].transferEnv[]": ["envName or envNames", "sourceContainerName or sourceContainerNameFrom"],
 }
@@ -653,3 +654,26 @@ def test_the_schema_carries_every_default_of_the_table_and_no_other() -> None:
     assert found == table
     assert {"." + p for p in SCHEMA_DEFAULTS} <= set(table)
     assert all(row.path.endswith("podInjectPolicy") for row in DEFAULTS if not row.schema)
+
+
+def test_overrides_survive_pruning_in_both_versions_and_are_keyed_by_container() -> None:
+    """spec.overrides is our extension: nothing of it may be pruned, in either served version."""
+    overrides = [
+        {"containerName": "sidecar1", "resources": {"cpu": {"min": "50m", "max": 2}, "memory": {"max": "2Gi"}}},
+        {"containerName": "sidecar2", "env": ["LOG_LEVEL", "DEBUG.x"]},
+    ]
+    for version in (names.VERSION, names.VERSION_V1BETA1):
+        spec = {**kruise_sample()["spec"], "overrides": overrides}
+        spec.pop("namespace", None)
+        schema = root_schema(version)["properties"]["spec"]
+        assert schema_problems(spec, schema, ".spec") == [], version
+        field = schema["properties"]["overrides"]
+        assert field["x-kubernetes-list-type"] == "map" and field["x-kubernetes-list-map-keys"] == ["containerName"]
+        bound = at(root_schema(version), "spec.overrides[].resources.cpu")
+        assert bound["minProperties"] == 1 and bound["properties"]["max"]["x-kubernetes-int-or-string"] is True
+        env = at(root_schema(version), "spec.overrides[].env")
+        assert re.search(env["items"]["pattern"], "LOG_LEVEL") and not re.search(env["items"]["pattern"], "A=B")
+    bad = {**kruise_sample()["spec"], "overrides": [{"containerName": "s", "resources": {"gpu": {"max": "1"}}}]}
+    assert schema_problems(bad, root_schema()["properties"]["spec"], ".spec") == [
+        ".spec.overrides[0].resources.gpu: pruned (not in the schema)"
+    ]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sidecarsets.pods.podrecords import ContainerState, HashEntry, InplaceEntry, Labels, Resources
 from sidecarsets.pods.projection import PodProjection, project
-from sidecarsets.spec import selectors
+from sidecarsets.spec import names, selectors
 from sidecarsets.spec.names import ANN_HASH, ANN_HASH_WITHOUT_IMAGE, ANN_INJECTED_LIST, ANN_INPLACE_STATE
 from tests.kube.builders import T0, image_id, injected_pod, shop_sidecarset
 
@@ -81,7 +81,8 @@ def test_holds_no_reference_into_the_input() -> None:
     raw = injected_pod("web-1", shop_sidecarset(), labels={"zone": "a"})
     p = project(raw)
     kinds = {type(o) for o in _reachable(p)}
-    assert kinds <= {PodProjection, Labels, tuple, HashEntry, InplaceEntry, ContainerState, Resources, str, int, bool}
+    allowed = {PodProjection, Labels, tuple, HashEntry, InplaceEntry, ContainerState, Resources, str, int, bool}
+    assert kinds <= allowed | {type(None)}  # None: an absent overrides annotation
 
 
 def test_mutating_the_input_afterwards_changes_nothing() -> None:
@@ -92,6 +93,17 @@ def test_mutating_the_input_afterwards_changes_nothing() -> None:
     raw["spec"]["containers"][0]["image"] = "evil"
     raw["status"]["containerStatuses"].clear()
     assert p == before
+
+
+def test_the_overrides_annotations_are_kept_as_text_and_replicas_share_it() -> None:
+    asked = '{"proxy": {"resources": {"limits": {"cpu": "2"}}}}'
+    pods = [injected_pod(f"web-{i}", shop_sidecarset()) for i in range(2)]
+    for raw in pods:
+        raw["metadata"]["annotations"][names.ANN_OVERRIDES] = "".join(asked)  # a distinct str each
+        raw["metadata"]["annotations"][names.ANN_OVERRIDES_ENV_APPLIED] = "{}"
+    a, b = (project(raw) for raw in pods)
+    assert (a.overrides, a.overrides_env) == (asked, "{}") and a.overrides is b.overrides
+    assert project(injected_pod("web-2", shop_sidecarset())).overrides is None
 
 
 def test_unknown_fields_are_dropped() -> None:
@@ -128,6 +140,8 @@ def test_unknown_fields_are_dropped() -> None:
         "resources",
         "applied_resources",
         "resize_conditions",
+        "overrides",
+        "overrides_env",
     }
 
 

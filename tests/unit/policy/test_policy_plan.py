@@ -486,3 +486,18 @@ def test_a_namespaced_sidecarset_is_served_by_the_webhook_and_named_in_its_condi
     assert p.routes["mesh"].path is Path.POLICY
     # The pods the tenant's set may select go to the webhook, which injects the cluster's sidecars too.
     assert p.webhook_condition != "false" and "shop" in p.webhook_condition
+
+
+@pytest.mark.parametrize("mode", [Mode.AUTO, Mode.POLICY])
+def test_pods_asking_for_overrides_are_declined_by_policies_and_taken_by_the_webhook(mode: Mode) -> None:
+    """The overrides are read, checked and merged by the webhook only: the policy leaves such a pod
+    (its shared gate) and the webhook's condition takes it, in either mode."""
+    overrides = [{"containerName": "proxy", "env": ["LOG_LEVEL"]}]
+    p = planned(ss("mesh", overrides=overrides), mode=mode)
+    assert p.routes["mesh"].path is Path.POLICY, "a SidecarSet that allows overrides is still policy-served"
+    gates = p.policies[0].policy["spec"]["matchConditions"][0]["expression"]
+    asked = f"({cel.string(names.ANN_OVERRIDES)} in {cel.ANNOTATIONS})"
+    record = f"({cel.string(names.ANN_OVERRIDES_ENV_APPLIED)} in {cel.ANNOTATIONS})"
+    assert f"(!({asked} || {record})) // no-per-pod-overrides" in gates
+    assert asked in p.webhook_condition and record in p.webhook_condition
+    assert planned(ss("mesh"), mode=Mode.WEBHOOK).webhook_condition == "true"

@@ -156,6 +156,16 @@ def test_everything_else_is_the_same_value_and_the_input_is_untouched() -> None:
     assert {k: v for k, v in beta["spec"].items() if k != "namespaceSelector"} == same
 
 
+def test_overrides_round_trip_both_ways_unchanged() -> None:
+    """spec.overrides (our extension) is in both versions: no conversion drops or rewrites it."""
+    overrides = [{"containerName": "proxy", "resources": {"cpu": {"min": "50m", "max": "2"}}, "env": ["LOG_LEVEL"]}]
+    alpha = sidecarset(ALPHA, {"overrides": overrides})
+    beta = convert(alpha, BETA)
+    assert beta["spec"]["overrides"] == overrides
+    assert round_trip(alpha, BETA) == alpha and round_trip(beta, ALPHA) == beta
+    assert SidecarSet.from_object(alpha).overrides == SidecarSet.from_object(beta).overrides != ()
+
+
 def test_same_version_is_a_copy_with_the_requested_api_version() -> None:
     alpha = sidecarset(ALPHA, {"namespace": "shop"})
     assert convert(alpha, ALPHA) == alpha
