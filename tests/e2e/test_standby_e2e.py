@@ -345,7 +345,7 @@ def test_a_warm_standby_takes_over_a_600_pod_rollout_where_the_leader_left_it(cl
     assert status["updatedPods"] == BIG and status["readyPods"] == BIG
 
 
-PARTITIONED = 30
+PARTITIONED = 10  # two waves: the first restarting at the kill, the second planned by the standby
 PARTITIONED_MAX_UNAVAILABLE = 5
 PARTITIONED_LEASE = 3
 # Seconds the fake kubelet takes to restart a patched container: longer than the standby's way to its
