@@ -26,11 +26,8 @@ import os
 import signal
 import time
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from bench.common import injected
 from sidecarsets.spec import names
@@ -38,11 +35,10 @@ from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
 from tests.kube.apiproxy import ApiProxy
 from tests.kube.client import eventually
-from tests.kube.controlplane import ControlPlane
 from tests.kube.fakekubelet import FakeKubelet
-from tests.kube.loop import BackgroundLoop
 from tests.kube.managerharness import ManagerProcess
 from tests.kube.measure import Metrics, descendants
+from tests.reliability import fixtures as reliability
 from tests.reliability.harness import (
     LEASE_PATH,
     MANAGER_USER,
@@ -55,24 +51,9 @@ from tests.reliability.harness import (
 
 PODS = "/api/v1/pods"
 INJECTED = f"{names.POD_INJECTED_LABEL}=true"
-
-
-@pytest.fixture(scope="module")
-def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[ReliabilityCluster]:
-    c = ReliabilityCluster(aloop, control_plane.bin_dir, kubelet_restart_delay=0.3)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(aloop: BackgroundLoop, cluster: ReliabilityCluster) -> Iterator[ApiProxy]:
-    p = aloop.run(ApiProxy(cluster.cp).start())
-    try:
-        yield p
-    finally:
-        aloop.run(p.stop())
+KUBELET_RESTART_DELAY = 0.3  # the reliability tier's cluster, with a fake kubelet restarting containers
+# The reliability tier's fixtures: a control plane of this module's own, and a proxy in front of it.
+cluster, proxy, k8s_bin_dir = reliability.cluster, reliability.proxy, reliability.k8s_bin_dir
 
 
 # -- what the test watches ----------------------------------------------------------------------------------
