@@ -9,7 +9,7 @@ the proxy's `http://127.0.0.1:PORT`) to make the network misbehave in ways a rea
 - `stall(resource)`: the watch streams of that resource open right now stop forwarding anything,
   and are never closed by the proxy (the end the API server sends is swallowed too), the way a
   half-dead TCP path or a stuck proxy behaves. Streams opened later pass normally.
-- `delay_lists(resource, seconds)`: each *list* of that resource is answered `seconds` late, as a
+- `delay_lists(resource, seconds)`: each *list* (or WatchList) of that resource is answered `seconds` late, as a
   busy API server answers a process that has just started.
 
 Requests go upstream with the proxy's own credentials (the admin client certificate), or, when the
@@ -148,7 +148,11 @@ class ApiProxy:
         return _named(request.path) or OTHER
 
     async def _hold_list(self, request: web.Request) -> None:
-        if request.method != "GET" or request.query.get("watch") in ("1", "true"):
+        # A list, or a WatchList (a watch that sends the initial state first): either is the first state.
+        first_state = (
+            request.query.get("watch") not in ("1", "true") or request.query.get("sendInitialEvents") == "true"
+        )
+        if request.method != "GET" or not first_state:
             return
         resource = _named(request.path)
         wait = self.list_delays.get(resource, 0.0) if resource else 0.0
