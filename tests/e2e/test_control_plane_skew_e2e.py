@@ -185,8 +185,15 @@ def test_an_upgrade_to_the_first_minor_with_policies_is_adopted_without_a_restar
 
         cond = eventually(unsupported, timeout=30, what="PolicyUnsupported on 1.35")
         assert f"Kubernetes {c.cp.version}" in cond["message"]
-        before = c.kube.create(f"/api/v1/namespaces/{NS}/pods", make_pod("before", "upg"))
-        assert before["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook"
+
+        # The condition is the leader's; the admission workers watch the SidecarSet themselves, a moment apart.
+        def injected_by_webhook(dry_run: bool) -> bool:
+            params = {"dryRun": "All"} if dry_run else {}
+            pod = c.kube.create(f"/api/v1/namespaces/{NS}/pods", make_pod("before", "upg"), **params)
+            return (pod["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY) == "webhook"
+
+        eventually(lambda: injected_by_webhook(True), timeout=10, what="the webhook injecting on 1.35")
+        assert injected_by_webhook(False)
 
         # Stopped at once: with the manager's watches open a graceful stop takes the whole 10 s.
         c.cp.restart_apiserver(bin_dir=binaries_dir("1.36"), graceful=False)
