@@ -6,8 +6,8 @@ most of the run; `--pods N` for another count, `--rounds R` to repeat).
 A private control plane (etcd + kube-apiserver 1.37, where WatchList is beta and on) gets N pods of
 the injected shape (bench/bench_controller.py's: the real engine's output, Running and Ready), in
 one namespace. Then, in turn and `--rounds` times so that drift shows, a fresh child process runs
-the controller's pod informer (`kuberuntime.informer.Informer` with `project`, the injected-pods
-label selector) until it has synced, once asking for the state as a WatchList
+the controller's pod informer (`sidecarctl.manager.warm.pod_informer`, the manager's own) until it
+has synced, once asking for the state as a WatchList
 (`sendInitialEvents=true`) and once as the paged LIST it falls back to (pages of 100, as the
 manager's pod watch asks). For each: wall time to synced, the child's CPU, its peak RSS
 (`VmHWM`: what the allocator took at the worst moment, which Python keeps; not `ru_maxrss`, which
@@ -47,9 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.bench_controller import APP, NAMESPACE, SS_NAME
 from kuberuntime import api, kubeapi
-from kuberuntime.informer import Informer
 from kuberuntime.kubeconfig import load_config
-from sidecarsets.pods.projection import PodProjection, project
+from sidecarctl.manager.warm import pod_informer
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from tests.kube.managerharness import ManagerProcess, start_process, wait_ready, write_cert_dir
@@ -73,15 +72,7 @@ async def child(kubeconfig: str, mode: str, pods: int) -> dict[str, Any]:
     """One read of the state in this process: the manager's pod informer until synced."""
     client = kubeapi.KubeClient(load_config(kubeconfig))
     await client.get(f"/api/v1/namespaces/{NAMESPACE}")  # TLS session and pool up before the baseline
-    informer: Informer[PodProjection] = Informer(
-        client,
-        "/api/v1/pods",
-        name="pods",
-        transform=project,
-        label_selector=f"{names.POD_INJECTED_LABEL}=true",
-        page_size=100,
-        watch_list=mode == "stream",
-    )
+    informer = pod_informer(client, watch_list=mode == "stream")
     base = high_water()
     stop = asyncio.Event()
     wall0, cpu0 = time.perf_counter(), time.process_time()

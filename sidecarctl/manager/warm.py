@@ -54,6 +54,21 @@ class Route:
             self.to(kind, old, new)
 
 
+def pod_informer(client: api.ListWatcher, **kw: Any) -> Informer[PodProjection]:
+    """The injected pods as the controller holds them (projections), the largest of its caches;
+    bench/bench_initial_state.py times this same informer's first read."""
+    return Informer(
+        client,
+        "/api/v1/pods",
+        name="pods",
+        transform=project,
+        label_selector=f"{names.POD_INJECTED_LABEL}=true",
+        # Pods are large; small pages keep the peak heap (and so the RSS, which Python keeps) low.
+        page_size=100,
+        **kw,
+    )
+
+
 def routed(
     client: api.ListWatcher, path: str, *, name: str, transform: Callable[[JsonObj], Any], **kw: Any
 ) -> Informer[Any]:
@@ -137,15 +152,7 @@ class WarmCaches:
             transform=identity,
             field_selector=f"metadata.name={opts.ca_bundle.mutating_config}",
         )
-        self.pods: Informer[PodProjection] = routed(
-            client,
-            "/api/v1/pods",
-            name="pods",
-            transform=project,
-            label_selector=f"{names.POD_INJECTED_LABEL}=true",
-            # Pods are large; small pages keep the peak heap (and so the RSS, which Python keeps) low.
-            page_size=100,
-        )
+        self.pods = pod_informer(client, handler=Route())
         # NamespacedSidecarSets (none with --no-namespaced-sidecarsets): optional, since a cluster
         # without their CRD has none, and nothing may wait for a first list there.
         self.tenant_sets: Informer[JsonObj] | None = (
