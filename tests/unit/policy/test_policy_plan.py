@@ -501,3 +501,55 @@ def test_pods_asking_for_overrides_are_declined_by_policies_and_taken_by_the_web
     assert f"(!({asked} || {record})) // no-per-pod-overrides" in gates
     assert asked in p.webhook_condition and record in p.webhook_condition
     assert planned(ss("mesh"), mode=Mode.WEBHOOK).webhook_condition == "true"
+
+
+def _selector_zoo() -> list[SidecarSet]:
+    """Selectors of every shape over the same keys: labels, `In` lists, keys alone, none required."""
+    shapes: list[dict[str, Any]] = [
+        {"matchLabels": {"team": "t1", "kind": "p"}},
+        {"matchLabels": {"team": "t2", "kind": "w"}},
+        {"matchLabels": {"kind": "p"}},
+        {"matchExpressions": [{"key": "team", "operator": "In", "values": ["t1", "t3"]}]},
+        {
+            "matchExpressions": [
+                {"key": "team", "operator": "Exists"},
+                {"key": "tier", "operator": "In", "values": ["web"]},
+            ]
+        },
+        {"matchExpressions": [{"key": "kind", "operator": "NotIn", "values": ["p"]}]},
+        {"matchLabels": {"tier": "db"}},
+        {"matchLabels": {"team": "t3", "tier": "web"}},
+    ]
+    return [ss(f"s{i}", selector=s) for i, s in enumerate(shapes)]
+
+
+def test_overlap_index_finds_exactly_the_pairs_that_may_share_pods() -> None:
+    zoo = _selector_zoo()
+    for population in (zoo, zoo[1::2], zoo[::2]):
+        index = plan.OverlapIndex(population)
+        for query in zoo:
+            expected = [
+                i for i, other in enumerate(population) if other is not query and plan.may_share_pods(query, other)
+            ]
+            assert index.sharing(query) == expected, query.name
+
+
+def test_overlap_index_prunes_by_every_label_the_query_requires(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Policy-served `{team: pK, kind: p}` against webhook-served `{team: wK, kind: w}`: the query's
+    own anchor among those is `kind` (no webhook set shares either label), yet `team` prunes too."""
+    webhook = [ss(f"w{k}", selector={"matchLabels": {"team": f"w{k}", "kind": "w"}}) for k in range(200)]
+    index = plan.OverlapIndex(webhook)
+    compared = 0
+    exact = plan.may_share_pods
+
+    def counting(a: SidecarSet, b: SidecarSet) -> bool:
+        nonlocal compared
+        compared += 1
+        return exact(a, b)
+
+    monkeypatch.setattr(plan, "may_share_pods", counting)
+    for k in range(200):
+        assert index.sharing(ss(f"p{k}", selector={"matchLabels": {"team": f"p{k}", "kind": "p"}})) == []
+    assert compared == 0
+    assert index.sharing(ss("w7-canary", selector={"matchLabels": {"team": "w7", "kind": "w"}})) == [7]
+    assert compared == 1
