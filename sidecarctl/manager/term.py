@@ -130,7 +130,7 @@ def _build(w: Wiring, caches: WarmCaches) -> Term:
         w.client,
         namespace=opts.namespace,
         namespaces=lambda: caches.namespaces.store,
-        revisions=lambda: caches.revisions.store.values(),
+        revisions=caches.revision_index.of,
         recorder=w.recorder,
         workers=opts.controller.workers,
         may_write=w.may_write,

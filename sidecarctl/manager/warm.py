@@ -32,6 +32,7 @@ from kuberuntime import api, kubeapi
 from kuberuntime.discovery import Served
 from kuberuntime.informer import Handler, Informer
 from kuberuntime.jsontypes import JsonObj
+from kuberuntime.labelindex import LabelIndex
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.pods.projection import PodProjection, project
@@ -44,12 +45,16 @@ def identity(obj: JsonObj) -> JsonObj:
 
 
 class Route:
-    """An informer's handler that passes events on to whoever is attached, if anyone."""
+    """An informer's handler that passes events on to whoever is attached, if anyone; `keep`, an
+    index the caches hold whatever the term, gets every event first."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Handler | None = None) -> None:
         self.to: Handler | None = None
+        self.keep = keep
 
     def __call__(self, kind: str, old: Any, new: Any) -> None:
+        if self.keep is not None:
+            self.keep(kind, old, new)
         if self.to is not None:
             self.to(kind, old, new)
 
@@ -138,11 +143,14 @@ class WarmCaches:
         self.sidecarsets = routed(client, SS_PATH, name="sidecarsets", transform=identity)
         # Cluster-scoped namespaces are keyed by name in the informer's store: name -> labels.
         self.namespaces = routed(client, "/api/v1/namespaces", name="namespaces", transform=namespace_labels)
-        self.revisions = routed(
+        # The SidecarSets' revisions, also grouped by SidecarSet: a reconcile reads its own few.
+        self.revision_index = LabelIndex(names.REVISION_LABEL_SIDECARSET)
+        self.revisions: Informer[JsonObj] = Informer(
             client,
             f"/apis/apps/v1/namespaces/{opts.namespace}/controllerrevisions",
             name="controllerrevisions",
             transform=identity,
+            handler=Route(keep=self.revision_index.handle),
             label_selector=names.REVISION_LABEL_SIDECARSET,
         )
         self.webhook_config = routed(

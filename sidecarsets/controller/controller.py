@@ -33,6 +33,7 @@ from sidecarsets.pods.projection import PodProjection
 from sidecarsets.rollout import deadline, planner, resize, status
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet, object_key, status_path
+from sidecarsets.spec.revisions import owner_name
 
 log = logging.getLogger("sidecarsets.controller")
 
@@ -52,7 +53,7 @@ class Controller(OverrideWrites):
         *,
         namespace: str,
         namespaces: Callable[[], Mapping[str, Mapping[str, str]]],
-        revisions: Callable[[], Iterable[JsonObj]] | None = None,
+        revisions: Callable[[str], Iterable[JsonObj]] | None = None,
         recorder: events.EventRecorder,
         workers: int = 3,
         clock: Callable[[], str] = now_rfc3339,
@@ -218,7 +219,7 @@ class Controller(OverrideWrites):
         plan with, or None when no pod is to be touched now (writes are not ours, or the rollout stopped)."""
         name = ss.name
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
-        cached = None if self.revisions is None else self.revisions()
+        cached = None if self.revisions is None else self.revisions(owner_name(ss))
         latest, collisions = await history.sync_history(
             self.client,
             ss,
@@ -303,11 +304,7 @@ class Controller(OverrideWrites):
     def _resizable_from(self, ss: SidecarSet) -> frozenset[str]:
         """Without-image hashes of this SidecarSet's revisions that differ from its spec only in images
         and resources (sidecarsets.rollout.resize): worked out again only when either changes."""
-        mine = [
-            r
-            for r in (self.revisions() if self.revisions is not None else ())
-            if ((r.get("metadata") or {}).get("labels") or {}).get(names.REVISION_LABEL_SIDECARSET) == ss.name
-        ]
+        mine = list(self.revisions(ss.name)) if self.revisions is not None else []  # a tenant's: none here
         seen = (ss.hash_without_resources, *sorted(str((r.get("metadata") or {}).get("resourceVersion")) for r in mine))
         cached = self._resizable.get(ss.name)
         if cached is not None and cached[0] == seen:
