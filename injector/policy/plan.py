@@ -23,7 +23,7 @@ from injector.policy import bookkeeping, bundle, cel, generate
 from injector.policy.build import NeedsWebhook
 from injector.policy.generate import Generated, GroupParts, check_servable
 from injector.policy.selecting import MAX_CONDITION_CHARS as MAX_CONDITION_CHARS
-from injector.policy.selecting import pods_selected
+from injector.policy.selecting import MAX_EXACT_CHARS, pods_selected
 from sidecarsets.spec import podindex, selectors
 from sidecarsets.spec.enums import PatchPolicy
 from sidecarsets.spec.model import SidecarSet
@@ -118,16 +118,15 @@ def policies_decline(sidecarsets: Iterable[SidecarSet]) -> str:
 
 
 def webhook_condition(webhook_sets: list[SidecarSet], policy_sets: list[SidecarSet], mode: Mode) -> str:
-    """The pod webhook's matchCondition: exact while it fits, anchored past MAX_CONDITION_CHARS."""
-    condition = ""
-    for approximate in (False, True):
-        declines = policies_decline(policy_sets)
-        if mode is Mode.POLICY:
-            condition = declines
-        else:
-            condition = f"({pods_selected(webhook_sets, approximate=approximate)}) || ({declines})"
-        if len(condition) <= MAX_CONDITION_CHARS:
-            break
+    """The pod webhook's matchCondition: its own SidecarSets' selectors exact while they are cheap to
+    compile (MAX_EXACT_CHARS) and the whole fits (MAX_CONDITION_CHARS), else read by anchors."""
+    declines = policies_decline(policy_sets)
+    if mode is Mode.POLICY:
+        return declines
+    selected = pods_selected(webhook_sets)
+    condition = f"({selected}) || ({declines})"
+    if len(selected) > MAX_EXACT_CHARS or len(condition) > MAX_CONDITION_CHARS:
+        condition = f"({pods_selected(webhook_sets, approximate=True)}) || ({declines})"
     return condition
 
 
