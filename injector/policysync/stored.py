@@ -3,6 +3,7 @@ two versions of one is the newer, and which of our writes put back someone else'
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import orjson
@@ -10,6 +11,7 @@ from prometheus_client import Counter
 
 from injector.policy.generate import ANN_MEMBERS
 from injector.policysync.desired import ANN_GENERATED_AT, STAMP
+from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 
 
@@ -77,3 +79,32 @@ def _timeless(body: JsonObj) -> bytes:
     text = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     stamp = (((body.get("metadata") or {}).get("annotations")) or {}).get(ANN_GENERATED_AT)
     return text.replace(stamp.encode(), STAMP.encode()) if isinstance(stamp, str) and stamp else text
+
+
+async def put(client: api.Client, path: str, body: JsonObj, into: dict[str, JsonObj], written: LastWritten) -> None:
+    """Create or replace the object (`into` holds the stored ones by name), and keep the answer there:
+    the next pass compares with what was written, not with a watch that may not have delivered it yet
+    (a large policy takes seconds to store; comparing with the older one would write again, with a
+    new time, for ever). That answer can outlive the object (the garbage collector deletes a binding
+    whose owners are gone while our update adding one is in flight; the watch's DELETED comes before
+    the answer), so a replace that finds nothing creates: every pass used to fail on the same 404."""
+    name = name_of(body)
+    stored = into.get(name)
+    answer: JsonObj | None = None
+    if stored is not None:
+        with contextlib.suppress(api.NotFound):
+            answer = await _replace(client, f"{path}/{name}", body, stored)
+    if answer is None:
+        try:
+            answer = await client.create(path, body)
+        except api.Conflict:  # there already (our watch is behind): replace it
+            answer = await _replace(client, f"{path}/{name}", body, await client.get(f"{path}/{name}"))
+    if not older(answer, into.get(name)):
+        into[name] = answer
+    written.write(path, body)
+
+
+async def _replace(client: api.Client, path: str, body: JsonObj, stored: JsonObj) -> JsonObj:
+    version = {"resourceVersion": stored["metadata"]["resourceVersion"]}
+    answer: JsonObj = await client.update(path, {**body, "metadata": {**body["metadata"], **version}})
+    return answer

@@ -34,7 +34,8 @@ from injector.policy import selecting
 from injector.policy.generate import Generated, covers
 from injector.policysync import desired
 from injector.policysync.narrowing import Narrowing
-from injector.policysync.stored import LastWritten, changed_members, members, name_of, older
+from injector.policysync.pacing import WritePacing
+from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, put
 from injector.policysync.support import CANARY, V1, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
@@ -63,6 +64,7 @@ class PolicySync:
         webhook_config: str = names.MUTATING_WEBHOOK_CONFIG,
         webhook_name: str = names.MUTATING_WEBHOOK_NAME,
         settle: float = 2.0,
+        pacing: tuple[float, float, float] = (1.0, 1.0, 10.0),
         probe: Probe | None = None,
         unenforced_recheck: float = 30.0,
         on_routes: Callable[[set[str]], None] | None = None,
@@ -75,6 +77,9 @@ class PolicySync:
         self.manager_namespace = manager_namespace
         self.narrowing = Narrowing(client, config=webhook_config, webhook=webhook_name)
         self.settle = settle
+        pace, quiet, max_quiet = pacing  # injector.policysync.pacing: (pace, quiet, max_quiet)
+        self.pacing = WritePacing(pace=pace, quiet=quiet, max_quiet=max_quiet, monotonic=monotonic)
+        self.write_at: float | None = None  # a policy write held back until then
         self.probe: Probe = probe or SupportProbe(client, namespace=manager_namespace)
         # Served but not enforced by every kube-apiserver (an upgrade under way): asked again this soon.
         self.unenforced_recheck = unenforced_recheck
@@ -107,6 +112,7 @@ class PolicySync:
     # -- informer handlers ---------------------------------------------------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
         name = object_key(new or old)  # a NamespacedSidecarSet as `<namespace>/<name>`
+        before = self.models.get(name)
         if kind == "DELETED" or new is None:
             self.models.pop(name, None)
         else:
@@ -114,6 +120,9 @@ class PolicySync:
                 self.models[name] = SidecarSet.from_object(new)
             except ModelError as e:  # as the webhook's store: keep serving the last good version
                 log.error("SidecarSet %s is unusable, its policy keeps the previous version: %s", name, e)
+        after = self.models.get(name)
+        if after is None or _news(before, after):
+            self.pacing.arrived()
         self.dirty.set()
         self.news.set()
 
@@ -170,6 +179,8 @@ class PolicySync:
                 self.dirty.set()
                 await asyncio.sleep(5.0)
             timeout = self._until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
+            if self.write_at is not None:
+                timeout = min(timeout, self.write_at - self.monotonic())
             await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
 
     def _recheck_every(self) -> float:
@@ -223,6 +234,7 @@ class PolicySync:
     async def sync_once(self) -> None:
         """One pass: make the stored policies, bindings and webhook condition match the plan."""
         self.passes += 1
+        self.write_at = None
         if not self.supported_known:
             pending = planning.Route(planning.Path.WEBHOOK, planning.Why.PENDING, "detecting policy support")
             self._publish(dict.fromkeys(self.models, pending))
@@ -251,10 +263,16 @@ class PolicySync:
             condition = f"({condition}) || ({selecting.pods_selected(settling, approximate=True)})"
         await self._set_condition(condition)
         refused = False
+        if not changed:
+            self.pacing.idle()
         for g in changed:
+            if (due := self.pacing.due()) > self.monotonic():
+                self.write_at = due  # the webhook serves the rest meanwhile; planned again then
+                return
             started = self.monotonic()
             stored, condition = await self._write_widening(g, policies[g.name], bindings[g.name], condition, planned)
             refused |= not stored
+            self.pacing.wrote(started, self.monotonic())
             self._settle_after_write(sizes[g.name], started)
         for name in stale_bindings:
             await self._delete(f"{self._api.bindings}/{name}")
@@ -334,9 +352,9 @@ class PolicySync:
         started = self.monotonic()
         try:
             if not covers(policy, self.policies.get(g.name)):
-                await self._put(self._api.policies, policy, self.policies.get(g.name), self.policies)
+                await put(self.client, self._api.policies, policy, self.policies, self.written)
             if not covers(binding, self.bindings.get(g.name)):
-                await self._put(self._api.bindings, binding, self.bindings.get(g.name), self.bindings)
+                await put(self.client, self._api.bindings, binding, self.bindings, self.written)
         except api.Invalid as e:
             message = f"the API server refused its MutatingAdmissionPolicy: {e.message[:300]}"
             log.warning("policy %s refused, its SidecarSets stay on the webhook: %s", g.name, e.message[:300])
@@ -349,32 +367,6 @@ class PolicySync:
         members = ",".join(g.members)
         log.info("policy %s stored (%d SidecarSets, %.1fs)", g.name, len(g.members), took, extra={"object": members})
         return True
-
-    async def _put(self, path: str, body: JsonObj, stored: JsonObj | None, into: dict[str, JsonObj]) -> None:
-        """Create or replace the object, and keep the answer: the next pass compares with what was
-        written, not with a watch that may not have delivered it yet (a large policy takes seconds
-        to store; comparing with the older one would write again, with a new time, for ever).
-        That answer can outlive the object (the garbage collector deletes a binding whose owners are
-        gone while our update adding one is in flight; the watch's DELETED comes before the answer),
-        so a replace that finds nothing creates: every pass used to fail on the same 404."""
-        name = name_of(body)
-        written: JsonObj | None = None
-        if stored is not None:
-            with contextlib.suppress(api.NotFound):
-                written = await self._replace(f"{path}/{name}", body, stored)
-        if written is None:
-            try:
-                written = await self.client.create(path, body)
-            except api.Conflict:  # there already (our watch is behind): replace it
-                written = await self._replace(f"{path}/{name}", body, await self.client.get(f"{path}/{name}"))
-        if not older(written, into.get(name)):
-            into[name] = written
-        self.written.write(path, body)
-
-    async def _replace(self, path: str, body: JsonObj, stored: JsonObj) -> JsonObj:
-        version = {"resourceVersion": stored["metadata"]["resourceVersion"]}
-        written: JsonObj = await self.client.update(path, {**body, "metadata": {**body["metadata"], **version}})
-        return written
 
     async def _delete(self, path: str) -> None:
         with contextlib.suppress(api.NotFound):

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from injector.policy.bundle import NAME_PREFIX
+from injector.policy.generate import ANN_MEMBERS
 from injector.policy.plan import Mode, Path, Why
 from injector.policysync.desired import ANN_GENERATED_AT
 from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
@@ -30,6 +31,9 @@ from tests.kube.fakeapi import FakeApiServer
 NS = "sidecarctl-system"
 P0 = NAME_PREFIX + "0"  # the first policy: one SidecarSet, or a few, fit in it
 MWC = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
+# (pace, quiet, max_quiet): written as soon as the pace allows (the fake clock stands still between
+# a test's creates and its pass, so a quiet time would hold every write back); pacing has its tests.
+NO_QUIET = (1.0, 0.0, 10.0)
 
 
 class FixedProbe:
@@ -43,7 +47,9 @@ class FixedProbe:
 
 
 class Rig:
-    def __init__(self, mode: Mode = Mode.AUTO, unsupported: str | None = None) -> None:
+    def __init__(
+        self, mode: Mode = Mode.AUTO, unsupported: str | None = None, pacing: tuple[float, float, float] = NO_QUIET
+    ) -> None:
         self.api = FakeApiServer()
         self.now = 100.0
         self.times = iter(f"2024-01-01T00:00:{i:02d}Z" for i in range(60))
@@ -53,6 +59,7 @@ class Rig:
             mode=mode,
             manager_namespace=NS,
             settle=2.0,
+            pacing=pacing,
             probe=FixedProbe(unsupported),
             on_routes=self.changed.append,
             clock=lambda: next(self.times),
@@ -606,3 +613,78 @@ def test_before_discovery_is_read_nothing_is_probed_and_the_webhook_serves_all()
     rig.run()
     assert rig.sync.probe.calls == 0  # type: ignore[attr-defined]
     assert rig.sync.routes["mesh"].why is Why.PENDING and rig.ours() is None
+
+
+# -- pacing (injector.policysync.pacing) -----------------------------------------------------------
+def _members(rig: Rig) -> set[str]:
+    policy = rig.policy(P0)
+    return set() if policy is None else set(policy["metadata"]["annotations"][ANN_MEMBERS].replace(";", ",").split(","))
+
+
+def test_a_burst_of_sidecarsets_is_written_in_one_policy_once_they_are_quiet() -> None:
+    """Each arrival used to rewrite the same policy (1, 5, 30, then 60 groups, every one compiled
+    again by the API server): the write waits until no SidecarSet has arrived for `quiet` seconds,
+    while the webhook serves the new ones (the condition is widened at once)."""
+    rig = Rig(pacing=(1.0, 1.0, 10.0))
+    rig.add("mesh")
+    rig.run()
+    assert rig.policy(P0) is None and '"web"' in (rig.ours() or ""), "the webhook serves it meanwhile"
+    assert rig.sync.write_at == rig.now + 1.0
+    rig.now += 0.6
+    rig.add("logs", app="logs")
+    rig.run()
+    assert rig.policy(P0) is None and '"logs"' in (rig.ours() or "")
+    rig.now += 1.0
+    rig.run()
+    assert _members(rig) == {"mesh", "logs"}
+    assert len(rig.api.writes(prefix=POLICIES + "/")) + len(rig.api.writes("create", POLICIES)) == 1
+
+
+def test_sidecarsets_that_never_stop_arriving_are_written_after_max_quiet() -> None:
+    rig = Rig(pacing=(1.0, 1.0, 10.0))
+    for k in range(25):  # one every half second for 12.5 s
+        rig.add(f"s{k}", app=f"a{k}")
+        rig.run()
+        if rig.policy(P0) is not None:
+            break
+        rig.now += 0.5
+    assert rig.policy(P0) is not None
+    assert rig.now == 110.0, "written max_quiet after the first write was held back"
+
+
+def test_a_status_write_is_no_arrival_and_holds_nothing_back() -> None:
+    rig = Rig(pacing=(1.0, 1.0, 10.0))
+    rig.add("mesh")
+    rig.run()
+    rig.now += 1.5
+    mesh = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    mesh["status"] = {**mesh["status"], "matchedPods": 3}
+    rig.api.put(f"{SS_PATH}/mesh", mesh)
+    rig.run()
+    assert _members(rig) == {"mesh"}
+
+
+def test_after_a_slow_write_the_next_waits_pace_times_as_long() -> None:
+    """The API server took 10 s to store (compile) a policy: a change right after is written 10 s
+    after that write ended (pace 1: it compiles our policies at most half of the time)."""
+    rig = Rig(pacing=(1.0, 0.0, 10.0))
+    rig.add("mesh")
+
+    def slow_write(path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if path.startswith(POLICIES + "/") and old is None:
+            rig.now += 10.0
+
+    rig.api.listeners.insert(0, slow_write)
+    rig.run()
+    assert rig.policy(P0) is not None
+    written_at = rig.now
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    changed["metadata"]["generation"] = 2
+    rig.api.put(f"{SS_PATH}/mesh", changed)
+    rig.run()
+    assert "proxy:2" not in str(rig.policy(P0)) and rig.sync.write_at == written_at + 10.0
+    assert rig.sync.routes["mesh"].path is Path.POLICY, "the route of the version written is kept meanwhile"
+    rig.now += 10.0
+    rig.run()
+    assert "proxy:2" in str(rig.policy(P0))
