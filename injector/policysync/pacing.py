@@ -20,6 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+# The longest a burst holds a policy write back waiting for quiet: SidecarSets created without pause
+# (a tool applying thousands) still get their policies, each arrival meanwhile served by the webhook.
+MAX_QUIET_SECONDS = 10.0
+
 
 class WritePacing:
     """`due()`: when the next policy write may start; `wrote` and `arrived` move it."""

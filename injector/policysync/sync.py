@@ -34,7 +34,7 @@ from injector.policy import selecting
 from injector.policy.generate import Generated, covers
 from injector.policysync import desired
 from injector.policysync.narrowing import Narrowing
-from injector.policysync.pacing import WritePacing
+from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing
 from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, put
 from injector.policysync.support import CANARY, V1, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
@@ -64,7 +64,7 @@ class PolicySync:
         webhook_config: str = names.MUTATING_WEBHOOK_CONFIG,
         webhook_name: str = names.MUTATING_WEBHOOK_NAME,
         settle: float = 2.0,
-        pacing: tuple[float, float, float] = (1.0, 1.0, 10.0),
+        pacing: tuple[float, float, float] = (1.0, 1.0, MAX_QUIET_SECONDS),
         probe: Probe | None = None,
         unenforced_recheck: float = 30.0,
         on_routes: Callable[[set[str]], None] | None = None,

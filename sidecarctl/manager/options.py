@@ -182,6 +182,16 @@ class InjectionOptions:
     policy_settle: float = opt(
         2.0, "seconds a new or changed policy is given to be enforced before the webhook stops taking its pods"
     )
+    policy_pace: float = opt(
+        1.0,
+        "after a policy write that took T seconds (kube-apiserver compiling its CEL), the next waits this "
+        "times T; the webhook serves the SidecarSets waiting meanwhile",
+    )
+    policy_quiet: float = opt(
+        1.0,
+        "a policy write waits until no SidecarSet was created or changed for this many seconds "
+        "(at most 10 s), so a burst is written once",
+    )
     namespaced_sidecarsets: bool = opt(
         True,
         "serve NamespacedSidecarSets (tenant sidecars); off: every one is refused at admission and none is "

@@ -22,6 +22,7 @@ from typing import Any
 
 from injector.policy import plan as policy_plan
 from injector.policysync import support
+from injector.policysync.pacing import MAX_QUIET_SECONDS
 from injector.policysync.sync import PolicySync
 from kuberuntime import kubeapi
 from kuberuntime.discovery import Served
@@ -107,6 +108,7 @@ def _build(w: Wiring, caches: WarmCaches) -> Term:
         manager_namespace=opts.namespace,
         webhook_config=opts.ca_bundle.mutating_config,
         settle=opts.injection.policy_settle,
+        pacing=(opts.injection.policy_pace, opts.injection.policy_quiet, MAX_QUIET_SECONDS),
         may_write=w.may_write,
         probe=support.SupportProbe(w.probe_client, namespace=opts.namespace),
         unenforced_recheck=opts.watches.discovery_interval,

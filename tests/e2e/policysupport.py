@@ -197,12 +197,14 @@ def private_cluster(
 
 
 @contextlib.contextmanager
-def private_clusters(aloop: BackgroundLoop, bin_dir: Path, *injections: str) -> Iterator[list[PolicyCluster]]:
+def private_clusters(
+    aloop: BackgroundLoop, bin_dir: Path, *injections: str, extra: tuple[str, ...] = ()
+) -> Iterator[list[PolicyCluster]]:
     """Several private clusters started side by side (two took 16 s one after the other, 11 s
-    together: each start mostly waits on its own API server and manager)."""
+    together: each start mostly waits on its own API server and manager); `extra`: flags for each manager."""
 
     def enter(injection: str) -> tuple[contextlib.AbstractContextManager[PolicyCluster], PolicyCluster]:
-        cm = private_cluster(aloop, bin_dir, injection=injection)
+        cm = private_cluster(aloop, bin_dir, injection=injection, extra=extra)
         return cm, cm.__enter__()
 
     # The pool outlives the clusters: their processes get SIGKILL when the thread that started them

@@ -206,7 +206,12 @@ def _neighbours(stack: contextlib.ExitStack, aloop: BackgroundLoop, cluster: Pol
 @pytest.fixture(scope="module")
 def paths(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Paths]:
     with (
-        private_clusters(aloop, control_plane.bin_dir, "webhook", "policy") as (webhook, policy),
+        # Each case's SidecarSets are written together and the policies compared once enforced:
+        # no burst to wait out (the quiet time has its unit tests), so written at once.
+        private_clusters(aloop, control_plane.bin_dir, "webhook", "policy", extra=("--policy-quiet=0",)) as (
+            webhook,
+            policy,
+        ),
         contextlib.ExitStack() as stack,
     ):
         for cluster in (webhook, policy):
