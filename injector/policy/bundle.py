@@ -48,10 +48,14 @@ MAX_BYTES = 768 * 1024
 # The values of a policy's object selector; kube-apiserver parses them on every namespaced request.
 MAX_SELECTOR_VALUES = 120
 # The API server builds an entry for every variable of a policy on each evaluation, its condition's
-# too (1.3 µs each in its profile at 4 policies of 90), so groups share variables; but it compiles a
-# long expression slowly (40 groups: 27.5 s in 90,000-character variables, 5.7 s in 20,000, 3.5 s
-# in one variable each), so a few groups each.
-CHUNK_CHARS = 20_000
+# too (1.3 µs each in its profile at 4 policies of 90), so groups could share variables; but it
+# type-checks an expression in time that grows with the square of its length, when the policy is
+# written and again to enforce it (40 groups: 27.5 s in 90,000-character variables, 5.7 s in 20,000,
+# 3.5 s in one variable each; 60 two-sidecar groups: 10.0 s in 40,000, 4.3 s in 20,000, 2.75 s in one
+# each). Compiling is what a burst of SidecarSets and every rewrite cost the whole API server, while
+# 30 more variables cost a pod its policy serves some 40 µs of 4-8 ms: every group in a variable of
+# its own.
+CHUNK_CHARS = 0
 # Variables every group defines the same way (the pod's annotations, labels, names, bookkeeping
 # entries, app containers, shared mounts): defined once per policy.
 SHARED = frozenset(
