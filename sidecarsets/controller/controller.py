@@ -182,12 +182,12 @@ class Controller(OverrideWrites):
             with metrics.RECONCILE_DURATION.time():
                 result = await self._reconcile(ss)
         except Exception:
-            metrics.RECONCILES.labels(name, "error").inc()
+            metrics.RECONCILES.labels(*metrics.owner(name), "error").inc()
             raise
         check = self._deadline_check.pop(name, None)
         if check is not None:  # a pod reaches its progress deadline then: look again at that moment
             result = check if result is None else min(result, check)
-        metrics.RECONCILES.labels(name, "requeue" if result is not None else "success").inc()
+        metrics.RECONCILES.labels(*metrics.owner(name), "requeue" if result is not None else "success").inc()
         return result
 
     async def _reconcile(self, ss: SidecarSet) -> float | None:
@@ -243,7 +243,7 @@ class Controller(OverrideWrites):
         progress = deadline.progress(ss, matched, verdicts, revision=latest, now=_time(now))
         if progress.condition is not None:
             status.put_condition(new_status, progress.condition)
-        metrics.ROLLOUT_STALLED.labels(name).set(1 if progress.stopped else 0)
+        metrics.ROLLOUT_STALLED.labels(*metrics.owner(name)).set(1 if progress.stopped else 0)
         metrics.set_pod_counts(name, new_status)
         if progress.recheck is not None:
             self._deadline_check[name] = progress.recheck
@@ -279,9 +279,9 @@ class Controller(OverrideWrites):
         plan = await self._with_overrides(ss, matched, plan, held_back)
         await self._mark_upgradable(ss, matched, set(plan.not_upgradable), plan.reasons)
         if plan.not_upgradable:
-            metrics.PODS_NOT_UPGRADABLE.labels(name).set(len(plan.not_upgradable))
+            metrics.PODS_NOT_UPGRADABLE.labels(*metrics.owner(name)).set(len(plan.not_upgradable))
         else:
-            metrics.PODS_NOT_UPGRADABLE.labels(name).set(0)
+            metrics.PODS_NOT_UPGRADABLE.labels(*metrics.owner(name)).set(0)
         if plan.upgrades or plan.stage is planner.Stage.WAITING:
             log.info(
                 "rollout: %s (unavailable %d/%d, matched %d): %s",

@@ -3,6 +3,12 @@
 Module-level collectors in the default registry, so `/metrics` exposes them wherever they are
 incremented; names follow Prometheus conventions with the `sidecarctl_` prefix.
 
+Per-SidecarSet series carry two labels, `sidecarset_namespace` and `sidecarset`: a NamespacedSidecarSet
+`shop/mesh` is `{sidecarset_namespace="shop", sidecarset="mesh"}`, a SidecarSet `mesh` has an empty
+`sidecarset_namespace`, so the two never share a series (and a query can select a tenant's own).
+It is not called `namespace`: Prometheus's scrape gives every series the manager pod's namespace
+under that name. One series per object, never per pod.
+
 The per-SidecarSet gauges describe what the leader sees now, so their series are dropped
 (`forget`) when a SidecarSet is deleted and when a replica stops leading: a former leader must
 not go on exporting a stalled rollout or missing sidecars that the new leader has since cleared.
@@ -19,7 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram
 RECONCILES = Counter(
     "sidecarctl_reconciles_total",
     "SidecarSet reconciles by SidecarSet and result (success, error, requeue).",
-    ["sidecarset", "result"],
+    ["sidecarset_namespace", "sidecarset", "result"],
 )
 RECONCILE_DURATION = Histogram(
     "sidecarctl_reconcile_duration_seconds",
@@ -29,37 +35,37 @@ RECONCILE_DURATION = Histogram(
 INPLACE_UPGRADES = Counter(
     "sidecarctl_inplace_upgrades_total",
     "Pod sidecar in-place upgrade patches by SidecarSet and result (patched, resized, conflict, gone, error).",
-    ["sidecarset", "result"],
+    ["sidecarset_namespace", "sidecarset", "result"],
 )
 SIDECARSET_PODS = Gauge(
     "sidecarctl_sidecarset_pods",
     "A SidecarSet's pods as its status counts them, by state: matched, updated (at the latest revision), "
     "ready, updated_ready.",
-    ["sidecarset", "state"],
+    ["sidecarset_namespace", "sidecarset", "state"],
     multiprocess_mode="livemax",
 )
 PODS_NOT_UPGRADABLE = Gauge(
     "sidecarctl_pods_not_upgradable",
     "Matched pods whose sidecars differ from their SidecarSet in more than the image.",
-    ["sidecarset"],
+    ["sidecarset_namespace", "sidecarset"],
     multiprocess_mode="livemax",
 )
 PODS_MISSING_SIDECARS = Gauge(
     "sidecarctl_pods_missing_sidecars",
     "Running pods a SidecarSet selects, in namespaces labelled for injection, that run without its sidecars.",
-    ["sidecarset"],
+    ["sidecarset_namespace", "sidecarset"],
     multiprocess_mode="livemax",
 )
 ROLLOUT_STALLED = Gauge(
     "sidecarctl_rollout_stalled",
     "1 while a SidecarSet's rollout is stopped by its progress deadline (updateStrategy.progressDeadlineSeconds).",
-    ["sidecarset"],
+    ["sidecarset_namespace", "sidecarset"],
     multiprocess_mode="livemax",
 )
 POD_SECURITY_VIOLATIONS = Gauge(
     "sidecarctl_pod_security_violations",
     "Selected namespaces whose Pod Security level (enforce, warn or audit) a SidecarSet's sidecars violate.",
-    ["sidecarset"],
+    ["sidecarset_namespace", "sidecarset"],
     multiprocess_mode="livemax",
 )
 MISSED_RECREATED = Counter(
@@ -85,9 +91,20 @@ def _multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))  # what `sidecarctl run` sets for its children
 
 
+def owner(name: str) -> tuple[str, str]:
+    """A SidecarSet's (`mesh`) or NamespacedSidecarSet's (`shop/mesh`) key as its two label values."""
+    namespace, _, short = name.rpartition("/")
+    return namespace, short
+
+
 def series(metric: Gauge | Counter) -> set[str]:
-    """The SidecarSets this process has a series of `metric` for."""
-    return {name for labels in _label_sets(metric) if (name := labels.get("sidecarset")) is not None}
+    """The SidecarSets (keys as `owner` reads them) this process has a series of `metric` for."""
+    return {_key(labels) for labels in _label_sets(metric) if "sidecarset" in labels}
+
+
+def _key(labels: Mapping[str, str]) -> str:
+    namespace, name = labels.get("sidecarset_namespace", ""), labels["sidecarset"]
+    return f"{namespace}/{name}" if namespace else name
 
 
 def _label_sets(metric: Gauge | Counter) -> list[dict[str, str]]:
@@ -106,13 +123,13 @@ _POD_STATES = {
 def set_pod_counts(name: str, status: Mapping[str, Any]) -> None:
     """SidecarSet `name`'s pods by state (`sidecarctl_sidecarset_pods`), from the status just computed."""
     for state, field in _POD_STATES.items():
-        SIDECARSET_PODS.labels(name, state).set(status[field])
+        SIDECARSET_PODS.labels(*owner(name), state).set(status[field])
 
 
 def _children(metric: Gauge | Counter, name: str | None) -> set[tuple[str, ...]]:
     """The label values of `metric`'s series for SidecarSet `name` (every SidecarSet's when None),
     in the order the metric declares them (a counter's `_total` and `_created` samples count once)."""
-    return {tuple(labels.values()) for labels in _label_sets(metric) if name is None or labels["sidecarset"] == name}
+    return {tuple(labels.values()) for labels in _label_sets(metric) if name is None or _key(labels) == name}
 
 
 def forget(name: str | None = None) -> None:

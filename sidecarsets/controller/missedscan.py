@@ -198,7 +198,7 @@ class MissedScan:
         for name in set(previous) - set(found):  # a deleted SidecarSet: no series
             metrics.forget(name)
         for name, pods in found.items():
-            metrics.PODS_MISSING_SIDECARS.labels(name).set(len(pods))
+            metrics.PODS_MISSING_SIDECARS.labels(*metrics.owner(name)).set(len(pods))
             new = [m for m in pods if m not in set(previous.get(name) or ())]
             ss = by_name.get(name)
             if new and ss is not None:

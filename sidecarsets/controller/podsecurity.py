@@ -43,5 +43,5 @@ class PodSecurityView:
     def condition(self, ss: SidecarSet) -> dict[str, str]:
         """The `PodSecurity` condition, and the SidecarSet's violations gauge set to match."""
         found = podsecurity.findings(ss, self._namespaces, skip=self.skip)
-        metrics.POD_SECURITY_VIOLATIONS.labels(ss.name).set(len(found))
+        metrics.POD_SECURITY_VIOLATIONS.labels(*metrics.owner(ss.name)).set(len(found))
         return podsecurity.condition(found)

@@ -79,7 +79,7 @@ class PodWrites:
             # A resize alone (a pod's override changed, sidecarsets.rollout.podoverrides): its patch
             # tests the resourceVersion planned, and nothing else is written.
             alone: JsonObj = await self.client.patch(f"{path}/resize", list(upgrade.resize), patch_type="json")
-            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "resized").inc()
+            metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "resized").inc()
             return upgrade.patch, alone
         pod = await self.client.get(path)
         meta = pod.get("metadata") or {}
@@ -95,7 +95,7 @@ class PodWrites:
         if not upgrade.resize:
             return patch, None
         resized: JsonObj = await self.client.patch(f"{path}/resize", list(upgrade.resize), patch_type="json")
-        metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "resized").inc()
+        metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "resized").inc()
         return _tested_against(patch, resized), resized
 
     async def _send(self, path: str, patch: list[JsonObj], resized: JsonObj | None) -> JsonObj:
@@ -126,23 +126,23 @@ class PodWrites:
         try:
             prepared = await self._with_metadata(upgrade, path)
             if prepared is None:
-                metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "conflict").inc()
+                metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "conflict").inc()
                 return False
             patch, resized = prepared
             result = await self._send(path, patch, resized) if patch or resized is None else resized
         except api.NotFound:
-            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "gone").inc()
+            metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "gone").inc()
             self.failures.forget(key)
             return False
         except (api.Conflict, api.Invalid) as e:
             # Usually a failed resourceVersion test (the cache was behind, the watch catches up);
             # an admission policy refusing the patch looks the same, so it backs off like any failure.
-            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "conflict").inc()
+            metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "conflict").inc()
             failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
             log.info("pod %s: patch refused (%s), attempt %d; backing off", key, e.reason, failure.count)
             return False
         except api.ApiError as e:
-            metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "error").inc()
+            metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "error").inc()
             failure = self.failures.failed(key, f"{e.status} {e.reason}: {e.message}"[:300])
             log.warning("upgrading pod %s failed (attempt %d): %s", key, failure.count, e)
             return False
@@ -152,7 +152,7 @@ class PodWrites:
         # The watch may have delivered our write before the response arrived: expect only what is missing.
         if cached is None or rv_number(cached.resource_version) < written:
             self.expected[key] = written
-        metrics.INPLACE_UPGRADES.labels(upgrade.sidecarset, "patched").inc()
+        metrics.INPLACE_UPGRADES.labels(*metrics.owner(upgrade.sidecarset), "patched").inc()
         return True
 
     async def _mark_upgradable(

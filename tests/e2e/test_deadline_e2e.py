@@ -35,7 +35,7 @@ def _stalled_gauge(manager: RunningManager, name: str) -> float | None:
     with urllib.request.urlopen(manager.probe_url + "/metrics", timeout=5) as r:
         text = r.read().decode()
     for line in text.splitlines():
-        if line.startswith(f'sidecarctl_rollout_stalled{{sidecarset="{name}"}}'):
+        if line.startswith(f'sidecarctl_rollout_stalled{{sidecarset_namespace="",sidecarset="{name}"}}'):
             return float(line.split()[-1])
     return None
 

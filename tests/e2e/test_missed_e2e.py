@@ -82,7 +82,7 @@ def _gauge(c: PolicyCluster) -> float | None:
     with urllib.request.urlopen(c.manager.probe_url + "/metrics", timeout=5) as r:
         text = r.read().decode()
     for line in text.splitlines():
-        if line.startswith(f'sidecarctl_pods_missing_sidecars{{sidecarset="{SS}"}}'):
+        if line.startswith(f'sidecarctl_pods_missing_sidecars{{sidecarset_namespace="",sidecarset="{SS}"}}'):
             return float(line.split()[-1])
     return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -212,8 +213,16 @@ def test_an_image_change_rolls_in_place_in_that_namespace_only(
     assert {r["metadata"]["ownerReferences"][0]["kind"] for r in revisions} == {names.NAMESPACED_KIND}
 
 
+def _matched_series(manager: RunningManager, namespace: str, name: str) -> float | None:
+    """`sidecarctl_sidecarset_pods` (matched) of one SidecarSet (`namespace` "") or NamespacedSidecarSet."""
+    with urllib.request.urlopen(manager.probe_url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    head = f'sidecarctl_sidecarset_pods{{sidecarset_namespace="{namespace}",sidecarset="{name}",state="matched"}}'
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(head)), None)
+
+
 def test_same_name_cluster_and_namespaced_sets_are_both_injected_and_upgraded_apart(
-    kube: Kube, injected_ns: str, shipped_roles: None
+    kube: Kube, injected_ns: str, shipped_roles: None, manager: RunningManager
 ) -> None:
     name = f"mesh-{secrets.token_hex(3)}"
     cluster = builders.sidecarset(name, app="web", containers=[builders.container("proxy", "proxy:1")])
@@ -238,5 +247,12 @@ def test_same_name_cluster_and_namespaced_sets_are_both_injected_and_upgraded_ap
         eventually(lambda: image_of(pods(kube, injected_ns, "web")[0], "proxy") == "proxy:2", timeout=60, what="p:2")
         final = pods(kube, injected_ns, "web")[0]
         assert image_of(final, "log") == "log:2" and final["metadata"]["uid"] == pod["metadata"]["uid"]
+        # Their metrics are two series, the tenant's labelled with its namespace.
+        for namespace in ("", injected_ns):
+            eventually(
+                lambda namespace=namespace: _matched_series(manager, namespace, name) == 1,  # type: ignore[misc]
+                timeout=20,
+                what=f"the matched-pods series of {namespace or 'the cluster'}'s {name}",
+            )
     finally:
         kube.delete(f"{SS_PATH}/{name}")

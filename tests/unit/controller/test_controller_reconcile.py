@@ -37,7 +37,7 @@ def pod_path(name: str) -> str:
 
 
 def upgrades(result: str) -> float:
-    labels = {"sidecarset": V1["metadata"]["name"], "result": result}
+    labels = {"sidecarset_namespace": "", "sidecarset": V1["metadata"]["name"], "result": result}
     return REGISTRY.get_sample_value("sidecarctl_inplace_upgrades_total", labels) or 0.0
 
 

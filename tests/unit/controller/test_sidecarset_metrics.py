@@ -19,19 +19,20 @@ from tests.kube import builders
 
 
 def _value(gauge: Gauge, name: str) -> float | None:
+    namespace, short = metrics.owner(name)
     for family in gauge.collect():
         for s in family.samples:
-            if s.labels.get("sidecarset") == name:
+            if (s.labels.get("sidecarset_namespace"), s.labels.get("sidecarset")) == (namespace, short):
                 return float(s.value)
     return None
 
 
 def _report(*names: str) -> None:
     for name in names:
-        metrics.ROLLOUT_STALLED.labels(name).set(1)
-        metrics.PODS_NOT_UPGRADABLE.labels(name).set(3)
-        metrics.PODS_MISSING_SIDECARS.labels(name).set(2)
-        metrics.POD_SECURITY_VIOLATIONS.labels(name).set(4)
+        metrics.ROLLOUT_STALLED.labels(*metrics.owner(name)).set(1)
+        metrics.PODS_NOT_UPGRADABLE.labels(*metrics.owner(name)).set(3)
+        metrics.PODS_MISSING_SIDECARS.labels(*metrics.owner(name)).set(2)
+        metrics.POD_SECURITY_VIOLATIONS.labels(*metrics.owner(name)).set(4)
         metrics.set_pod_counts(name, {"matchedPods": 5, "updatedPods": 2, "readyPods": 2, "updatedReadyPods": 1})
     metrics.TRACKED_PODS.set(7)
 
@@ -70,9 +71,9 @@ def test_under_multiprocess_files_the_series_are_zeroed_without_a_warning(
 
 
 def test_forgetting_a_sidecarset_drops_its_counters_in_one_process() -> None:
-    metrics.RECONCILES.labels("m-counted", "success").inc()
-    metrics.INPLACE_UPGRADES.labels("m-counted", "patched").inc()
-    metrics.RECONCILES.labels("m-stays", "success").inc()
+    metrics.RECONCILES.labels("", "m-counted", "success").inc()
+    metrics.INPLACE_UPGRADES.labels("", "m-counted", "patched").inc()
+    metrics.RECONCILES.labels("", "m-stays", "success").inc()
     metrics.forget("m-counted")
     for counter in (metrics.RECONCILES, metrics.INPLACE_UPGRADES):
         assert "m-counted" not in metrics.series(counter)
@@ -102,3 +103,20 @@ def test_a_deleted_sidecarset_loses_its_series_on_its_next_reconcile() -> None:
     assert len(c.queue) == 1, "the deletion must queue a reconcile that drops the series"
     assert asyncio.run(c.reconcile("m-deleted")) is None
     assert all(_value(g, "m-deleted") is None for g in metrics.PER_SIDECARSET)
+
+
+def test_a_namespaced_sidecarset_and_a_sidecarset_of_one_name_have_series_of_their_own() -> None:
+    """`shop/m-same` (a NamespacedSidecarSet) and `m-same`: told apart by `sidecarset_namespace`, so
+    forgetting one leaves the other."""
+    _report("m-same", "shop/m-same")
+    labels = {
+        (x["sidecarset_namespace"], x["sidecarset"])
+        for family in metrics.ROLLOUT_STALLED.collect()
+        for x in (s.labels for s in family.samples)
+    }
+    assert {("", "m-same"), ("shop", "m-same")} <= labels
+    assert {"m-same", "shop/m-same"} <= metrics.series(metrics.ROLLOUT_STALLED)
+    metrics.forget("shop/m-same")
+    for gauge in metrics.PER_SIDECARSET:
+        assert _value(gauge, "shop/m-same") is None
+        assert _value(gauge, "m-same") is not None
