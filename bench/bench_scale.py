@@ -313,6 +313,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shape", choices=SHAPES, default="one", help="the SidecarSets' selectors (see `selector`)")
     parser.add_argument("--burst", action="store_true", help="then all 2N SidecarSets created at once (see above)")
     parser.add_argument("--change", action="store_true", help="then one image bump under load (see above)")
+    parser.add_argument(
+        "--no-stage-figures", action="store_true", help="only create each stage's SidecarSets (before --burst)"
+    )
+    parser.add_argument(
+        "--manager-arg",
+        action="append",
+        default=[],
+        help="a flag for the leading managers (repeat), e.g. --policy-pace=2",
+    )
     args = parser.parse_args(argv)
     stages = [int(s) for s in args.stages.split(",")]
     if stages != sorted(set(stages)) or stages[0] < 1:
@@ -344,7 +353,7 @@ def main(argv: list[str]) -> int:
             with contextlib.suppress(api.NotFound):
                 c.run(c.client.delete(LEASE))
             manager = start_process(
-                c.cp, cert_dir, identity=f"scale-{n}", webhook_port=port, extra=("--log-format=text",)
+                c.cp, cert_dir, identity=f"scale-{n}", webhook_port=port, extra=("--log-format=text", *args.manager_arg)
             )
             try:
                 wait_ready(manager, timeout=120)
@@ -362,6 +371,8 @@ def main(argv: list[str]) -> int:
                 sizes = _sizes(c)
             finally:
                 manager.terminate()
+            if args.no_stage_figures:
+                continue
             # Measured with a follower: the webhook and the policies serve, nothing reconciles.
             c.run(_hold_lease(c))
             follower = start_process(
@@ -423,7 +434,8 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
 
     with contextlib.suppress(api.NotFound):
         c.run(c.client.delete(LEASE))
-    leader = start_process(c.cp, cert_dir, identity="scale-leader", webhook_port=port, extra=("--log-format=text",))
+    extra = ("--log-format=text", *args.manager_arg)
+    leader = start_process(c.cp, cert_dir, identity="scale-leader", webhook_port=port, extra=extra)
     kubeconfig_path = str(c.cp.kubeconfig)
     unselected = team_pod("unselected")
     unselected["metadata"]["labels"]["kind"] = "p"
@@ -465,7 +477,6 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
                     )
                 )
                 print("  burst", *rows[-1], flush=True)
-                _clear(c, NAMESPACES["policy"])  # the unselected pods' namespace too
                 if done == n:
                     converged_at = at
             print(
@@ -481,6 +492,9 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
                     rows,
                 )
             )
+            # Deleted once, at the end: a collection delete of a window's pods took the API server a
+            # minute while the policies compiled, and the windows would have been that far apart.
+            _clear(c, NAMESPACES["policy"])  # the unselected pods' namespace too
             said = "not within 600 s" if converged_at is None else f"{converged_at:.0f} s after the first create"
             print(f"burst of {2 * n}: converged {said}; policies {_sizes(c)[:2]}", flush=True)
         if args.change:
@@ -543,6 +557,8 @@ async def _hold_lease(c: common.Cluster) -> None:
 
 
 def _report(stages: list[Stage], *, goals: bool = True) -> None:
+    if not stages:  # --no-stage-figures
+        return
     rows = []
     for s in stages:
         row: list[object] = [
