@@ -268,16 +268,14 @@ class PolicySync:
         for g in changed:
             if (due := self.pacing.due()) > self.monotonic():
                 self.write_at = due  # the webhook serves the rest meanwhile; planned again then
+                await self._delete_stale(stale_policies, stale_bindings, orphans_only=True)
                 return
             started = self.monotonic()
             stored, condition = await self._write_widening(g, policies[g.name], bindings[g.name], condition, planned)
             refused |= not stored
             self.pacing.wrote(started, self.monotonic())
             self._settle_after_write(sizes[g.name], started)
-        for name in stale_bindings:
-            await self._delete(f"{self._api.bindings}/{name}")
-        for name in stale_policies:
-            await self._delete(f"{self._api.policies}/{name}")
+        await self._delete_stale(stale_policies, stale_bindings)
         if refused:
             self.dirty.set()  # plan again with those SidecarSets on the webhook
             return
@@ -331,6 +329,16 @@ class PolicySync:
         widened = f"({condition}) || ({selecting.pods_selected(news, approximate=True)})"
         await self._set_condition(widened)
         return widened
+
+    async def _delete_stale(self, policies: list[str], bindings: list[str], *, orphans_only: bool = False) -> None:
+        """`orphans_only` (writes waiting): policies whose SidecarSets are all gone (a mass delete waits on no pace)."""
+        orphan = {n for n, p in self.policies.items() if not any(m in self.models for m in members(p))}
+        for name in bindings:
+            if not orphans_only or name in orphan:
+                await self._delete(f"{self._api.bindings}/{name}")
+        for name in policies:
+            if not orphans_only or name in orphan:
+                await self._delete(f"{self._api.policies}/{name}")
 
     def _publish(self, routes: Mapping[str, planning.Route]) -> None:
         changed = {n for n in set(routes) | set(self.routes) if routes.get(n) != self.routes.get(n)}

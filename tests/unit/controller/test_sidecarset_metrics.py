@@ -120,3 +120,22 @@ def test_a_namespaced_sidecarset_and_a_sidecarset_of_one_name_have_series_of_the
     for gauge in metrics.PER_SIDECARSET:
         assert _value(gauge, "shop/m-same") is None
         assert _value(gauge, "m-same") is not None
+
+
+def test_forgetting_one_sidecarset_looks_up_its_series_without_walking_every_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Walking every series per deletion took 55 ms at 2,000 SidecarSets: deleting them all held the
+    control process for minutes. One SidecarSet's series are found by their label values."""
+    _report("m-looked-up", "m-neighbour")
+    metrics.RECONCILES.labels("", "m-looked-up", "error").inc()
+
+    def walk(metric: object) -> list[dict[str, str]]:
+        raise AssertionError("walked every series")
+
+    monkeypatch.setattr(metrics, "_label_sets", walk)
+    metrics.forget("m-looked-up")
+    monkeypatch.undo()
+    for gauge in metrics.PER_SIDECARSET:
+        assert _value(gauge, "m-looked-up") is None and _value(gauge, "m-neighbour") is not None
+    assert "m-looked-up" not in metrics.series(metrics.RECONCILES)

@@ -688,3 +688,26 @@ def test_after_a_slow_write_the_next_waits_pace_times_as_long() -> None:
     rig.now += 10.0
     rig.run()
     assert "proxy:2" in str(rig.policy(P0))
+
+
+def test_while_writes_wait_a_policy_whose_sidecarsets_are_all_gone_is_deleted_at_once() -> None:
+    rig = Rig(pacing=(1.0, 0.0, 10.0))
+    for k in range(61):  # one more group than a policy holds: two policies
+        rig.add(f"s{k:02}", app=f"a{k}")
+    rig.run()
+    second = NAME_PREFIX + "1"
+    policy = rig.policy(second)
+    assert policy is not None and rig.policy(P0) is not None
+    gone = policy["metadata"]["annotations"][ANN_MEMBERS].replace(";", ",").split(",")
+    rig.sync.pacing.quiet = 1.0
+    for name in gone:
+        rig.api._store(f"{SS_PATH}/{name}", None)
+    kept = next(f"s{k:02}" for k in range(61) if f"s{k:02}" not in gone)
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{kept}"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    changed["metadata"]["generation"] = 2
+    rig.api.put(f"{SS_PATH}/{kept}", changed)
+    rig.run()
+    assert rig.sync.write_at is not None, "the rewrite of the first policy waits for quiet"
+    assert "proxy:2" not in str(rig.policy(P0))
+    assert rig.policy(second) is None and rig.binding(second) is None, "the orphan went at once"
