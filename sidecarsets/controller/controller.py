@@ -90,6 +90,7 @@ class Controller(OverrideWrites):
         self._deadline_check: dict[str, float] = {}
         # SidecarSet -> (its spec and revisions, as seen, -> the without-image hashes it resizes from)
         self._resizable: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
+        self._tenant_revisions: dict[str, list[JsonObj]] = {}  # a NamespacedSidecarSet's, from its last reconcile
         # Whether the API server serves pods/resize (discovery, kept by the composition root).
         self.resize_served = True
         self._override_said: dict[tuple[str, str, str], str] = {}  # sidecarsets.controller.overridewrites
@@ -176,6 +177,8 @@ class Controller(OverrideWrites):
         ss = self.sidecarsets.get(name)
         if ss is None:
             metrics.forget(name)
+            self._resizable.pop(name, None)
+            self._tenant_revisions.pop(name, None)
             return None
         self._deadline_check.pop(name, None)
         try:
@@ -219,13 +222,14 @@ class Controller(OverrideWrites):
         plan with, or None when no pod is to be touched now (writes are not ours, or the rollout stopped)."""
         name = ss.name
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
-        cached = None if self.revisions is None else self.revisions(owner_name(ss))
+        namespace = history.revisions_namespace(ss, self.namespace)
+        cached: list[JsonObj] | None = None
+        if ss.namespaced:  # the cache holds the manager namespace's only: a tenant's are listed, once
+            cached = self._tenant_revisions[name] = await history.list_revisions(self.client, ss, namespace=namespace)
+        elif self.revisions is not None:
+            cached = list(self.revisions(owner_name(ss)))
         latest, collisions = await history.sync_history(
-            self.client,
-            ss,
-            namespace=history.revisions_namespace(ss, self.namespace),
-            in_use=in_use,
-            cached=None if ss.namespaced else cached,  # the cache holds the manager namespace's only
+            self.client, ss, namespace=namespace, in_use=in_use, cached=cached
         )
         verdicts = status.pod_verdicts(ss, matched)  # shared by the status and the plan: each pod is evaluated once
         new_status = status.compute_status(
@@ -304,7 +308,10 @@ class Controller(OverrideWrites):
     def _resizable_from(self, ss: SidecarSet) -> frozenset[str]:
         """Without-image hashes of this SidecarSet's revisions that differ from its spec only in images
         and resources (sidecarsets.rollout.resize): worked out again only when either changes."""
-        mine = list(self.revisions(ss.name)) if self.revisions is not None else []  # a tenant's: none here
+        if ss.namespaced:
+            mine = self._tenant_revisions.get(ss.name, [])  # as its reconcile listed them
+        else:
+            mine = list(self.revisions(ss.name)) if self.revisions is not None else []
         seen = (ss.hash_without_resources, *sorted(str((r.get("metadata") or {}).get("resourceVersion")) for r in mine))
         cached = self._resizable.get(ss.name)
         if cached is not None and cached[0] == seen:

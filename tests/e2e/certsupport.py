@@ -112,6 +112,14 @@ class Scrape:
     def has(self, name: str) -> bool:
         return any(n == name for n, _, _ in self.samples)
 
+    def find(self, name: str, **labels: str) -> float | None:
+        """The first sample named `name` whose labels include `labels` (an empty value: the label is
+        empty or absent); None when there is none."""
+        for n, lab, v in self.samples:
+            if n == name and all(lab.get(k, "") == w for k, w in labels.items()):
+                return v
+        return None
+
 
 def scrape(probe_url: str) -> Scrape:
     with urllib.request.urlopen(probe_url + "/metrics", timeout=5) as r:

@@ -11,11 +11,11 @@ to a good one resumes the rollout: every pod, the 2 stuck ones included, ends on
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from sidecarsets.spec import names
+from tests.e2e.certsupport import scrape
 from tests.e2e.helpers import SS_PATH, create_ready_pods, image_of, pods, ready, set_image, wait_injecting, wait_status
 from tests.kube.client import Kube, eventually
 from tests.kube.fakekubelet import FakeKubelet
@@ -32,12 +32,7 @@ def _progressing(kube: Kube, name: str) -> dict[str, Any] | None:
 
 
 def _stalled_gauge(manager: RunningManager, name: str) -> float | None:
-    with urllib.request.urlopen(manager.probe_url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'sidecarctl_rollout_stalled{{sidecarset_namespace="",sidecarset="{name}"}}'):
-            return float(line.split()[-1])
-    return None
+    return scrape(manager.probe_url).find("sidecarctl_rollout_stalled", sidecarset_namespace="", sidecarset=name)
 
 
 def test_a_rollout_past_its_progress_deadline_stops_itself_and_resumes_when_the_image_is_fixed(

@@ -99,18 +99,30 @@ def test_injection_and_upgrade_move_their_counters_by_the_expected_amount(
     eventually(lambda: _all_on(kube, injected_ns, "metrics", "proxy:2"), timeout=30, what="both pods on proxy:2")
     wait_status(kube, name, updatedPods=2, readyPods=2, updatedReadyPods=2)
     upgraded = scrape(manager)
-    assert delta(injected, upgraded, "sidecarctl_inplace_upgrades_total", sidecarset=name, result="patched") == 2
-    assert upgraded.total("sidecarctl_reconciles_total", sidecarset=name) > injected.total(
-        "sidecarctl_reconciles_total", sidecarset=name
+    assert (
+        delta(
+            injected,
+            upgraded,
+            "sidecarctl_inplace_upgrades_total",
+            sidecarset_namespace="",
+            sidecarset=name,
+            result="patched",
+        )
+        == 2
+    )
+    assert upgraded.total("sidecarctl_reconciles_total", sidecarset_namespace="", sidecarset=name) > injected.total(
+        "sidecarctl_reconciles_total", sidecarset_namespace="", sidecarset=name
     )
     assert delta(injected, upgraded, "sidecarctl_reconcile_duration_seconds_count") >= 1
     assert delta(injected, upgraded, "sidecarctl_workqueue_adds_total", name="sidecarset") >= 1
     assert upgraded.has("sidecarctl_workqueue_depth", name="sidecarset")
     for state in ("matched", "updated", "ready", "updated_ready"):
-        assert upgraded.value("sidecarctl_sidecarset_pods", sidecarset=name, state=state) == 2, state
+        assert (
+            upgraded.value("sidecarctl_sidecarset_pods", sidecarset_namespace="", sidecarset=name, state=state) == 2
+        ), state
     assert upgraded.types["sidecarctl_reconciles"] == "counter"
-    assert upgraded.has("sidecarctl_pods_not_upgradable", sidecarset=name)
-    assert upgraded.value("sidecarctl_pods_not_upgradable", sidecarset=name) == 0
+    assert upgraded.has("sidecarctl_pods_not_upgradable", sidecarset_namespace="", sidecarset=name)
+    assert upgraded.value("sidecarctl_pods_not_upgradable", sidecarset_namespace="", sidecarset=name) == 0
     assert upgraded.total("sidecarctl_admissions_total", webhook="inject") == injected.total(
         "sidecarctl_admissions_total", webhook="inject"
     ), "an in-place upgrade patches pods: no pod is created, so no injection call"
@@ -125,14 +137,24 @@ def test_injection_and_upgrade_move_their_counters_by_the_expected_amount(
         patch_type="json",
     )
     eventually(
-        lambda: scrape(manager).value("sidecarctl_pods_not_upgradable", sidecarset=name) == 2,
+        lambda: scrape(manager).value("sidecarctl_pods_not_upgradable", sidecarset_namespace="", sidecarset=name) == 2,
         timeout=20,
         what="sidecarctl_pods_not_upgradable == 2",
     )
     after = scrape(manager)
-    assert delta(upgraded, after, "sidecarctl_inplace_upgrades_total", sidecarset=name, result="patched") == 0
-    assert after.value("sidecarctl_sidecarset_pods", sidecarset=name, state="matched") == 2
-    assert after.value("sidecarctl_sidecarset_pods", sidecarset=name, state="updated") == 0
+    assert (
+        delta(
+            upgraded,
+            after,
+            "sidecarctl_inplace_upgrades_total",
+            sidecarset_namespace="",
+            sidecarset=name,
+            result="patched",
+        )
+        == 0
+    )
+    assert after.value("sidecarctl_sidecarset_pods", sidecarset_namespace="", sidecarset=name, state="matched") == 2
+    assert after.value("sidecarctl_sidecarset_pods", sidecarset_namespace="", sidecarset=name, state="updated") == 0
 
 
 def _expiry(s: Scrape, name: str) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 
 from sidecarsets.pods import missed
 from sidecarsets.spec import names
+from tests.e2e.certsupport import scrape
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset, wait_injecting
 from tests.e2e.policysupport import PolicyCluster, kill_all, private_cluster
 from tests.kube.client import eventually
@@ -79,12 +79,7 @@ def _rs_pods(c: PolicyCluster) -> list[dict[str, Any]]:
 
 def _gauge(c: PolicyCluster) -> float | None:
     assert c.manager is not None
-    with urllib.request.urlopen(c.manager.probe_url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'sidecarctl_pods_missing_sidecars{{sidecarset_namespace="",sidecarset="{SS}"}}'):
-            return float(line.split()[-1])
-    return None
+    return scrape(c.manager.probe_url).find("sidecarctl_pods_missing_sidecars", sidecarset_namespace="", sidecarset=SS)
 
 
 def _stamp(value: str) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import yaml
 
 from kuberuntime import api
 from sidecarsets.spec import names
+from tests.e2e.certsupport import scrape
 from tests.e2e.helpers import SS_PATH, create_ready_pods, image_of, kubectl, make_pod, pods
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
@@ -215,10 +215,9 @@ def test_an_image_change_rolls_in_place_in_that_namespace_only(
 
 def _matched_series(manager: RunningManager, namespace: str, name: str) -> float | None:
     """`sidecarctl_sidecarset_pods` (matched) of one SidecarSet (`namespace` "") or NamespacedSidecarSet."""
-    with urllib.request.urlopen(manager.probe_url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    head = f'sidecarctl_sidecarset_pods{{sidecarset_namespace="{namespace}",sidecarset="{name}",state="matched"}}'
-    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(head)), None)
+    return scrape(manager.probe_url).find(
+        "sidecarctl_sidecarset_pods", sidecarset_namespace=namespace, sidecarset=name, state="matched"
+    )
 
 
 def test_same_name_cluster_and_namespaced_sets_are_both_injected_and_upgraded_apart(
@@ -256,3 +255,38 @@ def test_same_name_cluster_and_namespaced_sets_are_both_injected_and_upgraded_ap
             )
     finally:
         kube.delete(f"{SS_PATH}/{name}")
+
+
+def test_a_cpu_change_resizes_its_pods_in_place(kube: Kube, injected_ns: str) -> None:
+    """A NamespacedSidecarSet's resources, changed, are resized into its running pods through
+    `pods/resize` as a SidecarSet's are: its revisions live in its namespace, and are read there."""
+    small = {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}
+    body = tenant_set("sized", injected_ns, "sized")
+    body["spec"]["containers"][0]["resources"] = small
+    kube.create(nss_path(injected_ns), body)
+    eventually(lambda: "log" in containers(new_pod(kube, injected_ns, "sized")), timeout=20, what="injecting")
+    before = create_ready_pods(kube, injected_ns, "sized", 2)
+    ops = [{"op": "replace", "path": "/spec/containers/0/resources/limits/cpu", "value": "400m"}]
+    kube.patch(nss_path(injected_ns, "sized"), ops, "json")
+
+    def limit(pod: dict[str, Any]) -> str | None:
+        log = next(c for c in pod["spec"]["containers"] if c["name"] == "log")
+        cpu = (log.get("resources") or {}).get("limits", {}).get("cpu")
+        return None if cpu is None else str(cpu)
+
+    try:
+        eventually(
+            lambda: all(limit(p) == "400m" for p in pods(kube, injected_ns, "sized")),
+            timeout=60,
+            what="resized in place",
+        )
+    except AssertionError as e:  # what the controller saw, for the one who reads a failure
+        status = kube.get(nss_path(injected_ns, "sized")).get("status")
+        seen = [
+            (p["metadata"]["name"], limit(p), p["metadata"].get("annotations"))
+            for p in pods(kube, injected_ns, "sized")
+        ]
+        raise AssertionError(f"{e}; status {status}; pods {seen}") from e
+    after = pods(kube, injected_ns, "sized")
+    assert sorted(p["metadata"]["uid"] for p in after) == sorted(p["metadata"]["uid"] for p in before)
+    assert all(image_of(p, "log") == "log:1" for p in after)
