@@ -53,7 +53,11 @@ def _controller(pods: int) -> Controller:
     api._store(f"{SS_PATH}/mesh", ss_obj)
     labels = {NAMESPACE: {names.NS_NAME_LABEL: NAMESPACE}}
     c = Controller(
-        api, namespace="sidecarctl-system", namespaces=lambda: labels, recorder=EventRecorder(api), revisions=list
+        api,
+        namespace="sidecarctl-system",
+        namespaces=lambda: labels,
+        recorder=EventRecorder(api),
+        revisions=lambda _name: [],
     )
     for i in range(pods):
         pod = common.named(template, f"shop-{i:05d}")
