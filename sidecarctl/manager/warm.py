@@ -30,9 +30,8 @@ from injector.policysync.narrowing import MWC_PATH
 from injector.policysync.sync import MANAGED_SELECTOR, PolicySync
 from kuberuntime import api, kubeapi
 from kuberuntime.discovery import Served
-from kuberuntime.informer import Handler, Informer
+from kuberuntime.informer import Handler, Informer, LabelIndex
 from kuberuntime.jsontypes import JsonObj
-from kuberuntime.labelindex import LabelIndex
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.pods.projection import PodProjection, project

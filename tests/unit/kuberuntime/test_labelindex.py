@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kuberuntime.informer import LabelIndex
 from kuberuntime.jsontypes import JsonObj
-from kuberuntime.labelindex import LabelIndex
 
 LABEL = "sidecarctl.io/sidecarset-name"
 
