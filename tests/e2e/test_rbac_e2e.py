@@ -464,6 +464,13 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
 
         set_image(kube, ss_name, "proxy:2")  # two batches of one pod: one Event, then the same one bumped
         eventually(lambda: all_on("proxy:2"), timeout=30, what="pods upgraded in place to proxy:2")
+        # Its policy rewritten (an update) before the next change: a write waits for a quiet second
+        # (--policy-quiet), and changes closer together than that are written once.
+        eventually(
+            lambda: "proxy:2" in str(kube.get_or_none(f"{POLICIES}/{policy_holding(kube, ss_name)}")),
+            timeout=20,
+            what="the policy rewritten with proxy:2",
+        )
         set_image(kube, ss_name, "proxy:1")  # rollback: the first revision is renumbered, not recreated
         eventually(lambda: all_on("proxy:1"), timeout=30, what="pods rolled back to proxy:1")
         assert wait_status(kube, ss_name, updatedPods=2, readyPods=2)["latestRevision"] == first

@@ -266,6 +266,13 @@ def test_a_cpu_change_resizes_its_pods_in_place(kube: Kube, injected_ns: str) ->
     kube.create(nss_path(injected_ns), body)
     eventually(lambda: "log" in containers(new_pod(kube, injected_ns, "sized")), timeout=20, what="injecting")
     before = create_ready_pods(kube, injected_ns, "sized", 2)
+    # Its first revision recorded and counted in its pods first: a change before that leaves no
+    # revision of the old resources to resize from (the pods would be marked not upgradable).
+    eventually(
+        lambda: (kube.get(nss_path(injected_ns, "sized")).get("status") or {}).get("updatedPods") == 2,
+        timeout=30,
+        what="both pods counted at the first revision",
+    )
     ops = [{"op": "replace", "path": "/spec/containers/0/resources/limits/cpu", "value": "400m"}]
     kube.patch(nss_path(injected_ns, "sized"), ops, "json")
 
