@@ -90,7 +90,6 @@ class Controller(OverrideWrites):
         self._deadline_check: dict[str, float] = {}
         # SidecarSet -> (its spec and revisions, as seen, -> the without-image hashes it resizes from)
         self._resizable: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
-        self._tenant_revisions: dict[str, list[JsonObj]] = {}  # a NamespacedSidecarSet's, from its last reconcile
         # Whether the API server serves pods/resize (discovery, kept by the composition root).
         self.resize_served = True
         self._override_said: dict[tuple[str, str, str], str] = {}  # sidecarsets.controller.overridewrites
@@ -178,7 +177,6 @@ class Controller(OverrideWrites):
         if ss is None:
             metrics.forget(name)
             self._resizable.pop(name, None)
-            self._tenant_revisions.pop(name, None)
             return None
         self._deadline_check.pop(name, None)
         try:
@@ -199,7 +197,7 @@ class Controller(OverrideWrites):
         synced = await self._sync_status(ss, pods, matched)
         if synced is None:
             return None
-        latest, verdicts = synced
+        latest, verdicts, revisions = synced
         if self._moved(ss.name, pods):
             # The awaits above (revision history, the Lease read, the status write) let the watch
             # deliver meanwhile, our own last pod patches among them, which clears their expectations;
@@ -208,7 +206,7 @@ class Controller(OverrideWrites):
             pods = self._pods_of(ss.name)
             matched = status.matched_pods(ss, pods, self.namespaces())
             verdicts = status.pod_verdicts(ss, matched)
-        return await self._roll_out(ss, matched, latest=latest, verdicts=verdicts)
+        return await self._roll_out(ss, matched, latest=latest, verdicts=verdicts, revisions=revisions)
 
     def _moved(self, name: str, snapshot: list[PodProjection]) -> bool:
         """Whether the cache's pods of SidecarSet `name` are no longer exactly `snapshot`."""
@@ -217,15 +215,16 @@ class Controller(OverrideWrites):
 
     async def _sync_status(
         self, ss: SidecarSet, pods: list[PodProjection], matched: list[PodProjection]
-    ) -> tuple[str, podstate.Verdicts] | None:
-        """Revision history and status brought up to date; (latest revision, the pods' verdicts) to
-        plan with, or None when no pod is to be touched now (writes are not ours, or the rollout stopped)."""
+    ) -> tuple[str, podstate.Verdicts, list[JsonObj]] | None:
+        """Revision history and status brought up to date; (latest revision, the pods' verdicts, the
+        revisions as read before the history's writes) to plan with, or None when no pod is to be
+        touched now (writes are not ours, or the rollout stopped)."""
         name = ss.name
         in_use = {e.controller_revision for p in pods if (e := p.hash_for(name)) and e.controller_revision}
         namespace = history.revisions_namespace(ss, self.namespace)
         cached: list[JsonObj] | None = None
         if ss.namespaced:  # the cache holds the manager namespace's only: a tenant's are listed, once
-            cached = self._tenant_revisions[name] = await history.list_revisions(self.client, ss, namespace=namespace)
+            cached = await history.list_revisions(self.client, ss, namespace=namespace)
         elif self.revisions is not None:
             cached = list(self.revisions(owner_name(ss)))
         latest, collisions = await history.sync_history(
@@ -259,10 +258,16 @@ class Controller(OverrideWrites):
             await reports.rollout_stalled(self.recorder, ss, progress)
         if progress.stopped:
             return None  # no pod is touched; a spec change or the condition's removal brings it back
-        return latest, verdicts
+        return latest, verdicts, cached or []
 
     async def _roll_out(
-        self, ss: SidecarSet, matched: list[PodProjection], *, latest: str, verdicts: podstate.Verdicts
+        self,
+        ss: SidecarSet,
+        matched: list[PodProjection],
+        *,
+        latest: str,
+        verdicts: podstate.Verdicts,
+        revisions: list[JsonObj],
     ) -> float | None:
         """Plan the next step of the rollout and patch its pods; returns when to look again, or None."""
         name = ss.name
@@ -277,7 +282,7 @@ class Controller(OverrideWrites):
             now=self.clock(),
             verdicts=verdicts,
             held_back=held_back,
-            resizable=self._resizable_from(ss),
+            resizable=self._resizable_from(ss, revisions),
             resize_refusal=None if self.resize_served else resize.NOT_SERVED,
         )
         plan = await self._with_overrides(ss, matched, plan, held_back)
@@ -305,13 +310,9 @@ class Controller(OverrideWrites):
             return None
         return await self._upgrade(ss, plan, latest=latest)
 
-    def _resizable_from(self, ss: SidecarSet) -> frozenset[str]:
-        """Without-image hashes of this SidecarSet's revisions that differ from its spec only in images
-        and resources (sidecarsets.rollout.resize): worked out again only when either changes."""
-        if ss.namespaced:
-            mine = self._tenant_revisions.get(ss.name, [])  # as its reconcile listed them
-        else:
-            mine = list(self.revisions(ss.name)) if self.revisions is not None else []
+    def _resizable_from(self, ss: SidecarSet, mine: list[JsonObj]) -> frozenset[str]:
+        """Without-image hashes of this SidecarSet's revisions (`mine`) that differ from its spec only in
+        images and resources (sidecarsets.rollout.resize): worked out again only when either changes."""
         seen = (ss.hash_without_resources, *sorted(str((r.get("metadata") or {}).get("resourceVersion")) for r in mine))
         cached = self._resizable.get(ss.name)
         if cached is not None and cached[0] == seen:
