@@ -34,6 +34,7 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER, LEADER_CATCH_UP
 from selfsigned.issuer import SelfSignedConfig, SelfSignedIssuer
+from sidecarctl import __version__
 from sidecarctl.manager import optionalapis
 from sidecarctl.manager import term as term_mod
 from sidecarctl.manager.options import ManagerOptions
@@ -63,13 +64,21 @@ def _bundle_owners(opts: ManagerOptions) -> tuple[WebhookConfigRef, ...]:
     return tuple(refs)
 
 
+def user_agent(identity: str) -> str:
+    """`sidecarctl/<version> (control; <identity>)`. Every replica writes as the same ServiceAccount, so
+    without its Lease identity in the User-Agent an audit log cannot tell a leader's last writes (still
+    arriving as it dies) from the first ones of the replica that took over."""
+    return f"sidecarctl/{__version__} (control; {identity})"
+
+
 class ControlRole:
     def __init__(self, opts: ManagerOptions, cert_dir: Path, *, client: kubeapi.KubeClient | None = None) -> None:
         self.opts = opts
         self.cert_dir = cert_dir
-        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
+        agent = user_agent(opts.leader.effective_identity)
+        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig), user_agent=agent)
         # The policy canary asks on new connections: every kube-apiserver behind the Service answers.
-        self.probe_client = kubeapi.KubeClient(self.client.config, fresh_connections=True)
+        self.probe_client = kubeapi.KubeClient(self.client.config, fresh_connections=True, user_agent=agent)
         # Events about cluster-scoped SidecarSets live in `default`, where `kubectl describe` looks.
         self.recorder = EventRecorder(self.client)
         self.issuer: SelfSignedIssuer | None = None

@@ -3,8 +3,9 @@
 Two `sidecarctl run` process trees on a control plane of the module's own, both with the manager's
 ServiceAccount token, so the API server's audit log names every request they make; the leader's
 whole tree is SIGKILLed mid-rollout (no Lease release, as a node failure looks). Before the kill
-only the leader writes; after it only the standby lives, so every manager request after the kill
-is the standby's. The fake kubelet runs the pods and reports in-place restarts; its watch sees
+only the leader writes; after it only the standby lives. Each replica's requests are told apart by
+its User-Agent, which names its Lease identity: the leader's last requests are still arriving for
+tens of milliseconds after the kill began. The fake kubelet runs the pods and reports in-place restarts; its watch sees
 every state the pods go through, which is how unavailability is counted (`Unavailable`), exactly
 rather than sampled.
 
@@ -26,10 +27,12 @@ import os
 import signal
 import time
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.common import injected
+from sidecarctl.manager.control import user_agent
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
@@ -208,6 +211,15 @@ def query(e: AuditEvent) -> dict[str, str]:
     return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(e.uri).query))
 
 
+def sent_by(events: list[AuditEvent], identity: str) -> list[AuditEvent]:
+    """The requests of one replica's control process, told by its User-Agent (which carries its Lease
+    identity). Both replicas are the same ServiceAccount, and the time of receipt cannot tell them
+    apart: the killed leader's last requests, already sent, reach the API server tens of
+    milliseconds after the kill began (and fail with 504 as its connections drop, or land)."""
+    agent = user_agent(identity)
+    return [e for e in events if e.user_agent == agent]
+
+
 def pod_patches(events: list[AuditEvent], ns: str) -> list[AuditEvent]:
     """Patches of pod specs in `ns` (the in-place upgrades; not status)."""
     return [e for e in events if e.verb == "patch" and e.resource == "pods" and e.namespace == ns]
@@ -294,7 +306,8 @@ def test_a_warm_standby_takes_over_a_600_pod_rollout_where_the_leader_left_it(cl
         cluster.stop_manager(standby)
     everyone = audit_events(cluster.cp.audit_log)
     events = [e for e in everyone if e.user == MANAGER_USER]
-    after = [e for e in events if e.received > killed]
+    after = [e for e in sent_by(events, f"{app}-b") if e.received > killed]
+    late = [e for e in sent_by(events, f"{app}-a") if e.received > killed]
     patches_after = [e for e in pod_patches(after, ns) if e.code < 300]
     refused_after = [e for e in pod_patches(after, ns) if e.code >= 300]
     first_reads = [f"{e.verb} {query(e)}" for e in pod_reads(events) if e.received < killed][:4]
@@ -314,6 +327,9 @@ def test_a_warm_standby_takes_over_a_600_pod_rollout_where_the_leader_left_it(cl
             "the replicas' first reads of the pods": first_reads,
             "most pods unavailable at once": f"{watch.peak} (at +{watch.peak_at - killed:.1f} s from the kill)",
             "the new leader's refused patches": before_refusals(everyone, refused_after)[:20],
+            "the old leader's requests received after the kill (in flight), by code": dict(
+                sorted(Counter(e.code for e in late).items())
+            ),
         },
     )
     assert held == BIG, "the standby did not hold every injected pod before the kill"
@@ -386,7 +402,7 @@ def test_a_standby_whose_pod_watch_stalled_plans_only_once_it_has_caught_up(
         cluster.kubelet.restart_delay = 0.3
         cluster.stop_manager(standby)
     events = audit_events(cluster.cp.audit_log, user=MANAGER_USER)
-    after = [e for e in events if e.received > killed]
+    after = [e for e in sent_by(events, f"{app}-b") if e.received > killed]
     patches_after = pod_patches(after, ns)
     first_patch = min(e.received for e in patches_after) if patches_after else float("inf")
     quorum_reads = [e for e in pod_reads(after) if e.verb == "list" and query(e).get("limit") == "1"]
