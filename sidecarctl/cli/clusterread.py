@@ -27,8 +27,11 @@ from sidecarsets.spec import names
 
 if TYPE_CHECKING:
     from kuberuntime import api, kubeapi, kubeconfig
+    from sidecarsets.spec.model import SidecarSet
 
 SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+# Every NamespacedSidecarSet, across namespaces (one version: v1beta1).
+NSS_PATH = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.NAMESPACED_PLURAL}"
 PAGE = 500
 T = TypeVar("T")
 
@@ -172,6 +175,52 @@ async def revisions(client: kubeapi.KubeClient, namespace: str) -> list[JsonObj]
     """The SidecarSets' ControllerRevisions; none when they may not be read (they only refine the output)."""
     path = f"/apis/apps/v1/namespaces/{namespace}/controllerrevisions"
     return await list_optional(client, path, {"labelSelector": names.REVISION_LABEL_SIDECARSET}) or []
+
+
+def tenant_path(namespace: str) -> str:
+    """The NamespacedSidecarSets of one namespace."""
+    return f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/namespaces/{namespace}/{names.NAMESPACED_PLURAL}"
+
+
+async def sidecarsets(client: kubeapi.KubeClient, name: str | None, namespace: str | None) -> list[JsonObj]:
+    """What a command names: the SidecarSet `name`, or with `namespace` the NamespacedSidecarSet
+    `namespace/name`; without a name, every SidecarSet and NamespacedSidecarSet, or with `namespace`
+    that namespace's NamespacedSidecarSets only (what its admins may read). NamespacedSidecarSets are
+    left out where the kind is not served or may not be read."""
+    import asyncio
+
+    if name is not None:
+        path = f"{tenant_path(namespace)}/{name}" if namespace else f"{SS_PATH}/{name}"
+        found = await get_or_none(client, path)
+        if found is None:
+            kind = f"{names.NAMESPACED_KIND} {namespace}/{name}" if namespace else f"{names.KIND} {name}"
+            raise CliError(f"{kind} not found")
+        return [found]
+    if namespace:
+        return await list_optional(client, tenant_path(namespace)) or []
+    cluster, tenants = await asyncio.gather(list_all(client, SS_PATH), list_optional(client, NSS_PATH))
+    return [*cluster, *(tenants or [])]
+
+
+async def revisions_of(client: kubeapi.KubeClient, sets: Iterable[JsonObj], manager_namespace: str) -> list[JsonObj]:
+    """The ControllerRevisions of `sets`: a SidecarSet's in the manager's namespace, a
+    NamespacedSidecarSet's in its own (sidecarsets.controller.history.revisions_namespace)."""
+    import asyncio
+
+    from sidecarsets.spec.model import namespace_of
+
+    where = sorted({namespace_of(o) or manager_namespace for o in sets})
+    found = await asyncio.gather(*(revisions(client, ns) for ns in where))
+    return [r for group in found for r in group]
+
+
+def revisions_for(ss: SidecarSet, revs: Iterable[JsonObj], manager_namespace: str) -> list[JsonObj]:
+    """Of `revs` (`revisions_of`'s), those in the namespace `ss`'s revisions live in: a SidecarSet and a
+    NamespacedSidecarSet of one name both label theirs with that name."""
+    from sidecarsets.controller.history import revisions_namespace
+
+    where = revisions_namespace(ss, manager_namespace)
+    return [r for r in revs if (r.get("metadata") or {}).get("namespace") == where]
 
 
 def namespace_labels(objs: list[JsonObj]) -> dict[str, dict[str, str]]:

@@ -1,4 +1,5 @@
-"""`sidecarctl status [NAME]`: a SidecarSet's rollout at a glance, or one line per SidecarSet.
+"""`sidecarctl status [-n NS] [NAME]`: a SidecarSet's (or NamespacedSidecarSet's) rollout at a glance,
+or one line per SidecarSet.
 
 Reads the SidecarSets, the injected pods, the namespaces, the unlabelled pods of the namespaces
 labelled for injection and the ControllerRevisions (GET and LIST only), and asks the controller's
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.cli import clusterread
-from sidecarctl.cli.clierror import CliError
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -38,6 +38,10 @@ pods in namespaces labelled {names.NS_INJECTION_LABEL}={names.NS_INJECTION_ENABL
 sidecars and why, pods whose env overrides ({names.ANN_OVERRIDES}) changed since injection (only a
 recreated pod takes them), and the conditions.
 
+{names.NAMESPACED_KIND}s are listed as namespace/name beside the SidecarSets. With -n NS, NAME is
+the {names.NAMESPACED_KIND} of namespace NS (without NAME: that namespace's, one line each), and only
+that namespace is read (its pods, the namespace, its ControllerRevisions): what its admins may read.
+
 Exit status: 0 shown, 1 cluster not readable or no such SidecarSet, 2 bad command line.
 """
 
@@ -51,6 +55,13 @@ def add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", nargs="?", metavar="NAME", help="the SidecarSet (default: all of them, one line each)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help=f"the {names.NAMESPACED_KIND} NAME of this namespace (without NAME: that namespace's, one line each);"
+        " reads that namespace only",
+    )
     clusterread.add_cluster_flags(parser)
     parser.set_defaults(func=clusterread.main_of("status", run_status))
 
@@ -64,25 +75,30 @@ class Inputs:
     revisions: list[JsonObj]
 
 
-async def gather(client: kubeapi.KubeClient, name: str | None, manager_namespace: str) -> Inputs:
+async def gather(
+    client: kubeapi.KubeClient, name: str | None, manager_namespace: str, namespace: str | None = None
+) -> Inputs:
+    """What `build` reads. With `namespace` (a NamespacedSidecarSet's), that namespace alone: its
+    pods, the namespace and its revisions, which its admins may read without any cluster-wide right."""
     import asyncio
 
     from sidecarsets.rollout import glance
 
-    async def sidecarsets() -> list[JsonObj]:
-        if name is None:
-            return await clusterread.list_all(client, clusterread.SS_PATH)
-        found = await clusterread.get_or_none(client, f"{clusterread.SS_PATH}/{name}")
-        if found is None:
-            raise CliError(f"SidecarSet {name} not found")
-        return [found]
+    injected: dict[str, str | int] = {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}
 
-    sets, pods, namespaces, revs = await asyncio.gather(
-        sidecarsets(),
-        clusterread.list_all(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
-        clusterread.list_all(client, "/api/v1/namespaces"),
-        clusterread.revisions(client, manager_namespace),
-    )
+    async def scope() -> tuple[list[JsonObj], list[JsonObj]]:
+        if namespace:
+            pods, found = await asyncio.gather(
+                clusterread.list_all(client, f"/api/v1/namespaces/{namespace}/pods", injected),
+                clusterread.get_or_none(client, f"/api/v1/namespaces/{namespace}"),
+            )
+            return pods, [] if found is None else [found]
+        return await asyncio.gather(
+            clusterread.list_all(client, "/api/v1/pods", injected), clusterread.list_all(client, "/api/v1/namespaces")
+        )
+
+    sets, (pods, namespaces) = await asyncio.gather(clusterread.sidecarsets(client, name, namespace), scope())
+    revs = await clusterread.revisions_of(client, sets, manager_namespace)
     labelled = glance.labelled_namespaces(clusterread.namespace_labels(namespaces), manager_namespace=manager_namespace)
     lists = await asyncio.gather(
         *(
@@ -113,7 +129,7 @@ def build(inputs: Inputs, *, now: str, manager_namespace: str) -> list[Glance]:
             projections,
             raw,
             ns_labels,
-            stored_revisions=inputs.revisions,
+            stored_revisions=clusterread.revisions_for(ss, inputs.revisions, manager_namespace),
             missing=missing.get(ss.name, []),
             now=now,
         )
@@ -124,7 +140,9 @@ def build(inputs: Inputs, *, now: str, manager_namespace: str) -> list[Glance]:
 def run_status(args: argparse.Namespace) -> str:
     from kuberuntime.clock import now_rfc3339
 
-    inputs = clusterread.run_against(args, "status", lambda c: gather(c, args.name, args.manager_namespace))
+    inputs = clusterread.run_against(
+        args, "status", lambda c: gather(c, args.name, args.manager_namespace, args.namespace)
+    )
     glances = build(inputs, now=now_rfc3339(), manager_namespace=args.manager_namespace)
     if args.output == "json":
         if args.name is not None:
@@ -171,7 +189,7 @@ def render_one(g: Glance) -> str:
         + list(g.excluded_by_selector)
         + [m.key for m in g.missing]
     )
-    lines = [f"SidecarSet {g.name}"]
+    lines = [f"{g.kind} {g.name}"]
     observed = "not yet observed" if g.observed_generation is None else f"observed {g.observed_generation}"
     behind = "" if g.observed_generation == g.generation else " (the controller has not caught up yet)"
     lines.append(f"  generation {g.generation}, {observed}{behind}")

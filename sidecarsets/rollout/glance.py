@@ -41,6 +41,7 @@ class Glance:
     missing: tuple[missed.MissedPod, ...]
     conditions: tuple[Mapping[str, Any], ...]
     recreate: tuple[tuple[str, str], ...] = ()  # (pod, which env override changed): only a new pod takes it
+    kind: str = names.KIND  # or NamespacedSidecarSet, whose `name` is `namespace/name`
 
     @property
     def summary(self) -> str:
@@ -58,6 +59,7 @@ class Glance:
 
     def as_json(self) -> JsonObj:
         return {
+            "kind": self.kind,
             "name": self.name,
             "generation": self.generation,
             "observedGeneration": self.observed_generation,
@@ -145,6 +147,7 @@ def of(
         missing=tuple(missing),
         conditions=conditions,
         recreate=tuple(sorted(("/".join(k), why) for k, why in podoverrides.env_changes(ss, matched).items())),
+        kind=ss.kind,
     )
 
 

@@ -34,10 +34,11 @@ def would_be_revision(ss: SidecarSet, stored_revisions: Iterable[Mapping[str, An
     """The ControllerRevision name the controller would record for this spec: an existing revision
     with the same data (which it reuses), else the name it would create."""
     data = revisions.revision_data(ss)
+    owner = revisions.owner_name(ss)
     for r in stored_revisions:
-        if resolve(r, "metadata", "labels", names.REVISION_LABEL_SIDECARSET) == ss.name and r.get("data") == data:
+        if resolve(r, "metadata", "labels", names.REVISION_LABEL_SIDECARSET) == owner and r.get("data") == data:
             return str(resolve(r, "metadata", "name"))
-    return revisions.revision_name(ss.name, revisions.revision_hash(data, ss.collision_count))
+    return revisions.revision_name(owner, revisions.revision_hash(data, ss.collision_count))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -273,11 +273,13 @@ def known_specs(
     """The specs pods may have been injected from: the stored SidecarSet's, then its revisions' (newest first)."""
     out: list[tuple[str, Mapping[str, Any]]] = []
     if stored is not None:
-        out.append((f"stored SidecarSet {stored.name} (generation {stored.generation})", stored.spec))
+        out.append((f"stored {stored.kind} {stored.name} (generation {stored.generation})", stored.spec))
+        owner = revisions.owner_name(stored)
+        # `stored_revisions` are of the namespace its revisions live in (a NamespacedSidecarSet's own).
         mine = [
             r
             for r in stored_revisions
-            if ((r.get("metadata") or {}).get("labels") or {}).get(names.REVISION_LABEL_SIDECARSET) == stored.name
+            if ((r.get("metadata") or {}).get("labels") or {}).get(names.REVISION_LABEL_SIDECARSET) == owner
         ]
         try:
             ordered = revisions.sort_revisions(mine)

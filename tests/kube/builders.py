@@ -36,7 +36,7 @@ import orjson
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from sidecarsets.spec.hashing import spec_hash, spec_hash_without_image
-from sidecarsets.spec.model import SidecarSet
+from sidecarsets.spec.model import SidecarSet, namespace_of
 
 T0 = "2024-05-01T10:00:00Z"
 """The time injected pods were created, became ready and got their hash annotations."""
@@ -240,7 +240,7 @@ def injected_pod(
     if working:
         hot_annotations[names.ANN_WORKING_HOT] = orjson.dumps(dict(sorted(working.items()))).decode()
     containers = sidecars + [container(n, f"shop/{n}:1.0") for n in app_containers]
-    ss_name, spec = ss["metadata"]["name"], ss["spec"]
+    ss_name, spec = names.sidecarset_key(ss["metadata"]["name"], namespace_of(ss)), ss["spec"]
     meta: JsonObj = {"uid": f"uid-{namespace}-{name}", "resourceVersion": "100", "creationTimestamp": created}
     if deleting:
         meta["deletionTimestamp"] = T0

@@ -62,9 +62,17 @@ async def gather(
 ) -> tuple[list[tuple[JsonObj, str | None]], Cluster]:
     import asyncio
 
+    async def sidecarsets() -> list[JsonObj]:
+        """Every SidecarSet, and the NamespacedSidecarSets of the pods' namespace (where served)."""
+        cluster, tenants = await asyncio.gather(
+            clusterread.list_all(client, clusterread.SS_PATH),
+            clusterread.list_optional(client, clusterread.tenant_path(target.namespace)),
+        )
+        return [*cluster, *(tenants or [])]
+
     pods, sets, namespaces, policies = await asyncio.gather(
         _pods(client, target),
-        clusterread.list_all(client, clusterread.SS_PATH),
+        sidecarsets(),
         clusterread.list_all(client, "/api/v1/namespaces"),
         clusterread.list_optional(client, POLICIES, {"labelSelector": "app.kubernetes.io/managed-by=sidecarctl"}),
     )
@@ -76,9 +84,9 @@ async def gather(
     if any(late.values()):
         injected, revs = await asyncio.gather(
             clusterread.list_optional(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
-            clusterread.revisions(client, manager_namespace),
+            clusterread.revisions_of(client, sets, manager_namespace),
         )
-        rollout = None if injected is None else _RolloutInputs(injected, cluster.labels, revs, now)
+        rollout = None if injected is None else _RolloutInputs(injected, cluster.labels, revs, now, manager_namespace)
         for ss in models:
             if late[ss.name] and rollout is not None:
                 glance = rollout.glance(ss)
@@ -92,19 +100,25 @@ class _RolloutInputs:
     """The cluster's injected pods, projected once, and what `sidecarctl status` needs beside them."""
 
     def __init__(
-        self, injected: list[JsonObj], ns_labels: dict[str, dict[str, str]], revs: list[JsonObj], now: str
+        self,
+        injected: list[JsonObj],
+        ns_labels: dict[str, dict[str, str]],
+        revs: list[JsonObj],
+        now: str,
+        manager_namespace: str,
     ) -> None:
         from sidecarsets.pods.podkeys import pod_key
 
         self.raw = {pod_key(p): p for p in injected}
         self.projections = [project(p) for p in injected]
         self.ns_labels = ns_labels
-        self.revs, self.now = revs, now
+        self.revs, self.now, self.manager_namespace = revs, now, manager_namespace
 
     def glance(self, ss: SidecarSet) -> Glance:
         """The SidecarSet's rollout as `sidecarctl status` shows it."""
         from sidecarsets.rollout import glance
 
+        mine = clusterread.revisions_for(ss, self.revs, self.manager_namespace)
         return glance.of(
-            ss, self.projections, self.raw, self.ns_labels, stored_revisions=self.revs, missing=[], now=self.now
+            ss, self.projections, self.raw, self.ns_labels, stored_revisions=mine, missing=[], now=self.now
         )

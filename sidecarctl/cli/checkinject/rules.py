@@ -77,6 +77,11 @@ def namespace_failures(ss: SidecarSet, namespace: str, namespace_labels: Mapping
     """Why `ss.matches_namespace` is False (empty when True)."""
     if ss.matches_namespace(namespace, namespace_labels):
         return []
+    if ss.namespaced:
+        if ss.namespace != namespace:
+            return [f"it is a {names.NAMESPACED_KIND} of namespace {ss.namespace}, not {namespace}"]
+        label = f"{names.NS_NAMESPACED_SIDECARSETS_LABEL}={names.NS_NAMESPACED_SIDECARSETS_DISABLED}"
+        return [f"namespace {namespace} is labelled {label}"]
     sel = ss.namespace_selector or {}
     pinned = (sel.get("matchLabels") or {}).get(names.NS_NAME_LABEL)
     if set(sel) == {"matchLabels"} and set(sel["matchLabels"]) == {names.NS_NAME_LABEL}:

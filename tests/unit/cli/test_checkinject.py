@@ -31,7 +31,16 @@ from sidecarsets.rollout import glance
 from sidecarsets.rollout.planner import plan_upgrade
 from sidecarsets.spec import names, selectors
 from tests import golden_cases
-from tests.kube.builders import apply_patch, container, injected_pod, model, pod, shop_sidecarset, with_images
+from tests.kube.builders import (
+    apply_patch,
+    container,
+    injected_pod,
+    model,
+    namespaced_sidecarset,
+    pod,
+    shop_sidecarset,
+    with_images,
+)
 from tests.unit.rollout.test_preview import StubApi, kubeconfig_for
 
 MANAGER = names.DEFAULT_MANAGER_NAMESPACE
@@ -674,3 +683,35 @@ def test_each_override_is_shown_applied_refused_or_ignored_with_why_and_the_pod_
     raw["metadata"]["labels"] = {"app": "other"}
     (alone,) = pod_report(raw, cluster(ss)).overrides
     assert alone.verdict == "ignored" and "no SidecarSet injects this pod now" in alone.message
+
+
+def test_the_namespaced_sidecarsets_of_the_pods_namespace_are_checked_too(
+    api: StubApi, tmp_path: Path, capsys: Any
+) -> None:
+    agent = namespaced_sidecarset(
+        "mesh", "shop", containers=[{"name": "agent", "image": "agent:v1"}], selector={"matchLabels": {"app": "shop"}}
+    )
+    api.put(f"{clusterread.tenant_path('shop')}/mesh", agent)
+    elsewhere = namespaced_sidecarset("logs", "other", selector={"matchLabels": {"app": "shop"}})
+    api.put(f"{clusterread.tenant_path('other')}/logs", elsewhere)
+    config = str(kubeconfig_for(api, tmp_path))
+    code, out, err = run(["check-inject", "shop/good", "--kubeconfig", config, "-o", "json"], capsys)
+    assert err == ""
+    (p,) = json.loads(out)["pods"]
+    found = {v["name"]: v for v in p["sidecarSets"]}
+    # The cluster set `mesh` and the namespace's own `shop/mesh` are two SidecarSets; `other/logs` is
+    # not read (nor listed across namespaces).
+    assert set(found) == {"mesh", "shop/mesh"}
+    tenant = found["shop/mesh"]
+    assert (tenant["selects"], tenant["state"], tenant["path"]["path"]) == (True, "missing", "webhook")
+    assert code == 1
+    assert not any("/namespaces/other/" in path or path == clusterread.NSS_PATH for _, path, _ in api.requests)
+    # Turned off in the namespace: not selected, and why.
+    api.put("/api/v1/namespaces/shop", ns("shop", {**ENABLED, names.NS_NAMESPACED_SIDECARSETS_LABEL: "disabled"}))
+    code, out, _ = run(["check-inject", "shop/good", "--kubeconfig", config, "-o", "json"], capsys)
+    (p,) = json.loads(out)["pods"]
+    (tenant,) = [v for v in p["sidecarSets"] if v["name"] == "shop/mesh"]
+    assert tenant["selects"] is False and code == 0
+    assert [r["message"] for r in tenant["reasons"]] == [
+        f"namespace shop is labelled {names.NS_NAMESPACED_SIDECARSETS_LABEL}=disabled"
+    ]

@@ -19,7 +19,15 @@ from sidecarsets.pods.projection import project
 from sidecarsets.rollout.glance import Glance
 from sidecarsets.rollout.planner import Stage, plan_upgrade
 from sidecarsets.spec import names
-from tests.kube.builders import apply_patch, injected_pod, model, pod, shop_sidecarset, with_images
+from tests.kube.builders import (
+    apply_patch,
+    injected_pod,
+    model,
+    namespaced_sidecarset,
+    pod,
+    shop_sidecarset,
+    with_images,
+)
 from tests.unit.rollout.test_preview import StubApi, kubeconfig_for, marked
 
 NOW = "2024-06-01T12:00:00Z"
@@ -155,6 +163,7 @@ class TestGlance:
         g = glance_of(*scene())
         doc = g.as_json()
         assert list(doc) == [
+            "kind",
             "name",
             "generation",
             "observedGeneration",
@@ -256,3 +265,64 @@ def test_empty_cluster(tmp_path: Path, capsys: Any) -> None:
     with StubApi() as server:
         code, out, _ = run(["status", "--kubeconfig", str(kubeconfig_for(server, tmp_path))], capsys)
     assert (code, out) == (0, "No SidecarSets.\n")
+
+
+# -- NamespacedSidecarSets ---------------------------------------------------------------------------
+def tenant_scene(server: StubApi) -> None:
+    """A NamespacedSidecarSet `shop/mesh` beside the cluster SidecarSet `mesh`: the same name, its
+    own pods (keyed `shop/mesh`), injected from its revision in its own namespace; its new spec
+    changes the sidecar's env, so they cannot be upgraded in place."""
+    older = namespaced_sidecarset("mesh", "shop", containers=[{"name": "agent", "image": "agent:v1"}])
+    older["spec"]["selector"] = {"matchLabels": {"app": "shop"}}
+    older["metadata"].update(uid="uid-shop-mesh", generation=1)
+    tenant = copy.deepcopy(older)
+    tenant["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "x"}]
+    tenant["metadata"]["generation"] = 2
+    tenant["status"] = {"observedGeneration": 2, "matchedPods": 2, "updatedPods": 0, "latestRevision": "mesh-t2"}
+    server.put(f"{clusterread.tenant_path('shop')}/mesh", tenant)
+    for i in range(2):
+        server.pod(marked(injected_pod(f"t{i}", older, labels={"tier": "t"})))
+    revision = {
+        "metadata": {
+            "name": "mesh-t1",
+            "namespace": "shop",
+            "labels": {names.REVISION_LABEL_SIDECARSET: "mesh"},
+            "annotations": {},
+        },
+        "revision": 1,
+        "data": {"spec": older["spec"]},
+    }
+    server.put("/apis/apps/v1/namespaces/shop/controllerrevisions/mesh-t1", revision)
+
+
+def test_a_namespaced_sidecarset_is_read_from_its_namespace_alone(api: StubApi, tmp_path: Path, capsys: Any) -> None:
+    tenant_scene(api)
+    config = str(kubeconfig_for(api, tmp_path))
+    code, out, err = run(["status", "-n", "shop", "mesh", "--kubeconfig", config, "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert (doc["kind"], doc["name"], doc["counts"]["matchedPods"]) == ("NamespacedSidecarSet", "shop/mesh", 2)
+    # Its pods only (not the cluster set's, keyed `mesh`), compared with its own revision.
+    assert {b["pod"] for b in doc["notUpgradable"]} == {"shop/t0", "shop/t1"}
+    assert {b["comparedWith"] for b in doc["notUpgradable"]} == {"ControllerRevision mesh-t1"}
+    # What a namespace's admins may read: nothing cluster-wide.
+    paths = {p for _, p, _ in api.requests}
+    assert all(
+        p.startswith(("/api/v1/namespaces/shop", "/apis/apps/v1/namespaces/shop/")) or "/namespaces/shop/" in p
+        for p in paths
+    ), paths
+    code, out, _ = run(["status", "-n", "shop", "mesh", "--kubeconfig", config], capsys)
+    assert code == 0 and out.startswith("NamespacedSidecarSet shop/mesh\n")
+    code, out, err = run(["status", "-n", "shop", "nope", "--kubeconfig", config], capsys)
+    assert (code, out) == (1, "")
+    assert err == "sidecarctl status: error: NamespacedSidecarSet shop/nope not found\n"
+
+
+def test_every_sidecarset_lists_the_namespaced_ones_too(api: StubApi, tmp_path: Path, capsys: Any) -> None:
+    tenant_scene(api)
+    config = str(kubeconfig_for(api, tmp_path))
+    code, out, err = run(["status", "--kubeconfig", config], capsys)
+    assert (code, err) == (0, "")
+    assert [line.split()[0] for line in out.splitlines()] == ["NAME", "logs", "mesh", "shop/mesh"]
+    code, out, _ = run(["status", "-n", "shop", "--kubeconfig", config, "-o", "json"], capsys)
+    assert [(s["kind"], s["name"]) for s in json.loads(out)["sidecarSets"]] == [("NamespacedSidecarSet", "shop/mesh")]

@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -77,7 +78,13 @@ class StubApi:
         if path == "/api/v1/pods":
             return [o for p, o in sorted(self.objects.items()) if "/pods/" in p]
         prefix = path + "/"
-        return [o for p, o in sorted(self.objects.items()) if p.startswith(prefix) and "/" not in p[len(prefix) :]]
+        found = [o for p, o in sorted(self.objects.items()) if p.startswith(prefix) and "/" not in p[len(prefix) :]]
+        across = re.fullmatch(r"(/apis/[^/]+/[^/]+)/([^/]+)", path)  # a namespaced kind, every namespace
+        if found or across is None:
+            return found
+        base, plural = across.groups()
+        one = re.compile(rf"{re.escape(base)}/namespaces/[^/]+/{re.escape(plural)}/[^/]+")
+        return [o for p, o in sorted(self.objects.items()) if one.fullmatch(p)]
 
     @staticmethod
     def _selected(obj: JsonObj, selector: str) -> bool:
