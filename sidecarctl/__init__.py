@@ -5,12 +5,3 @@ with its YAML and text I/O; `manager/` is what `sidecarctl run` starts: a superv
 (Lease, controller, certificates, caBundle, policies) and the admission workers. cli may import
 manager (the `run` command starts it); manager never imports cli.
 """
-
-from importlib import metadata as _metadata
-
-# The one version is pyproject.toml's; the installed distribution's metadata carries it here.
-# (tests/unit/docs/test_version.py checks the chart, the manager image tag and the Dockerfile agree.)
-try:
-    __version__ = _metadata.version("sidecarctl")
-except _metadata.PackageNotFoundError:  # imported from a checkout that was never installed
-    __version__ = "0+unknown"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from importlib import metadata
 
 from sidecarctl.cli.checkinject.command import add_check_inject
 from sidecarctl.cli.injectcmd import add_inject
 from sidecarctl.cli.previewcmd import add_preview
 from sidecarctl.cli.runcmd import add_run
 from sidecarctl.cli.statuscmd import add_status
+from sidecarctl.manager import version
 
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_inject,
@@ -27,14 +27,6 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     add_status,
     add_check_inject,
 ]
-
-
-def version() -> str:
-    """pyproject.toml's version, as the installed distribution records it (the one place it is written)."""
-    try:
-        return metadata.version("sidecarctl")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "0+unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:

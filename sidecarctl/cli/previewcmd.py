@@ -24,7 +24,7 @@ from sidecarsets import validation
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import conversion, names
 from sidecarsets.spec.defaults import apply_defaults
-from sidecarsets.spec.model import ModelError, SidecarSet
+from sidecarsets.spec.model import ModelError, SidecarSet, namespace_of
 
 if TYPE_CHECKING:
     from injector.manifests import newpods
@@ -46,7 +46,9 @@ holds now (GET and LIST requests only; nothing is written):
   new pods     what the webhook would inject into a new pod of each label set it selects
 
 Pods are read with the label {names.POD_INJECTED_LABEL}=true, as the controller reads them.
-Both {names.API_VERSION} and {names.KRUISE_API_VERSION} (and v1beta1) SidecarSets are accepted.
+Both {names.API_VERSION} and {names.KRUISE_API_VERSION} (and v1beta1) SidecarSets are accepted, and a
+{names.NAMESPACED_KIND} ({names.API_VERSION_V1BETA1}, metadata.namespace set): then only its namespace is
+read (its pods, sets and revisions), with the cluster SidecarSets where they may be read.
 Exit status: 0 preview shown, 1 bad file, cluster not readable or SidecarSet refused, 2 bad command line.
 """
 
@@ -85,7 +87,7 @@ def read_file(path: str) -> tuple[JsonObj, str]:
     found = [
         (where, obj)
         for where, obj in injectinputs.stream_objects(name, injectinputs.parse_file(path))
-        if obj.get("kind") == names.KIND
+        if obj.get("kind") in (names.KIND, names.NAMESPACED_KIND)
     ]
     if not found:
         raise CliError(f"{name}: no SidecarSet in it")
@@ -95,11 +97,20 @@ def read_file(path: str) -> tuple[JsonObj, str]:
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise CliError(f"{where}: SidecarSet: metadata.name must be a non-empty string")
+    if obj.get("kind") == names.NAMESPACED_KIND and not meta.get("namespace"):
+        raise CliError(f"{where}: {names.NAMESPACED_KIND} {meta['name']}: metadata.namespace is required")
     return obj, where
 
 
 def as_stored(obj: JsonObj, where: str) -> JsonObj:
-    """The file's SidecarSet as the API server would store it: v1alpha1 of our group, defaults applied."""
+    """The file's SidecarSet as the API server would store it: v1alpha1 of our group (a
+    NamespacedSidecarSet: v1beta1, its one version), defaults applied."""
+    if obj.get("kind") == names.NAMESPACED_KIND:
+        if obj.get("apiVersion") not in (None, names.API_VERSION_V1BETA1):
+            raise CliError(f"{where}: a {names.NAMESPACED_KIND} is {names.API_VERSION_V1BETA1} only")
+        tenant = {**obj, "apiVersion": names.API_VERSION_V1BETA1}
+        tenant.pop("status", None)
+        return apply_defaults(tenant)
     try:
         converted = conversion.convert(obj, names.API_VERSION)
     except conversion.ConversionError as e:
@@ -108,17 +119,37 @@ def as_stored(obj: JsonObj, where: str) -> JsonObj:
     return apply_defaults(converted)
 
 
-async def gather(client: kubeapi.KubeClient, name: str, manager_namespace: str) -> Inputs:
+async def gather(client: kubeapi.KubeClient, name: str, manager_namespace: str, namespace: str = "") -> Inputs:
+    """The cluster as the controller would read it. For a NamespacedSidecarSet (`namespace`), its
+    namespace's pods, sets and revisions, and the cluster SidecarSets where they may be read (its
+    names must not take theirs)."""
     import asyncio
 
-    stored, sidecarsets, pods, namespaces, revs = await asyncio.gather(
-        clusterread.get_or_none(client, f"{clusterread.SS_PATH}/{name}"),
-        clusterread.list_all(client, clusterread.SS_PATH),
-        clusterread.list_all(client, "/api/v1/pods", {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}),
-        clusterread.list_all(client, "/api/v1/namespaces"),
-        clusterread.revisions(client, manager_namespace),
-    )
+    injected: dict[str, str | int] = {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}
+    if namespace:
+        stored, cluster, own, pods, found = await asyncio.gather(
+            clusterread.get_or_none(client, f"{clusterread.tenant_path(namespace)}/{name}"),
+            clusterread.list_optional(client, clusterread.SS_PATH),
+            clusterread.list_optional(client, clusterread.tenant_path(namespace)),
+            clusterread.list_all(client, f"/api/v1/namespaces/{namespace}/pods", injected),
+            clusterread.get_or_none(client, f"/api/v1/namespaces/{namespace}"),
+        )
+        sidecarsets = [*(cluster or []), *(own or [])]
+        namespaces = [] if found is None else [found]
+    else:
+        stored, sidecarsets, pods, namespaces = await asyncio.gather(
+            clusterread.get_or_none(client, f"{clusterread.SS_PATH}/{name}"),
+            clusterread.sidecarsets(client, None, None),
+            clusterread.list_all(client, "/api/v1/pods", injected),
+            clusterread.list_all(client, "/api/v1/namespaces"),
+        )
+    revs = await clusterread.revisions_of(client, sidecarsets, manager_namespace)
     return Inputs(stored, sidecarsets, pods, namespaces, revs)
+
+
+def _key(obj: JsonObj) -> str:
+    """How a SidecarSet is named in pods and among the others: `name`, or `namespace/name`."""
+    return names.sidecarset_key(str((obj.get("metadata") or {}).get("name")), namespace_of(obj))
 
 
 def target_object(file_obj: JsonObj, stored: JsonObj | None, *, now: str) -> JsonObj:
@@ -150,12 +181,13 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     from sidecarsets.pods import podkeys
     from sidecarsets.rollout import preview, resize, rolloutsim, specdiff
 
-    name = str(file_obj["metadata"]["name"])
+    name = _key(file_obj)
     stored_obj = inputs.stored
-    others = [o for o in inputs.sidecarsets if (o.get("metadata") or {}).get("name") != name]
+    others = [o for o in inputs.sidecarsets if _key(o) != name]
     errors = validation.validate_sidecarset(file_obj, old=stored_obj, others=others)
     if errors:
-        raise CliError(f"{where}: the API server would refuse SidecarSet {name}: {'; '.join(map(str, errors))}")
+        kind = file_obj.get("kind") or names.KIND
+        raise CliError(f"{where}: the API server would refuse {kind} {name}: {'; '.join(map(str, errors))}")
     try:
         target = SidecarSet.from_object(target_object(file_obj, stored_obj, now=now))
     except ModelError as e:
@@ -166,6 +198,7 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     raw_by_key = {podkeys.pod_key(p): p for p in inputs.pods}
     dropped, never = preview.unowned_pods(target, projections, ns_labels)
     doc: JsonObj = {
+        "kind": target.kind,
         "sidecarSet": name,
         "file": where,
         "new": stored is None,
@@ -192,8 +225,9 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     }
     if stored is None:
         return doc
-    revision = preview.would_be_revision(target, inputs.revisions)
-    specs = specdiff.known_specs(stored, inputs.revisions)
+    mine = clusterread.revisions_for(target, inputs.revisions, manager_namespace)
+    revision = preview.would_be_revision(target, mine)
+    specs = specdiff.known_specs(stored, mine)
     resizable = resize.resizable_hashes(target, [spec for _, spec in specs])
     rollout = rolloutsim.simulate_rollout(
         target, inputs.pods, ns_labels, revision=revision, now=now, resizable=resizable
@@ -237,11 +271,7 @@ def _new_pods(
     from injector.manifests import newpods
     from sidecarsets.pods import podkeys
 
-    others = [
-        SidecarSet.from_object(o, tolerant=True)
-        for o in inputs.sidecarsets
-        if (o.get("metadata") or {}).get("name") != target.name
-    ]
+    others = [SidecarSet.from_object(o, tolerant=True) for o in inputs.sidecarsets if _key(o) != target.name]
     revisions = {str((r.get("metadata") or {}).get("name")): r for r in inputs.revisions}
     examples: list[tuple[JsonObj, str, int]] = [
         (newpods.as_submitted(pod), podkeys.pod_key(pod), count)
@@ -272,11 +302,11 @@ def run_preview(args: argparse.Namespace) -> str:
 
     file_obj, where = read_file(args.filename)
     target = as_stored(file_obj, where)
-    name = str(target["metadata"]["name"])
+    name, namespace = str(target["metadata"]["name"]), namespace_of(target)
     try:
         SidecarSet.from_object(target)  # a file the engine cannot read is refused before the cluster is asked
     except ModelError as e:
-        raise CliError(f"{where}: SidecarSet {name}: {e}") from None
-    inputs = clusterread.run_against(args, "preview", lambda c: gather(c, name, args.manager_namespace))
+        raise CliError(f"{where}: {target.get('kind') or names.KIND} {_key(target)}: {e}") from None
+    inputs = clusterread.run_against(args, "preview", lambda c: gather(c, name, args.manager_namespace, namespace))
     doc = build(target, where, inputs, now=now_rfc3339(), manager_namespace=args.manager_namespace)
     return clusterread.to_json(doc) if args.output == "json" else render(doc)

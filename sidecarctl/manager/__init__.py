@@ -8,3 +8,14 @@ and the sockets bound for every port (`listeners`), preflight checks, options
 (each flag defined once) and the JSON log format; `inprocess` runs both roles in one asyncio loop,
 as the tests and the demo start it. May import every product package except `sidecarctl.cli`.
 """
+
+from importlib import metadata as _metadata
+
+
+def version() -> str:
+    """pyproject.toml's version, as the installed distribution records it (the one place it is
+    written): `sidecarctl --version` prints it, and the control process's User-Agent carries it."""
+    try:
+        return _metadata.version("sidecarctl")
+    except _metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"

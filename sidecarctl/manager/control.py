@@ -34,8 +34,7 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER, LEADER_CATCH_UP
 from selfsigned.issuer import SelfSignedConfig, SelfSignedIssuer
-from sidecarctl import __version__
-from sidecarctl.manager import optionalapis
+from sidecarctl.manager import optionalapis, version
 from sidecarctl.manager import term as term_mod
 from sidecarctl.manager.options import ManagerOptions
 from sidecarctl.manager.warm import WarmCaches
@@ -68,7 +67,7 @@ def user_agent(identity: str) -> str:
     """`sidecarctl/<version> (control; <identity>)`. Every replica writes as the same ServiceAccount, so
     without its Lease identity in the User-Agent an audit log cannot tell a leader's last writes (still
     arriving as it dies) from the first ones of the replica that took over."""
-    return f"sidecarctl/{__version__} (control; {identity})"
+    return f"sidecarctl/{version()} (control; {identity})"
 
 
 class ControlRole:

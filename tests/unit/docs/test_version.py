@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import sidecarctl
-from sidecarctl.cli.main import main, version
+from sidecarctl.cli.main import main
+from sidecarctl.manager import version
+from sidecarctl.manager.control import user_agent
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -22,7 +23,7 @@ def pyproject_version() -> str:
 
 def test_the_installed_package_reports_pyproject_version() -> None:
     assert version() == pyproject_version()
-    assert sidecarctl.__version__ == pyproject_version()
+    assert user_agent("replica-1") == f"sidecarctl/{pyproject_version()} (control; replica-1)"
 
 
 def test_sidecarctl_version_prints_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,6 +40,7 @@ from tests.kube.builders import (
     injected_pod,
     kubelet_sync,
     model,
+    namespaced_sidecarset,
     shop_sidecarset,
     with_images,
 )
@@ -491,6 +492,7 @@ def inputs(stored_obj: JsonObj | None, pods: list[JsonObj]) -> previewcmd.Inputs
 
 
 TOP_KEYS = [
+    "kind",
     "sidecarSet",
     "file",
     "new",
@@ -732,3 +734,45 @@ def test_the_model_of_the_target_keeps_the_stored_identity() -> None:
     assert (ss.uid, ss.generation, ss.creation_timestamp) == ("uid-mesh", 2, "2024-05-01T09:00:00Z")
     same = previewcmd.target_object(previewcmd.as_stored(V1, "x"), stored(V1), now=NOW)
     assert same["metadata"]["generation"] == 1
+
+
+def test_cli_a_namespaced_sidecarset_is_previewed_in_its_namespace(api: StubApi, tmp_path: Path, capsys: Any) -> None:
+    """`shop/mesh` beside the cluster's `mesh`: its own three pods roll, one at a time; the cluster
+    set's twelve are not its; only its namespace is read (and the cluster SidecarSets, whose names
+    it may not take)."""
+    tenant = namespaced_sidecarset(
+        "mesh",
+        "shop",
+        containers=[container("agent", "agent:v1")],
+        selector={"matchLabels": {"app": "shop", "tier": "t"}},
+        metadata={"generation": 1},
+    )
+    api.put(f"{clusterread.tenant_path('shop')}/mesh", stored(tenant))
+    for i in range(3):
+        api.pod(marked(injected_pod(f"t{i}", tenant, labels={"tier": "t"}), "agent"))
+    newer = with_images(tenant, agent="agent:v2")
+    newer["spec"]["updateStrategy"] = {"maxUnavailable": 1}
+    config = kubeconfig_for(api, tmp_path)
+    f = write(tmp_path / "tenant.yaml", newer)
+    code, out, err = run(["preview", "-f", str(f), "--kubeconfig", str(config), "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert (doc["kind"], doc["sidecarSet"], doc["new"], doc["inPlace"]) == (
+        "NamespacedSidecarSet",
+        "shop/mesh",
+        False,
+        True,
+    )
+    assert doc["rollout"]["matched"] == 3
+    assert [len(b["pods"]) for b in doc["rollout"]["batches"]] == [1, 1, 1]
+    assert sorted(p for b in doc["rollout"]["batches"] for p in b["pods"]) == ["shop/t0", "shop/t1", "shop/t2"]
+    assert doc["neverInjected"] == []
+    paths = {p for _, p, _ in api.requests}
+    assert "/api/v1/pods" not in paths and "/api/v1/namespaces" not in paths, paths
+    # A cluster SidecarSet's container name is refused, as the API server would.
+    taken = with_images(newer)
+    taken["spec"]["containers"] = [container("envoy", "envoy:v9")]
+    f = write(tmp_path / "taken.yaml", taken)
+    code, out, err = run(["preview", "-f", str(f), "--kubeconfig", str(config)], capsys)
+    assert (code, out) == (1, "")
+    assert "the API server would refuse NamespacedSidecarSet shop/mesh" in err and "envoy" in err
