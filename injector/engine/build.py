@@ -139,7 +139,7 @@ def sidecars(
                         built.volumes.append(vol)
                     elif vol_name not in pod_volume_names:
                         built.warnings.append(
-                            f"SidecarSet {ss.name}, container {sc.name}: volume {vol_name} is defined "
+                            f"{ss.kind} {ss.name}, container {sc.name}: volume {vol_name} is defined "
                             "neither by the SidecarSet nor by the pod"
                         )
         built.pull_secrets.extend(ss.fresh_image_pull_secrets())
@@ -201,4 +201,4 @@ def _sidecar(
 
 
 def _where(ss: SidecarSet, sc: SidecarContainer) -> str:
-    return f"SidecarSet {ss.name}, container {sc.name}"
+    return f"{ss.kind} {ss.name}, container {sc.name}"

@@ -127,7 +127,7 @@ def _without_conflicts(
                 f"init container {c.name} (a container of the pod)" for c in ss.init_containers if c.name in app_names
             ]
         if crossed:
-            warnings.append(f"SidecarSet {ss.name} is not injected: its {min(crossed)} would duplicate a name")
+            warnings.append(f"{ss.kind} {ss.name} is not injected: its {min(crossed)} would duplicate a name")
             continue
         chosen.append(ss)
         claimed.update(dict.fromkeys(ss.all_container_names, ss.name))

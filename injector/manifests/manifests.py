@@ -269,7 +269,7 @@ def _note_replaced(pod: Mapping[str, Any], injected: Sequence[str], ctx: Context
                 for taken in sc.names_in_pod:  # a HotUpgrade pair takes two names
                     if taken in own:
                         ctx.notes.add(
-                            f"SidecarSet {ss.name}: its container {taken} replaces the pod's own container "
+                            f"{ss.kind} {ss.name}: its container {taken} replaces the pod's own container "
                             f"of that name in spec.{list_key}",
                             where,
                         )

@@ -42,7 +42,7 @@ class Outcome:
     detail: str = ""  # why refused or ignored
     reason: str = ""  # a refusal's reason (annotation.REASONS)
     override: ContainerOverride | None = None  # applied: what, said only when asked (check-inject)
-    sidecarset: str = ""
+    sidecarset: str = ""  # who allowed it: "SidecarSet mesh", "NamespacedSidecarSet shop/logs"
 
     @property
     def message(self) -> str:
@@ -52,11 +52,11 @@ class Outcome:
         fields = [f"resources.{s}.{r}={v.text}" for s in ("requests", "limits") for r, v in o.section(s)]
         fields += [f"env {name}={shown(value)}" for name, value in o.env]
         what = ", ".join(fields) or "nothing (an empty override)"
-        return f"{what} (allowed by SidecarSet {self.sidecarset})"
+        return f"{what} (allowed by {self.sidecarset})"
 
 
 def applied(ss: SidecarSet, override: ContainerOverride) -> Outcome:
-    return Outcome(override.container, APPLIED, override=override, sidecarset=ss.name)
+    return Outcome(override.container, APPLIED, override=override, sidecarset=f"{ss.kind} {ss.name}")
 
 
 def ignored(override: ContainerOverride) -> Outcome:
@@ -83,17 +83,17 @@ def allowed_text(bounds: OverrideBounds | None) -> str:
 
 def check(ss: SidecarSet, override: ContainerOverride) -> None:
     """OverrideError when `override` asks `ss` for more than its `spec.overrides` allows."""
-    refused = _refusal(ss.name, bounds_of(ss, override.container), override)
+    refused = _refusal(f"{ss.kind} {ss.name}", bounds_of(ss, override.container), override)
     if refused is not None:
         raise OverrideError(*refused)
 
 
 @functools.lru_cache(maxsize=1024)
-def _refusal(sidecarset: str, bounds: OverrideBounds | None, override: ContainerOverride) -> tuple[str, str] | None:
+def _refusal(owner: str, bounds: OverrideBounds | None, override: ContainerOverride) -> tuple[str, str] | None:
     """(message, reason) of `check`, remembered: the replicas of a workload ask the same of one
     SidecarSet's bounds (both immutable values) for every pod."""
     name = override.container
-    whose = f"SidecarSet {sidecarset} allows"
+    whose = f"{owner} allows"
     if bounds is None and (override.has_resources or override.env):
         return f"{field(name)}: Forbidden: {whose} no override of container {name} (allowed: nothing)", NOT_ALLOWED
     for section in ("requests", "limits"):
@@ -160,7 +160,7 @@ def check_request_limits(ss: SidecarSet, override: ContainerOverride, resources:
             continue
         section = "requests" if ("requests", resource) in named else "limits"
         other = "limits" if section == "requests" else "requests"
-        origin = "the pod's" if (other, resource) in named else f"SidecarSet {ss.name}'s"
+        origin = "the pod's" if (other, resource) in named else f"{ss.kind} {ss.name}'s"
         req, lim = shown(str(requests.get(resource))), shown(str(limits.get(resource)))
         detail = (
             f"{req} is above the {resource} limit {lim}"

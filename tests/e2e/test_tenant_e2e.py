@@ -297,3 +297,48 @@ def test_a_cpu_change_resizes_its_pods_in_place(kube: Kube, injected_ns: str) ->
     after = pods(kube, injected_ns, "sized")
     assert sorted(p["metadata"]["uid"] for p in after) == sorted(p["metadata"]["uid"] for p in before)
     assert all(image_of(p, "log") == "log:1" for p in after)
+
+
+def _log(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "log")
+
+
+def test_a_pods_overrides_reach_its_sidecar_within_the_namespaced_sets_bounds(kube: Kube, injected_ns: str) -> None:
+    """`spec.overrides` of a NamespacedSidecarSet bound what its pods may ask, as a SidecarSet's do: an
+    allowed ask is injected merged, one past the bound is refused naming the set (namespace/name),
+    and a running pod annotated again is resized in place by the controller."""
+    body = tenant_set("tuned", injected_ns, "tuned")
+    body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}
+    body["spec"]["overrides"] = [{"containerName": "log", "resources": {"cpu": {"min": "50m", "max": "1"}}}]
+    kube.create(nss_path(injected_ns), body)
+    eventually(lambda: "log" in containers(new_pod(kube, injected_ns, "tuned")), timeout=20, what="injecting")
+    path = f"/api/v1/namespaces/{injected_ns}/pods"
+
+    def asking(name: str, cpu: str) -> dict[str, Any]:
+        p = make_pod(name, "tuned")
+        p["metadata"]["annotations"] = {
+            names.ANN_OVERRIDES: json.dumps({"log": {"resources": {"limits": {"cpu": cpu}}}})
+        }
+        return p
+
+    got = kube.create(path, asking("tuned-0", "500m"))
+    assert _log(got)["resources"] == {"requests": {"cpu": "100m"}, "limits": {"cpu": "500m"}}
+    assert got["metadata"]["annotations"][names.ANN_INJECTED_BY] == names.INJECTED_BY_WEBHOOK
+    message = refusal(kube, path, asking("tuned-1", "2"))
+    assert f'"2" is above the maximum {names.NAMESPACED_KIND} {injected_ns}/tuned allows for container log' in message
+
+    # Running, then annotated again: resized in place (same pod, same container), not recreated.
+    eventually(
+        lambda: (kube.get(nss_path(injected_ns, "tuned")).get("status") or {}).get("readyPods") == 1,
+        timeout=30,
+        what="the pod counted ready",
+    )
+    again = {"log": {"resources": {"limits": {"cpu": "800m"}}}}
+    kube.patch(f"{path}/tuned-0", {"metadata": {"annotations": {names.ANN_OVERRIDES: json.dumps(again)}}}, "merge")
+
+    def resized() -> dict[str, Any] | None:
+        now = kube.get(f"{path}/tuned-0")
+        return now if str(_log(now)["resources"]["limits"]["cpu"]) == "800m" else None
+
+    after = eventually(resized, timeout=30, what="the log sidecar resized to the new override")
+    assert after["metadata"]["uid"] == got["metadata"]["uid"]

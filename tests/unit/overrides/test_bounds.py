@@ -47,3 +47,15 @@ def test_outside_names_the_refusal_of_the_first_override_the_bounds_exclude() ->
         "mesh allows for container proxy (allowed: at most 1)"
     )
     assert (merge.outside(tighter, "{") or "").startswith('sidecarctl.io/overrides: Invalid value: "{"')
+
+
+def test_a_namespaced_sidecarsets_refusal_names_its_kind_and_namespace() -> None:
+    bounds = [{"containerName": "proxy", "resources": {"cpu": {"max": "1"}}}]
+    tenant = SidecarSet.from_object(builders.namespaced_sidecarset("mesh", "shop", overrides=bounds))
+    text = json.dumps({"proxy": {"resources": {"limits": {"cpu": "1500m"}}}})
+    assert merge.outside(tenant, text) == (
+        'sidecarctl.io/overrides[proxy].resources.limits.cpu: Forbidden: "1500m" is above the maximum '
+        "NamespacedSidecarSet shop/mesh allows for container proxy (allowed: at most 1)"
+    )
+    # The same bounds on the cluster's `mesh` are its own (the cache of refusals is keyed by owner).
+    assert "maximum SidecarSet mesh allows" in (merge.outside(ss(bounds), text) or "")
