@@ -34,7 +34,7 @@ from injector.policy import selecting
 from injector.policy.generate import Generated, covers
 from injector.policysync import desired
 from injector.policysync.narrowing import Narrowing
-from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing
+from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing, routes_so_far
 from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, put
 from injector.policysync.support import CANARY, V1, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
@@ -265,11 +265,11 @@ class PolicySync:
         refused = False
         if not changed:
             self.pacing.idle()
-        for g in changed:
+        for i, g in enumerate(changed):
             if (due := self.pacing.due()) > self.monotonic():
                 self.write_at = due  # the webhook serves the rest meanwhile; planned again then
                 await self._delete_stale(stale_policies, stale_bindings, orphans_only=True)
-                return
+                return self._publish(routes_so_far(p.routes, self.routes, {w.name for w in changed[i:]}))
             started = self.monotonic()
             stored, condition = await self._write_widening(g, policies[g.name], bindings[g.name], condition, planned)
             refused |= not stored

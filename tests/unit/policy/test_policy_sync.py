@@ -711,3 +711,36 @@ def test_while_writes_wait_a_policy_whose_sidecarsets_are_all_gone_is_deleted_at
     assert rig.sync.write_at is not None, "the rewrite of the first policy waits for quiet"
     assert "proxy:2" not in str(rig.policy(P0))
     assert rig.policy(second) is None and rig.binding(second) is None, "the orphan went at once"
+
+
+def test_while_a_policy_write_waits_the_sidecarsets_of_those_written_are_published_served() -> None:
+    """Two policies' worth of new SidecarSets, the first write slow: the second waits 10 s, and
+    meanwhile the sets the first policy serves say so (PolicyInjection), the others that the
+    webhook serves them until their policy is written."""
+    rig = Rig(pacing=(1.0, 0.0, 10.0))
+    for k in range(61):  # one more group than a policy holds: two policies
+        rig.add(f"s{k:02}", app=f"a{k}")
+
+    def slow_write(path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if path.startswith(POLICIES + "/") and old is None:
+            rig.now += 10.0
+
+    rig.api.listeners.insert(0, slow_write)
+    rig.run()
+    second = NAME_PREFIX + "1"
+    assert rig.policy(P0) is not None and rig.policy(second) is None and rig.sync.write_at is not None
+    first = rig.policy(P0)
+    assert first is not None
+    served = set(first["metadata"]["annotations"][ANN_MEMBERS].replace(";", ",").split(","))
+    routes = rig.sync.routes
+    assert {n for n, r in routes.items() if r.path is Path.POLICY} == served
+    waiting = {n: r for n, r in routes.items() if n not in served}
+    assert len(waiting) == 61 - len(served) > 0
+    assert {(r.path, r.why, r.message) for r in waiting.values()} == {
+        (Path.WEBHOOK, Why.PENDING, f"the webhook serves it until MutatingAdmissionPolicy {second} is written")
+    }
+    assert rig.changed and set().union(*rig.changed) == set(routes), "the controller was told of every set"
+    rig.now = rig.sync.write_at
+    rig.run()
+    assert rig.policy(second) is not None
+    assert all(r.path is Path.POLICY for r in rig.sync.routes.values())
