@@ -106,7 +106,7 @@ def _without_conflicts(
     init_names = {c["name"] for c in init_containers}
     claimed: dict[str, str] = {}
     chosen: list[SidecarSet] = []
-    for ss in sorted(matched, key=_age):
+    for ss in sorted(matched, key=precedence):
         if not ss.all_container_names.isdisjoint(claimed):
             clash = sorted(ss.all_container_names.intersection(claimed))
             why = (
@@ -134,6 +134,6 @@ def _without_conflicts(
     return chosen
 
 
-def _age(ss: SidecarSet) -> tuple[bool, str, str]:
+def precedence(ss: SidecarSet) -> tuple[bool, str, str]:
     """Cluster SidecarSets first, then older first: the SidecarSet that wins a container name."""
     return (ss.namespaced, ss.creation_timestamp, ss.name)

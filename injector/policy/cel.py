@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sidecarsets.spec import names
+
+if TYPE_CHECKING:
+    from sidecarsets.spec.model import SidecarSet
 
 VARIABLES = "variables."
 # A pod's labels and annotations, present or not (outside `variables`: matchConditions cannot read them).
@@ -16,6 +21,19 @@ LABELS = "(has(object.metadata.labels) ? object.metadata.labels : {})"
 ANNOTATIONS = "(has(object.metadata.annotations) ? object.metadata.annotations : {})"
 # The namespace's labels, inside a mutation only (a policy's matchConditions see `namespaceObject` empty).
 NAMESPACE_LABELS = "(namespaceObject.metadata.labels)"
+
+
+def in_scope(ss: SidecarSet, labels: str = NAMESPACE_LABELS) -> str | None:
+    """CEL over a namespace's `labels`: `ss` selects pods there; None when it selects every namespace.
+    A NamespacedSidecarSet's scope is its own namespace, unless that namespace turned the kind off
+    (sidecarsets.spec.reading.own_namespace: the webhook's test, written out)."""
+    if ss.namespace_selector is None:
+        return None
+    term = selector(ss.namespace_selector, labels)
+    if ss.namespaced:
+        key, off = string(names.NS_NAMESPACED_SIDECARSETS_LABEL), string(names.NS_NAMESPACED_SIDECARSETS_DISABLED)
+        term += f" && !({key} in {labels} && {labels}[{key}] == {off})"
+    return term
 
 
 def string(value: str) -> str:

@@ -25,6 +25,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from injector.engine.selection import precedence
 from injector.policy import bookkeeping, cel
 from injector.policy.build import Build, NeedsWebhook, V
 from injector.policy.metadataops import MetadataOps
@@ -52,10 +53,6 @@ def check_servable(ss: SidecarSet) -> None:
     """Raise NeedsWebhook for a feature of `ss` that a policy cannot express (or its owner keeps off them)."""
     if ss.annotations.get(names.ANN_INJECTION_PATH) == "webhook":
         raise NeedsWebhook(f"annotation {names.ANN_INJECTION_PATH}=webhook")
-    if ss.namespaced:
-        # Its scope also depends on its namespace's sidecarctl.io/namespaced-sidecarsets label, and a
-        # cluster SidecarSet must win its container names in every pod: the webhook decides both.
-        raise NeedsWebhook(f"{names.NAMESPACED_KIND} (served by the webhook, after the cluster's SidecarSets)")
     if ss.canary_base is not None:
         # On the webhook, the pods a canary selects are served whole there (the base's policy leaves
         # them alone), so the engine drops the base for them; the base itself can stay on a policy.
@@ -160,13 +157,13 @@ class Generator(SpecOps, MetadataOps):
     def _matching(self, entries: str, cnames: str, inames: str, labels: str) -> None:
         """ok_i for a group: selected, no cross-list name clash, not beaten by an older member, not recorded."""
         g = self.group
-        by_age = sorted(range(len(g)), key=lambda i: (g[i].creation_timestamp, g[i].name))
+        by_age = sorted(range(len(g)), key=lambda i: precedence(g[i]))  # the engine's: cluster sets win
         claimed: list[int] = []
         for i in by_age:
             ss = g[i]
             match = cel.selector(None if selectors.is_empty(ss.selector) else ss.selector, labels)
-            if ss.namespace_selector is not None:
-                match += " && " + cel.selector(ss.namespace_selector, cel.NAMESPACE_LABELS)
+            if (scope := cel.in_scope(ss)) is not None:
+                match += " && " + scope
             older = [j for j in claimed if not g[j].all_container_names.isdisjoint(ss.all_container_names)]
             beaten = "".join(f" && !{V}chosen{j}" for j in older)
             # As the engine: conflicts are settled among the matching members before recorded ones drop out.
@@ -219,8 +216,8 @@ class Generator(SpecOps, MetadataOps):
         own = [("a-member-selects-the-pod", " || ".join(f"({cel.selector(ss.selector, labels)})" for ss in self.group))]
         if self.single:
             ss = self.group[0]
-            if ss.namespace_selector is not None:
-                own.append(("in-a-selected-namespace", cel.selector(ss.namespace_selector, cel.NAMESPACE_LABELS)))
+            if (scope := cel.in_scope(ss)) is not None:
+                own.append(("in-a-selected-namespace", scope))
             own.append(("not-yet-injected", f"!{V}hashEntries.exists(e, {bookkeeping.recorded_test(ss)})"))
             own.append(("no-name-clash-with-the-other-list", f"!({_cross(ss, V + 'cnames', V + 'inames')})"))
         else:

@@ -2,7 +2,8 @@
 
 With `--injection=policy` the pod webhook is never called for pods a SidecarSet selects, so a
 SidecarSet that no MutatingAdmissionPolicy can serve would silently stop being injected. The
-SidecarSet webhook refuses new ones; this refuses to start while one is stored, and on an API server
+SidecarSet webhook refuses new ones; this refuses to start while one is stored (a SidecarSet or a
+NamespacedSidecarSet), and on an API server
 that does not serve the policy API at all (Kubernetes before 1.36), where nothing could be injected.
 """
 
@@ -20,8 +21,9 @@ from injector.policy import servable
 from injector.policysync import support
 from kuberuntime import api, discovery, kubeapi, kubeconfig
 from kuberuntime.backoff import Backoff
+from kuberuntime.jsontypes import JsonObj
 from sidecarctl.manager.options import ManagerOptions
-from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.spec.model import ModelError, SidecarSet
 
 log = logging.getLogger("sidecarctl.preflight")
@@ -59,8 +61,11 @@ async def _problem(kube: api.Reader, opts: ManagerOptions) -> str | None:
     listing = await _patiently("list SidecarSets to check them", lambda: kube.get(SS_PATH))
     if isinstance(listing, str):
         return listing
+    tenants = await _patiently("list NamespacedSidecarSets to check them", lambda: _served_or_none(kube, NSS_PATH))
+    if isinstance(tenants, str):
+        return tenants
     models = []
-    for obj in listing.get("items") or []:
+    for obj in [*(listing.get("items") or []), *((tenants or {}).get("items") or [])]:
         try:
             models.append(SidecarSet.from_object(obj))
         except ModelError as e:
@@ -73,6 +78,14 @@ async def _problem(kube: api.Reader, opts: ManagerOptions) -> str | None:
         f"--injection=policy: {len(blocked)} SidecarSet(s) need the pod webhook ({listed}); "
         "change or delete them, or run with --injection=auto"
     )
+
+
+async def _served_or_none(kube: api.Reader, path: str) -> JsonObj | None:
+    """The list, or None where its CRD is not installed (the kind is optional)."""
+    try:
+        return await kube.get(path)
+    except api.NotFound:
+        return None
 
 
 async def policy_mode_problem(opts: ManagerOptions, client: api.Reader | None = None) -> str | None:

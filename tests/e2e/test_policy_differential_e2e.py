@@ -24,7 +24,7 @@ import functools
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,9 @@ class Case:
     namespaces: dict[str, dict[str, str]]
     pods: list[dict[str, Any]]
     unvalidated: bool = False  # created with validation bypassed (the case shows what happens anyway)
+    # Labels given to namespaces once the SidecarSets are stored (a namespace that turned
+    # NamespacedSidecarSets off after they were written: admission would refuse them before).
+    relabelled: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _pods_of(doc: Any) -> list[dict[str, Any]]:
@@ -107,7 +110,9 @@ def _corpus() -> list[Case]:
     out = []
     for d in sorted(p for p in CORPUS.iterdir() if p.is_dir()):
         pods = [p for doc in _docs(d / "input.yaml") for p in _pods_of(doc)]
-        out.append(Case(f"corpus/{d.name}", _docs(d / "sidecarsets.yaml"), _namespaces(pods, {}, label=True), pods))
+        later = yaml.safe_load((d / "relabelled.yaml").read_text()) if (d / "relabelled.yaml").exists() else {}
+        namespaces = _namespaces(pods, {}, label=True)
+        out.append(Case(f"corpus/{d.name}", _docs(d / "sidecarsets.yaml"), namespaces, pods, relabelled=later))
     samples = REPO / "config" / "samples"
     sample_sets = [
         d for f in ("03-mesh-proxy-sidecarset.yaml", "04-log-agent-sidecarset.yaml") for d in _docs(samples / f)
@@ -252,8 +257,32 @@ def _unvalidated(cluster: PolicyCluster, skip: bool) -> Iterator[None]:
 
 
 def _sidecarset(doc: dict[str, Any]) -> dict[str, Any]:
-    meta = {k: v for k, v in doc["metadata"].items() if k in ("name", "labels", "annotations")}
+    meta = {k: v for k, v in doc["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
+    if doc.get("kind") == names.NAMESPACED_KIND:
+        return {
+            "apiVersion": names.API_VERSION_V1BETA1,
+            "kind": names.NAMESPACED_KIND,
+            "metadata": meta,
+            "spec": doc["spec"],
+        }
+    meta.pop("namespace", None)
     return {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": names.KIND, "metadata": meta, "spec": doc["spec"]}
+
+
+def _path(doc: dict[str, Any], *, named: bool = True) -> str:
+    """Where a case's SidecarSet (or NamespacedSidecarSet) is stored; the collection without `named`."""
+    meta = doc["metadata"]
+    base = SS_PATH
+    if doc.get("kind") == names.NAMESPACED_KIND:
+        base = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/namespaces/{meta['namespace']}/{names.NAMESPACED_PLURAL}"
+    return f"{base}/{meta['name']}" if named else base
+
+
+def _key(doc: dict[str, Any]) -> str:
+    meta = doc["metadata"]
+    return names.sidecarset_key(
+        meta["name"], meta.get("namespace", "") if doc.get("kind") == names.NAMESPACED_KIND else ""
+    )
 
 
 def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
@@ -267,7 +296,7 @@ def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
     ordered = sorted(
         enumerate(case.sidecarsets), key=lambda t: (str(t[1]["metadata"].get("creationTimestamp") or ""), t[0])
     )
-    by_name = [doc["metadata"]["name"] for _, doc in ordered]
+    by_name = [_key(doc) for _, doc in ordered]
     apart = by_name != sorted(by_name)
     for i, (_, doc) in enumerate(ordered):
         if i and apart:
@@ -275,11 +304,11 @@ def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
         for cluster in paths.both:
             with _unvalidated(cluster, case.unvalidated):
                 try:
-                    cluster.kube.create(SS_PATH, _sidecarset(doc))
+                    cluster.kube.create(_path(doc, named=False), _sidecarset(doc))
                 except api.ApiError as e:
                     if cluster is paths.webhook:
                         raise
-                    refused[doc["metadata"]["name"]] = e.message
+                    refused[_key(doc)] = e.message
     return refused
 
 
@@ -287,14 +316,15 @@ def _wait_revisions(paths: Paths, case: Case, refused: dict[str, str]) -> None:
     """Until each SidecarSet has its first revision: both paths then record it in the pods."""
     for cluster in paths.both:
         for doc in case.sidecarsets:
-            name = doc["metadata"]["name"]
-            if cluster is paths.policy and name in refused:
+            if cluster is paths.policy and _key(doc) in refused:
                 continue
-            eventually(functools.partial(_revision, cluster, name), timeout=20, what=f"{name} has a revision")
+            eventually(
+                functools.partial(_revision, cluster, _path(doc)), timeout=20, what=f"{_key(doc)} has a revision"
+            )
 
 
-def _revision(cluster: PolicyCluster, name: str) -> str | None:
-    status = cluster.kube.get(f"{SS_PATH}/{name}").get("status") or {}
+def _revision(cluster: PolicyCluster, path: str) -> str | None:
+    status = cluster.kube.get(path).get("status") or {}
     return status.get("latestRevision")
 
 
@@ -302,7 +332,7 @@ def _delete_sidecarsets(paths: Paths, case: Case) -> None:
     for cluster in paths.both:
         for doc in case.sidecarsets:
             with contextlib.suppress(api.NotFound):
-                cluster.kube.delete(f"{SS_PATH}/{doc['metadata']['name']}")
+                cluster.kube.delete(_path(doc))
 
     def policies_gone() -> bool:
         items = paths.policy.kube.get(POLICIES)["items"]
@@ -342,6 +372,9 @@ def test_every_case_gives_the_same_pod_through_the_webhook_and_through_policies(
             for ns, labels in case.namespaces.items():
                 cluster.namespace(ns, labels)
         refused = _apply_sidecarsets(paths, case)
+        for cluster in paths.both:
+            for ns, labels in case.relabelled.items():
+                cluster.namespace(ns, {**case.namespaces.get(ns, {}), **labels})
         try:
             _wait_revisions(paths, case, refused)
             if refused:

@@ -122,9 +122,15 @@ def test_the_kind_turned_off_cluster_wide_refuses() -> None:
     assert code == 403 and "--no-namespaced-sidecarsets" in message
 
 
-def test_policy_only_injection_refuses_the_kind_no_webhook_would_serve() -> None:
-    code, message = refusal(validate(builders.namespaced_sidecarset(), policy_only=True))
-    assert code == 403 and "--injection=policy" in message
+def test_policy_only_injection_admits_what_a_policy_serves_and_refuses_the_rest() -> None:
+    """--injection=policy has no pod webhook: a NamespacedSidecarSet a policy can serve is admitted,
+    one only the webhook could serve (a HotUpgrade sidecar) is refused naming why."""
+    assert validate(builders.namespaced_sidecarset(), policy_only=True)["allowed"] is True
+    hot = builders.container(
+        "proxy", "proxy:1", upgradeStrategy={"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}
+    )
+    code, message = refusal(validate(builders.namespaced_sidecarset(containers=[hot]), policy_only=True))
+    assert code == 422 and "--injection=policy" in message and "HotUpgrade" in message
 
 
 @pytest.mark.parametrize("namespace", ["kube-system", names.DEFAULT_MANAGER_NAMESPACE])

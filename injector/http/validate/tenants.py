@@ -25,6 +25,7 @@ import orjson
 
 from injector.http import admission
 from injector.http.namespaces import LookupFailed
+from injector.policy import servable
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets import validation
@@ -128,9 +129,8 @@ async def validate(
     access_review: AccessReview | None,
 ) -> tuple[str, bytes]:
     """(metrics result, AdmissionReview response) for a NamespacedSidecarSet create or update."""
-    if not enabled or policy_only:
-        flag = "--injection=policy: no webhook serves them" if policy_only else "--no-namespaced-sidecarsets"
-        message = f"{KIND}s are turned off in this cluster (the manager runs with {flag})"
+    if not enabled:
+        message = f"{KIND}s are turned off in this cluster (the manager runs with --no-namespaced-sidecarsets)"
         return "denied", refused(review, message, 403)
     namespace = review.namespace
     if not namespace:
@@ -151,6 +151,12 @@ async def validate(
     prefix = f"{namespace}/"
     neighbours = [o for key, o in snapshot.objects.items() if key.startswith(prefix)]
     errors = [str(e) for e in validation.validate_sidecarset(obj, old=review.old_object, others=neighbours)]
+    if not errors and policy_only:  # no pod webhook: only what a policy can serve
+        unservable = servable.why_not(obj, snapshot.sidecarsets, manager_namespace=manager_namespace)
+        if unservable is not None:
+            errors.append(
+                f"the manager runs with --injection=policy and no MutatingAdmissionPolicy can serve it: {unservable}"
+            )
     if errors:
         return "denied", refused(review, "; ".join(errors), 422)
     verdict = await _may_create_pods(review, namespace, access_review)

@@ -41,8 +41,6 @@ def route_of(ss: SidecarSet, members: dict[str, str]) -> Route:
         return Route("webhook", None, f"{cond.get('reason') or 'NeedsWebhook'}: {message}".rstrip(": "))
     if holder is not None:
         return Route("policy", holder, f"MutatingAdmissionPolicy {holder}")
-    if ss.namespaced:  # docs/concepts/tenant-sidecarsets.md: policies do not serve the kind
-        return Route("webhook", None, f"NeedsWebhook: a {names.NAMESPACED_KIND} is injected by the webhook")
     try:
         check_servable(ss)
     except NeedsWebhook as e:

@@ -703,7 +703,7 @@ def test_the_namespaced_sidecarsets_of_the_pods_namespace_are_checked_too(
     # not read (nor listed across namespaces).
     assert set(found) == {"mesh", "shop/mesh"}
     tenant = found["shop/mesh"]
-    assert (tenant["selects"], tenant["state"], tenant["path"]["path"]) == (True, "missing", "webhook")
+    assert (tenant["selects"], tenant["state"], tenant["path"]["path"]) == (True, "missing", "unknown")
     assert code == 1
     assert not any("/namespaces/other/" in path or path == clusterread.NSS_PATH for _, path, _ in api.requests)
     # Turned off in the namespace: not selected, and why.

@@ -491,17 +491,28 @@ def test_with_no_webhook_to_hand_it_to_a_selector_without_a_required_label_gets_
     assert gates["expression"] != "true" and '"team" in l' in gates["expression"]
 
 
-def test_a_namespaced_sidecarset_is_served_by_the_webhook_and_named_in_its_condition() -> None:
+def test_a_namespaced_sidecarset_is_served_by_a_policy_after_the_cluster_sets_in_its_namespace_only() -> None:
+    """Policy-served like a SidecarSet: in one group with the cluster set that may share its pods, the
+    cluster's first (its sidecars first in the pod, its names win), scoped to its namespace unless
+    that namespace turned the kind off, as the webhook decides."""
     tenant = SidecarSet.from_object(
-        builders.namespaced_sidecarset("logs", "shop", containers=[builders.container("log", "log:1")])
+        builders.namespaced_sidecarset(
+            "logs", "shop", selector={"matchLabels": {"app": "web"}}, containers=[builders.container("log", "log:1")]
+        )
     )
     p = planned(ss("mesh"), tenant)
-    route = p.routes["shop/logs"]
-    assert route.path is Path.WEBHOOK and route.why is Why.NEEDS_WEBHOOK
-    assert names.NAMESPACED_KIND in route.message
-    assert p.routes["mesh"].path is Path.POLICY
-    # The pods the tenant's set may select go to the webhook, which injects the cluster's sidecars too.
-    assert p.webhook_condition != "false" and "shop" in p.webhook_condition
+    assert p.routes["shop/logs"].path is Path.POLICY and p.routes["mesh"].path is Path.POLICY
+    (g,) = p.policies
+    assert list(g.members) == ["mesh", "shop/logs"]
+    text = str(g.policy["spec"])
+    off = f"{cel.string(names.NS_NAMESPACED_SIDECARSETS_LABEL)} in {cel.NAMESPACE_LABELS}"
+    assert off in text and cel.string(names.NS_NAMESPACED_SIDECARSETS_DISABLED) in text
+    assert '"kubernetes.io/metadata.name"' in text and '"shop"' in text
+    # A feature only the webhook has keeps it there: its pods go to the webhook, named by namespace.
+    hot_tenant = SidecarSet.from_object(builders.namespaced_sidecarset("hot", "shop", app="web", containers=[hot()]))
+    p = planned(ss("mesh"), hot_tenant)
+    assert p.routes["shop/hot"].path is Path.WEBHOOK and "HotUpgrade" in p.routes["shop/hot"].message
+    assert "shop" in p.webhook_condition
 
 
 @pytest.mark.parametrize("mode", [Mode.AUTO, Mode.POLICY])

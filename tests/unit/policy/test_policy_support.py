@@ -25,8 +25,9 @@ from kuberuntime.discovery import Served
 from kuberuntime.jsontypes import JsonObj
 from sidecarctl.manager import preflight
 from sidecarctl.manager.options import ManagerOptions
-from sidecarsets.controller.controller import SS_PATH
+from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.rollout import status
+from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from sidecarsets.store import TemplateStore
 from tests.kube import builders
@@ -182,6 +183,12 @@ def test_policy_mode_does_not_start_while_an_unservable_sidecarset_exists() -> N
     assert problem is not None and "hot:" in problem and "HotUpgrade" in problem and "--injection=auto" in problem
     auto = ManagerOptions.build(injection="auto", namespace=NS)
     assert asyncio.run(preflight.policy_mode_problem(auto, api)) is None
+    # A NamespacedSidecarSet counts too.
+    api.objects.pop(f"{SS_PATH}/hot")
+    tenant = builders.namespaced_sidecarset("hot", "team-a", containers=hot_object()["spec"]["containers"])
+    api.put(f"{NSS_PATH.rsplit('/', 1)[0]}/namespaces/team-a/{names.NAMESPACED_PLURAL}/hot", tenant)
+    problem = asyncio.run(preflight.policy_mode_problem(opts, api))
+    assert problem is not None and "team-a/hot:" in problem and "HotUpgrade" in problem
 
 
 def test_policy_mode_does_not_start_on_a_server_without_the_policy_api() -> None:
