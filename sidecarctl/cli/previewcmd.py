@@ -24,7 +24,7 @@ from sidecarsets import validation
 from sidecarsets.pods.projection import project
 from sidecarsets.spec import conversion, names
 from sidecarsets.spec.defaults import apply_defaults
-from sidecarsets.spec.model import ModelError, SidecarSet, namespace_of
+from sidecarsets.spec.model import ModelError, SidecarSet, namespace_of, object_key
 
 if TYPE_CHECKING:
     from injector.manifests import newpods
@@ -147,11 +147,6 @@ async def gather(client: kubeapi.KubeClient, name: str, manager_namespace: str, 
     return Inputs(stored, sidecarsets, pods, namespaces, revs)
 
 
-def _key(obj: JsonObj) -> str:
-    """How a SidecarSet is named in pods and among the others: `name`, or `namespace/name`."""
-    return names.sidecarset_key(str((obj.get("metadata") or {}).get("name")), namespace_of(obj))
-
-
 def target_object(file_obj: JsonObj, stored: JsonObj | None, *, now: str) -> JsonObj:
     """The object the controller would read after the apply: the file's spec and metadata, the
     stored object's identity, generation (one more when the spec changes) and status."""
@@ -181,9 +176,9 @@ def build(file_obj: JsonObj, where: str, inputs: Inputs, *, now: str, manager_na
     from sidecarsets.pods import podkeys
     from sidecarsets.rollout import preview, resize, rolloutsim, specdiff
 
-    name = _key(file_obj)
+    name = object_key(file_obj)
     stored_obj = inputs.stored
-    others = [o for o in inputs.sidecarsets if _key(o) != name]
+    others = [o for o in inputs.sidecarsets if object_key(o) != name]
     errors = validation.validate_sidecarset(file_obj, old=stored_obj, others=others)
     if errors:
         kind = file_obj.get("kind") or names.KIND
@@ -271,7 +266,7 @@ def _new_pods(
     from injector.manifests import newpods
     from sidecarsets.pods import podkeys
 
-    others = [SidecarSet.from_object(o, tolerant=True) for o in inputs.sidecarsets if _key(o) != target.name]
+    others = [SidecarSet.from_object(o, tolerant=True) for o in inputs.sidecarsets if object_key(o) != target.name]
     revisions = {str((r.get("metadata") or {}).get("name")): r for r in inputs.revisions}
     examples: list[tuple[JsonObj, str, int]] = [
         (newpods.as_submitted(pod), podkeys.pod_key(pod), count)
@@ -306,7 +301,7 @@ def run_preview(args: argparse.Namespace) -> str:
     try:
         SidecarSet.from_object(target)  # a file the engine cannot read is refused before the cluster is asked
     except ModelError as e:
-        raise CliError(f"{where}: {target.get('kind') or names.KIND} {_key(target)}: {e}") from None
+        raise CliError(f"{where}: {target.get('kind') or names.KIND} {object_key(target)}: {e}") from None
     inputs = clusterread.run_against(args, "preview", lambda c: gather(c, name, args.manager_namespace, namespace))
     doc = build(target, where, inputs, now=now_rfc3339(), manager_namespace=args.manager_namespace)
     return clusterread.to_json(doc) if args.output == "json" else render(doc)

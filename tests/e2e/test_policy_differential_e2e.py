@@ -36,6 +36,7 @@ from bench import common as bench_common
 from injector.policysync.support import POLICIES
 from kuberuntime import api
 from sidecarsets.spec import names
+from sidecarsets.spec.model import object_key
 from tests import golden_cases
 from tests.e2e.policysupport import PolicyCluster, private_clusters, stored_pod
 from tests.kube.client import eventually
@@ -278,13 +279,6 @@ def _path(doc: dict[str, Any], *, named: bool = True) -> str:
     return f"{base}/{meta['name']}" if named else base
 
 
-def _key(doc: dict[str, Any]) -> str:
-    meta = doc["metadata"]
-    return names.sidecarset_key(
-        meta["name"], meta.get("namespace", "") if doc.get("kind") == names.NAMESPACED_KIND else ""
-    )
-
-
 def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
     """Create the case's SidecarSets in both clusters, oldest first; returns the ones the policy-mode
     manager refused, with its message.
@@ -296,7 +290,7 @@ def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
     ordered = sorted(
         enumerate(case.sidecarsets), key=lambda t: (str(t[1]["metadata"].get("creationTimestamp") or ""), t[0])
     )
-    by_name = [_key(doc) for _, doc in ordered]
+    by_name = [object_key(doc) for _, doc in ordered]
     apart = by_name != sorted(by_name)
     for i, (_, doc) in enumerate(ordered):
         if i and apart:
@@ -308,7 +302,7 @@ def _apply_sidecarsets(paths: Paths, case: Case) -> dict[str, str]:
                 except api.ApiError as e:
                     if cluster is paths.webhook:
                         raise
-                    refused[_key(doc)] = e.message
+                    refused[object_key(doc)] = e.message
     return refused
 
 
@@ -316,10 +310,10 @@ def _wait_revisions(paths: Paths, case: Case, refused: dict[str, str]) -> None:
     """Until each SidecarSet has its first revision: both paths then record it in the pods."""
     for cluster in paths.both:
         for doc in case.sidecarsets:
-            if cluster is paths.policy and _key(doc) in refused:
+            if cluster is paths.policy and object_key(doc) in refused:
                 continue
             eventually(
-                functools.partial(_revision, cluster, _path(doc)), timeout=20, what=f"{_key(doc)} has a revision"
+                functools.partial(_revision, cluster, _path(doc)), timeout=20, what=f"{object_key(doc)} has a revision"
             )
 
 
