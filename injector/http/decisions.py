@@ -163,11 +163,11 @@ async def validate(review: admission.Review, store: TemplateStore, settings: Web
     if problem is not None:
         errors.append(problem)
     if not errors and settings is not None and settings.policy_only:
-        unservable = servable.why_not(review.object, snapshot.sidecarsets, manager_namespace=settings.manager_namespace)
-        if unservable is not None:
-            errors.append(
-                f"the manager runs with --injection=policy and no MutatingAdmissionPolicy can serve it: {unservable}"
-            )
+        refusal = servable.policy_only_refusal(
+            review.object, snapshot.sidecarsets, manager_namespace=settings.manager_namespace
+        )
+        if refusal is not None:
+            errors.append(refusal)
     if errors:
         message = "SidecarSet rejected: " + "; ".join(errors)
         return Decision("denied", admission.response(review, denied=message, code=422))

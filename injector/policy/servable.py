@@ -31,3 +31,12 @@ def why_not(obj: JsonObj, others: Iterable[SidecarSet], *, manager_namespace: st
         return str(e)
     rest = [o for o in others if o.name != ss.name]
     return unservable([*rest, ss], manager_namespace=manager_namespace).get(ss.name)
+
+
+def policy_only_refusal(obj: JsonObj, others: Iterable[SidecarSet], *, manager_namespace: str) -> str | None:
+    """The admission error for `obj` under `--injection=policy` (a SidecarSet or a NamespacedSidecarSet
+    alike), or None when a policy can serve it."""
+    why = why_not(obj, others, manager_namespace=manager_namespace)
+    if why is None:
+        return None
+    return f"the manager runs with --injection=policy and no MutatingAdmissionPolicy can serve it: {why}"

@@ -152,11 +152,9 @@ async def validate(
     neighbours = [o for key, o in snapshot.objects.items() if key.startswith(prefix)]
     errors = [str(e) for e in validation.validate_sidecarset(obj, old=review.old_object, others=neighbours)]
     if not errors and policy_only:  # no pod webhook: only what a policy can serve
-        unservable = servable.why_not(obj, snapshot.sidecarsets, manager_namespace=manager_namespace)
-        if unservable is not None:
-            errors.append(
-                f"the manager runs with --injection=policy and no MutatingAdmissionPolicy can serve it: {unservable}"
-            )
+        refusal = servable.policy_only_refusal(obj, snapshot.sidecarsets, manager_namespace=manager_namespace)
+        if refusal is not None:
+            errors.append(refusal)
     if errors:
         return "denied", refused(review, "; ".join(errors), 422)
     verdict = await _may_create_pods(review, namespace, access_review)
