@@ -332,13 +332,13 @@ class PolicySync:
 
     async def _delete_stale(self, policies: list[str], bindings: list[str], *, orphans_only: bool = False) -> None:
         """`orphans_only` (writes waiting): policies whose SidecarSets are all gone (a mass delete waits on no pace)."""
-        orphan = {n for n, p in self.policies.items() if not any(m in self.models for m in members(p))}
+        if orphans_only:
+            orphan = {n for n, p in self.policies.items() if not any(m in self.models for m in members(p))}
+            policies, bindings = [n for n in policies if n in orphan], [n for n in bindings if n in orphan]
         for name in bindings:
-            if not orphans_only or name in orphan:
-                await self._delete(f"{self._api.bindings}/{name}")
+            await self._delete(f"{self._api.bindings}/{name}")
         for name in policies:
-            if not orphans_only or name in orphan:
-                await self._delete(f"{self._api.policies}/{name}")
+            await self._delete(f"{self._api.policies}/{name}")
 
     def _publish(self, routes: Mapping[str, planning.Route]) -> None:
         changed = {n for n in set(routes) | set(self.routes) if routes.get(n) != self.routes.get(n)}
