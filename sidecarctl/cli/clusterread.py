@@ -202,6 +202,24 @@ async def sidecarsets(client: kubeapi.KubeClient, name: str | None, namespace: s
     return [*cluster, *(tenants or [])]
 
 
+async def pods_and_namespaces(client: kubeapi.KubeClient, namespace: str | None) -> tuple[list[JsonObj], list[JsonObj]]:
+    """The injected pods (as the controller reads them) and the namespaces: every one, or with
+    `namespace` that namespace's pods and the namespace itself (what its admins may read)."""
+    import asyncio
+
+    injected: dict[str, str | int] = {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}
+    if not namespace:
+        pods, every = await asyncio.gather(
+            list_all(client, "/api/v1/pods", injected), list_all(client, "/api/v1/namespaces")
+        )
+        return pods, every
+    pods, found = await asyncio.gather(
+        list_all(client, f"/api/v1/namespaces/{namespace}/pods", injected),
+        get_or_none(client, f"/api/v1/namespaces/{namespace}"),
+    )
+    return pods, [] if found is None else [found]
+
+
 async def revisions_of(client: kubeapi.KubeClient, sets: Iterable[JsonObj], manager_namespace: str) -> list[JsonObj]:
     """The ControllerRevisions of `sets`: a SidecarSet's in the manager's namespace, a
     NamespacedSidecarSet's in its own (sidecarsets.controller.history.revisions_namespace)."""

@@ -125,23 +125,19 @@ async def gather(client: kubeapi.KubeClient, name: str, manager_namespace: str, 
     names must not take theirs)."""
     import asyncio
 
-    injected: dict[str, str | int] = {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}
     if namespace:
-        stored, cluster, own, pods, found = await asyncio.gather(
+        stored, cluster, own, (pods, namespaces) = await asyncio.gather(
             clusterread.get_or_none(client, f"{clusterread.tenant_path(namespace)}/{name}"),
             clusterread.list_optional(client, clusterread.SS_PATH),
             clusterread.list_optional(client, clusterread.tenant_path(namespace)),
-            clusterread.list_all(client, f"/api/v1/namespaces/{namespace}/pods", injected),
-            clusterread.get_or_none(client, f"/api/v1/namespaces/{namespace}"),
+            clusterread.pods_and_namespaces(client, namespace),
         )
         sidecarsets = [*(cluster or []), *(own or [])]
-        namespaces = [] if found is None else [found]
     else:
-        stored, sidecarsets, pods, namespaces = await asyncio.gather(
+        stored, sidecarsets, (pods, namespaces) = await asyncio.gather(
             clusterread.get_or_none(client, f"{clusterread.SS_PATH}/{name}"),
             clusterread.sidecarsets(client, None, None),
-            clusterread.list_all(client, "/api/v1/pods", injected),
-            clusterread.list_all(client, "/api/v1/namespaces"),
+            clusterread.pods_and_namespaces(client, None),
         )
     revs = await clusterread.revisions_of(client, sidecarsets, manager_namespace)
     return Inputs(stored, sidecarsets, pods, namespaces, revs)

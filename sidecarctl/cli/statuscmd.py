@@ -84,20 +84,9 @@ async def gather(
 
     from sidecarsets.rollout import glance
 
-    injected: dict[str, str | int] = {"labelSelector": f"{names.POD_INJECTED_LABEL}=true"}
-
-    async def scope() -> tuple[list[JsonObj], list[JsonObj]]:
-        if namespace:
-            pods, found = await asyncio.gather(
-                clusterread.list_all(client, f"/api/v1/namespaces/{namespace}/pods", injected),
-                clusterread.get_or_none(client, f"/api/v1/namespaces/{namespace}"),
-            )
-            return pods, [] if found is None else [found]
-        return await asyncio.gather(
-            clusterread.list_all(client, "/api/v1/pods", injected), clusterread.list_all(client, "/api/v1/namespaces")
-        )
-
-    sets, (pods, namespaces) = await asyncio.gather(clusterread.sidecarsets(client, name, namespace), scope())
+    sets, (pods, namespaces) = await asyncio.gather(
+        clusterread.sidecarsets(client, name, namespace), clusterread.pods_and_namespaces(client, namespace)
+    )
     revs = await clusterread.revisions_of(client, sets, manager_namespace)
     labelled = glance.labelled_namespaces(clusterread.namespace_labels(namespaces), manager_namespace=manager_namespace)
     lists = await asyncio.gather(
