@@ -180,7 +180,8 @@ def _cel(json_text: str) -> str:
 # -- the load (a child process: its CPU is not the harness's) -------------------------------------
 async def load(kubeconfig_path: str, namespace: str, body: JsonObj, seconds: float, clients: int) -> JsonObj:
     client = kubeapi.KubeClient(kubeconfig.load_config(kubeconfig_path))
-    path = f"/api/v1/namespaces/{namespace}/pods"
+    resource = "configmaps" if body.get("kind") == "ConfigMap" else "pods"
+    path = f"/api/v1/namespaces/{namespace}/{resource}"
     latencies: list[float] = []
     errors: list[str] = []
     injected_by: dict[str, int] = {}

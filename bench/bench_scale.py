@@ -15,7 +15,10 @@ alternating order over the rounds:
   other write there costs (a ConfigMap, a pod's status from its kubelet);
 - policy: a raw pod that one policy-served SidecarSet selects (the webhook must not be called:
   the manager's inject counter is read before and after);
-- webhook: a raw pod that one webhook-served SidecarSet selects.
+- webhook: a raw pod that one webhook-served SidecarSet selects;
+- other: an unlabelled ConfigMap created in the injection-enabled namespace, standing for every
+  write there that is no pod create (Events, pods' status from their kubelets): kube-apiserver
+  matches every policy's namespace and object selectors against it before it looks at the resource.
 
 Before measuring, the stage's last SidecarSets must be live: a dry-run pod of the last
 policy-served one injected by its policy and of the last webhook-served one by the webhook; the
@@ -64,12 +67,16 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 
-KINDS = ("stored", "unselected", "policy", "webhook")
+KINDS = ("stored", "unselected", "policy", "webhook", "other")
 BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
 MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{names.MUTATING_WEBHOOK_CONFIG}"
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{names.DEFAULT_MANAGER_NAMESPACE}/leases/sidecarctl-controller"
 ENABLED = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
-NAMESPACES = {"stored": "s-stored", "unselected": "s-inject", "policy": "s-inject", "webhook": "s-inject"}
+NAMESPACES = {"stored": "s-stored", **{kind: "s-inject" for kind in KINDS[1:]}}
+# The "other" kind: a write in the injection-enabled namespace that is no pod create (a ConfigMap,
+# unlabelled, as an Event is): kube-apiserver matches every policy's namespace and object selectors
+# before it looks at the resource, so every Event, status update and ConfigMap there pays them.
+OTHER: JsonObj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "other-"}, "data": {"k": "v"}}
 # kube-apiserver's largest watch cache (k8s.io/apiserver storage/cacher: defaultUpperBoundCapacity).
 WATCH_CACHE_EVENTS = 100 * 1024
 PROFILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pprof")
@@ -299,8 +306,12 @@ def _measure(
             for by, k in result["injected_by"].items():
                 f.paths[by] = f.paths.get(by, 0) + k
             print(f"  N={n} round {r + 1} {kind:8} {count / result['elapsed']:6.0f} pods/s", flush=True)
-            c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES[kind]}/pods"))
+            c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES[kind]}/{_resource(kind)}"))
     return figures
+
+
+def _resource(kind: str) -> str:
+    return "configmaps" if kind == "other" else "pods"
 
 
 def main(argv: list[str]) -> int:
@@ -388,6 +399,7 @@ def main(argv: list[str]) -> int:
                     "unselected": unselected,
                     "policy": team_pod(f"p{n // 2}"),
                     "webhook": team_pod(f"w{n // 2}"),
+                    "other": OTHER,
                 }
                 figures = _measure(c, bodies, follower.probe_url, args, n, fill=not results)
             finally:
@@ -592,6 +604,7 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 "unselected",
                 "policy-served",
                 "webhook-served",
+                "other writes (a ConfigMap) in the enabled namespace",
                 "manager ms per webhook call (connections per worker)",
                 "webhook calls by policy pods",
                 "errors",
@@ -621,6 +634,11 @@ def _report(stages: list[Stage], *, goals: bool = True) -> None:
                 f"N={s.n}: unselected pods of an enabled namespace, rate",
                 f"{ratio(s, 'unselected'):.0%}",
                 common.verdict(ratio(s, "unselected") >= 0.9),
+            ),
+            (
+                f"N={s.n}: other writes (a ConfigMap) in an enabled namespace, rate",
+                f"{ratio(s, 'other'):.0%}",
+                common.verdict(ratio(s, "other") >= 0.9),
             ),
             (f"N={s.n}: policy-served rate", f"{ratio(s, 'policy'):.0%}", common.verdict(ratio(s, "policy") >= 0.8)),
             (f"N={s.n}: webhook-served rate", f"{ratio(s, 'webhook'):.0%}", common.verdict(ratio(s, "webhook") >= 0.8)),
