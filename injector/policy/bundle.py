@@ -46,15 +46,18 @@ OPT_OUT: JsonObj = {"matchExpressions": [{"key": names.POD_INJECT_LABEL, "operat
 MAX_GROUPS = 60
 MAX_BYTES = 768 * 1024
 # A policy's object selector names a label key all its groups require, with their values while they
-# are at most this many, and by the key's presence (`Exists`) past that. kube-apiserver parses every
-# policy's selectors again for each namespaced write in an injection-enabled namespace, before it
-# looks at the resource, about 0.37 µs per value: at 1,000 SidecarSets with expressions (3,000
-# values) an unlabelled ConfigMap there cost it 2.2 ms of CPU against 1.1 ms beside one. A presence
-# test costs such writes nothing measurable (1.0 against 1.0 ms), and a pod that carries the key one
-# evaluation of the policy's condition it would have skipped (about 50 µs). Each pod brings a dozen
-# other writes or more to its namespace (its binding, its Events, its kubelet's status updates), so
-# values are the cheaper test only while a policy holds about 10 of them.
-SELECTOR_VALUES = 10
+# are at most this many, and by the key's presence (`Exists`) past that. Both costs are
+# kube-apiserver's, measured at 1,000 policy-served SidecarSets (bench_scale.py, 2026-12-06): it
+# parses every policy's selectors again for each namespaced write in an injection-enabled namespace,
+# before it looks at the resource, about 0.37 µs a value, so values tax every ConfigMap, Event and
+# status update there (with expressions, 3,000 values: an unlabelled ConfigMap 2.2 against 1.1 ms of
+# CPU beside one SidecarSet; with `Exists`, 1.0 against 1.0 ms); `Exists` instead sends every pod
+# that has the key through every such policy's matching and condition (about 0.1 ms each). At one
+# value per group (two-label selectors, 60 values a policy) the values cost pods less: 1.34x the CPU
+# per policy-served pod against 2.45x; at three (`In` three values, 180 a policy) `Exists` costs less
+# for every kind of write: 1.82x against 2.21x, pods no SidecarSet selects 70 against 47 % of their
+# rate. So a policy of one-value groups keeps its values.
+SELECTOR_VALUES = 60
 # The API server builds an entry for every variable of a policy on each evaluation, its condition's
 # too (1.3 µs each in its profile at 4 policies of 90), so groups could share variables; but it
 # type-checks an expression in time that grows with the square of its length, when the policy is

@@ -376,7 +376,7 @@ SHAPES: dict[str, Any] = {
             {"key": "team", "operator": "In", "values": [f"t{k}", f"t{k}-canary"]},
         ]
     },
-    "In of three values, Exists and NotIn": lambda k: {  # 60 groups would be 180 values: over the bound
+    "In of three values, Exists and NotIn": lambda k: {  # 60 groups: 180 values, past the budget
         "matchExpressions": [
             {"key": "team", "operator": "In", "values": [f"t{k}", f"t{k}-canary", f"t{k}-next"]},
             {"key": "tier", "operator": "Exists"},
@@ -416,8 +416,13 @@ def test_each_policy_tells_its_groups_apart_whatever_the_selector_shape(shape: s
             if e["key"] != names.POD_INJECT_LABEL
         ]
         assert [e["key"] for e in required] == ["team"], required
-        # 60 groups: their values past the budget, so the key's presence (what parses in constant time).
-        assert required[0] == {"key": "team", "operator": "Exists"} and len(g.groups) > bundle.SELECTOR_VALUES
+        # The team's values while they are few (one a group), else its presence.
+        values = required[0].get("values", [])
+        assert len(g.groups) <= len(values) <= bundle.SELECTOR_VALUES or required[0]["operator"] == "Exists"
+        if shape == "two labels":  # one value a group: the values
+            assert len(values) == len(g.groups)
+        if shape.startswith("In of three values"):
+            assert required[0] == {"key": "team", "operator": "Exists"} and len(g.groups) == bundle.MAX_GROUPS
         candidates = variables(g)["candidates"]
         assert candidates.count('"team=') >= len(g.groups), "one entry per group, under its own team"
         assert '"kind=' not in candidates and '"tier=' not in candidates and '"app"' not in candidates
@@ -448,15 +453,18 @@ def test_a_policy_lists_its_keys_values_while_few_and_past_the_budget_selects_by
 
     budget = bundle.SELECTOR_VALUES
     assert required(budget) == [{"key": "team", "operator": "In", "values": sorted(f"t{k}-0" for k in range(budget))}]
-    assert required(budget + 1) == [{"key": "team", "operator": "Exists"}]
-    # Values, not SidecarSets, are what the API server parses: three each, and four SidecarSets are past it.
+    # Values, not SidecarSets, are what the API server parses: three each, and a third as many fill the budget.
     assert required(budget // 3, values=3) == [
         {"key": "team", "operator": "In", "values": sorted(f"t{k}-{v}" for k in range(budget // 3) for v in range(3))}
     ]
     assert required(budget // 3 + 1, values=3) == [{"key": "team", "operator": "Exists"}]
-    # Past the budget, the groups still share a policy (60 to one), as the key's presence holds for all.
-    many = planned(*(ss(f"q{k:03}", selector={"matchLabels": {"team": f"t{k}"}}) for k in range(120))).policies
-    assert [len(g.groups) for g in many] == [bundle.MAX_GROUPS, bundle.MAX_GROUPS]
+
+    # Past the budget the groups still pack 60 to a policy, as the key's presence holds for them all.
+    def three(k: int) -> dict[str, Any]:
+        return {"matchExpressions": [{"key": "team", "operator": "In", "values": [f"t{k}-{v}" for v in "abc"]}]}
+
+    many = [ss(f"q{k:03}", selector=three(k)) for k in range(120)]
+    assert [len(g.groups) for g in planned(*many).policies] == [bundle.MAX_GROUPS, bundle.MAX_GROUPS]
 
 
 def test_the_webhook_index_files_two_label_sidecarsets_under_the_label_that_tells_them_apart() -> None:
