@@ -53,10 +53,10 @@ MAX_BYTES = 768 * 1024
 # status update there (with expressions, 3,000 values: an unlabelled ConfigMap 2.2 against 1.1 ms of
 # CPU beside one SidecarSet; with `Exists`, 1.0 against 1.0 ms); `Exists` instead sends every pod
 # that has the key through every such policy's matching and condition (about 0.1 ms each). At one
-# value per group (two-label selectors, 60 values a policy) the values cost pods less: 1.34x the CPU
-# per policy-served pod against 2.45x; at three (`In` three values, 180 a policy) `Exists` costs less
-# for every kind of write: 1.82x against 2.21x, pods no SidecarSet selects 70 against 47 % of their
-# rate. So a policy of one-value groups keeps its values.
+# value per group (two-label selectors, 60 values a policy) the values cost pods less (a policy-served
+# pod 5.5 against 10.7 ms at 1,000, a ConfigMap 1.9 against 1.2 ms); at three (`In` of three values,
+# 180 a policy) presence costs less for every kind of write (a policy-served pod 1.96x what it costs
+# beside one SidecarSet against 2.21x, a ConfigMap 1.1 against 2.2 ms). docs/benchmarks.md has the runs.
 SELECTOR_VALUES = 60
 # The API server builds an entry for every variable of a policy on each evaluation, its condition's
 # too (1.3 µs each in its profile at 4 policies of 90), so groups could share variables; but it
