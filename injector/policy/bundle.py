@@ -154,7 +154,9 @@ def _required_key(groups: Sequence[GroupParts]) -> list[JsonObj]:
     if not common:
         return []
     key = max(common, key=lambda k: (len(common[k]), k))
-    if len(common[key]) > SELECTOR_VALUES:
+    # No values at all: selectors no pod can meet (`team: a` and `team In [b]`); the API server refuses
+    # an `In` without values, and the policy's condition turns such pods away anyway.
+    if not common[key] or len(common[key]) > SELECTOR_VALUES:
         return [{"key": key, "operator": "Exists"}]
     return [{"key": key, "operator": "In", "values": sorted(common[key])}]
 

@@ -467,6 +467,22 @@ def test_a_policy_lists_its_keys_values_while_few_and_past_the_budget_selects_by
     assert [len(g.groups) for g in planned(*many).policies] == [bundle.MAX_GROUPS, bundle.MAX_GROUPS]
 
 
+def test_a_selector_no_pod_can_meet_gets_an_object_selector_the_api_server_accepts() -> None:
+    """`team: a` and `team In [b]` leave no value of `team`: an `In` without values is refused by the
+    API server, which would keep every other group of the policy from being written."""
+    never = ss(
+        "never",
+        selector={
+            "matchLabels": {"team": "a"},
+            "matchExpressions": [{"key": "team", "operator": "In", "values": ["b"]}],
+        },
+    )
+    [policy] = planned(never).policies
+    found = policy.policy["spec"]["matchConstraints"]["objectSelector"]["matchExpressions"]
+    assert [e for e in found if e["key"] != names.POD_INJECT_LABEL] == [{"key": "team", "operator": "Exists"}]
+    assert all(e.get("values") for e in found if e["operator"] in ("In", "NotIn"))
+
+
 def test_the_webhook_index_files_two_label_sidecarsets_under_the_label_that_tells_them_apart() -> None:
     from sidecarsets.spec.podindex import PodIndex
 
