@@ -233,6 +233,18 @@ def test_in_place_upgrade_over_12_pods_on_the_real_kubelet(cluster: NodeCluster,
     record_value("in-place upgrade: samples that read the spec from before the patch", str(report.before_patch))
 
 
+def _check_same_pods(cluster: NodeCluster, w: Workload, started: list[dict[str, Any]]) -> None:
+    """The pods that finished the rollout are the ones that started it: an in-place upgrade
+    replaces containers, never pods. A replaced pod has no `lastState` to show, so this check
+    comes first and names the namespace's events, which say who replaced it and why."""
+    uids = {p["metadata"]["uid"]: p["metadata"]["name"] for p in started}
+    now = {p["metadata"]["uid"]: p["metadata"]["name"] for p in w.pods()}
+    if now != uids:
+        events = cluster.api.get(f"/api/v1/namespaces/{w.namespace}/events")["items"]
+        told = [f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}" for e in events]
+        raise AssertionError(f"pods replaced: {sorted(uids.values())} -> {sorted(now.values())}; events: {told}")
+
+
 def _first(samples: list[Sample], pod: str, check: Any) -> float | None:
     for s in samples:
         view = next((p for p in s.pods if p.name == pod), None)
@@ -242,7 +254,7 @@ def _first(samples: list[Sample], pod: str, check: Any) -> float | None:
 
 
 def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(
-    cluster: NodeCluster, fresh_ns: str
+    cluster: NodeCluster, installed: Installed, fresh_ns: str
 ) -> None:
     grace, replicas, budget = 2, 6, 2
     w = create_workload(
@@ -254,12 +266,14 @@ def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(
         grace=grace,
         app="stubborn",
     )
-    old_ids = frozenset(statuses(p)[SIDECAR]["imageID"] for p in w.pods())
+    started = w.pods()
+    old_ids = frozenset(statuses(p)[SIDECAR]["imageID"] for p in started)
     target = images.stubborn_image("v2")
     try:
         report, took, samples = _rollout(w, target)
     finally:
         cluster.api.delete(w.ss_path)
+    _check_same_pods(cluster, w, started)
     _check_sampling(report, took)
     assert report.max_in_flight <= budget and report.max_unavailable_seen <= budget, report
     assert not report.early_counts, report.early_counts[:5]
@@ -271,7 +285,9 @@ def test_a_sidecar_that_ignores_sigterm_is_waited_for_within_max_unavailable(
         landed = _first(samples, name, lambda v: v.runs(target, old_ids))
         assert patched is not None and landed is not None
         waits.append(landed - patched)
-        assert statuses(p)[SIDECAR]["lastState"]["terminated"]["exitCode"] == 137, "killed after the grace period"
+        sidecar = statuses(p)[SIDECAR]
+        killed = sidecar["lastState"].get("terminated", {}).get("exitCode")
+        assert killed == 137, f"{name}: not killed after the grace period: {sidecar}"
     assert min(waits) >= grace, f"a pod's sidecar was replaced before its {grace}s grace period: {waits}"
     assert took >= math.ceil(replicas / budget) * grace, f"{took:.1f}s: the waves did not each wait {grace}s"
     record(f"SIGTERM-ignoring sidecar ({replicas} pods, grace {grace}s, maxUnavailable {budget}): patch to done", took)
