@@ -10,8 +10,14 @@ changes a policy first widens the webhook to every pod that policy's SidecarSets
 narrows the webhook again only once the policy has had time to be enforced (`settle` seconds, plus five per MB of
 policy). In between, those pods go through the webhook as well; it finds them either injected by the policy at the
 current hash (and leaves them) or not, or at an older hash (and injects the current one), so every pod gets one
-complete set. The same order moves a SidecarSet from a policy to the webhook: the webhook is widened before the
-policy goes. Until support is known (injector.policysync.support) nothing is narrowed: the webhook serves all.
+complete set. The same order moves a SidecarSet from a policy to the webhook: the webhook is widened, and the policy
+is deleted only `settle` seconds later, so a kube-apiserver that sees the deletion before the widened condition (each
+follows its own watches) still has one of the two. Until support is known (injector.policysync.support) nothing is
+narrowed: the webhook serves all.
+
+Support is asked again while not every kube-apiserver enforces the API (`unenforced_recheck`), and a probe can be
+lucky: its canary answers may all miss the one old server. So the sync moves to policies only after
+`ENFORCED_ROUNDS` probes in a row have agreed; moving back to the webhook takes one.
 
 Whether the API is served at all comes from discovery, which the composition root reads and reads again
 (`set_served`): an API server without it (Kubernetes before 1.36) gets no policy, no watch of policies, and a
@@ -50,6 +56,10 @@ RECHECK_SECONDS = 600.0
 # A large policy takes longer to compile: 200 containers (1.2 MB) were enforced 5.8 s after they were
 # stored, 100 (0.8 MB) after 4.3 s, on kube-apiserver 1.37 here. Five seconds per MB on top of `settle`.
 SETTLE_PER_BYTE = 5.0 / 1_000_000
+# Probes in a row that must find policies enforced before a sync that found them not enforced uses them. One
+# probe misses a single old server of three with probability (2/3)^21, 0.02 %; asked every 30 s for the length of
+# an upgrade that adds up (2 % an hour), three in a row do not (1e-11).
+ENFORCED_ROUNDS = 3
 
 
 class PolicySync:
@@ -83,6 +93,7 @@ class PolicySync:
         self.probe: Probe = probe or SupportProbe(client, namespace=manager_namespace)
         # Served but not enforced by every kube-apiserver (an upgrade under way): asked again this soon.
         self.unenforced_recheck = unenforced_recheck
+        self.enforced_rounds = 0  # probes in a row that found the API enforced while it was not used
         self.on_routes = on_routes
         self.may_write = may_write
         self.clock = clock
@@ -104,6 +115,7 @@ class PolicySync:
         self.routes: dict[str, planning.Route] = {}
         self.refused: dict[tuple[str, str], str] = {}  # (SidecarSet, hash) -> the API server's refusal
         self.narrow_at: float | None = None  # when the widened webhook may be narrowed again
+        self.hand_over_at: float | None = None  # when policies of SidecarSets moved to the webhook may go
         self.settling: set[str] = set()  # SidecarSets whose policy was just written: the webhook takes their pods too
         self.dirty = asyncio.Event()
         self.news = asyncio.Event()  # a SidecarSet changed: read while a policy is being written
@@ -179,8 +191,9 @@ class PolicySync:
                 self.dirty.set()
                 await asyncio.sleep(5.0)
             timeout = self._until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
-            if self.write_at is not None:
-                timeout = min(timeout, self.write_at - self.monotonic())
+            for at in (self.write_at, self.hand_over_at):
+                if at is not None:
+                    timeout = min(timeout, at - self.monotonic())
             await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
 
     def _recheck_every(self) -> float:
@@ -210,6 +223,16 @@ class PolicySync:
             why = await self.probe.check()
         except api.ApiError as e:
             why = f"the MutatingAdmissionPolicy probe failed: {e.message or e}"
+        if why is None and self.supported_known and self.unsupported is not None:
+            self.enforced_rounds += 1
+            if self.enforced_rounds < ENFORCED_ROUNDS:
+                log.info(
+                    "MutatingAdmissionPolicy enforced in %d probe(s) in a row of %d",
+                    self.enforced_rounds,
+                    ENFORCED_ROUNDS,
+                )
+                return
+        self.enforced_rounds = 0
         if why != self.unsupported or not self.supported_known:
             if why is None:
                 log.info("MutatingAdmissionPolicy is enforced by this API server: SidecarSets are served by policies")
@@ -261,21 +284,21 @@ class PolicySync:
         settling = [ss for name, ss in self.models.items() if name in self.settling]
         if settling:  # widened: the webhook also takes every pod a not-yet-enforced policy would serve
             condition = f"({condition}) || ({selecting.pods_selected(settling, approximate=True)})"
-        await self._set_condition(condition)
+        keep = self._keep_handed_over(stale_policies, p.routes, await self._set_condition(condition))
         refused = False
         if not changed:
             self.pacing.idle()
         for i, g in enumerate(changed):
             if (due := self.pacing.due()) > self.monotonic():
                 self.write_at = due  # the webhook serves the rest meanwhile; planned again then
-                await self._delete_stale(stale_policies, stale_bindings, orphans_only=True)
+                await self._delete_stale(stale_policies, stale_bindings, orphans_only=True, keep=keep)
                 return self._publish(routes_so_far(p.routes, self.routes, {w.name for w in changed[i:]}))
             started = self.monotonic()
             stored, condition = await self._write_widening(g, policies[g.name], bindings[g.name], condition, planned)
             refused |= not stored
             self.pacing.wrote(started, self.monotonic())
             self._settle_after_write(sizes[g.name], started)
-        await self._delete_stale(stale_policies, stale_bindings)
+        await self._delete_stale(stale_policies, stale_bindings, keep=keep)
         if refused:
             self.dirty.set()  # plan again with those SidecarSets on the webhook
             return
@@ -330,11 +353,45 @@ class PolicySync:
         await self._set_condition(widened)
         return widened
 
-    async def _delete_stale(self, policies: list[str], bindings: list[str], *, orphans_only: bool = False) -> None:
-        """`orphans_only` (writes waiting): policies whose SidecarSets are all gone (a mass delete waits on no pace)."""
+    def _keep_handed_over(
+        self, stale: list[str], routes: Mapping[str, planning.Route], widened: bool
+    ) -> frozenset[str]:
+        """Stale policies with a SidecarSet the webhook serves now, kept until `settle` seconds after the
+        condition that widened the webhook for it was written (`hand_over_at`): each kube-apiserver follows
+        the policy and the webhook configuration by watches of its own, and one that saw the deletion first
+        would admit that SidecarSet's pods through neither. A paused or deleted SidecarSet's policy goes at once."""
+        handed = frozenset(
+            n
+            for n in stale
+            if any((r := routes.get(m)) and r.path is planning.Path.WEBHOOK for m in members(self.policies[n]))
+        )
+        if not handed:
+            self.hand_over_at = None
+            return handed
+        if self.hand_over_at is None:
+            if not widened:  # the condition write failed (dirty is set): the wait starts once it is written
+                return handed
+            self.hand_over_at = self.monotonic() + self.settle
+        if self.monotonic() < self.hand_over_at:
+            return handed
+        self.hand_over_at = None
+        return frozenset()
+
+    async def _delete_stale(
+        self,
+        policies: list[str],
+        bindings: list[str],
+        *,
+        orphans_only: bool = False,
+        keep: frozenset[str] = frozenset(),
+    ) -> None:
+        """`orphans_only` (writes waiting): policies whose SidecarSets are all gone (a mass delete waits on no pace).
+        `keep`: policies handed over to the webhook whose widening has not settled yet."""
         if orphans_only:
             orphan = {n for n, p in self.policies.items() if not any(m in self.models for m in members(p))}
             policies, bindings = [n for n in policies if n in orphan], [n for n in bindings if n in orphan]
+        if keep:
+            policies, bindings = [n for n in policies if n not in keep], [n for n in bindings if n not in keep]
         for name in bindings:
             await self._delete(f"{self._api.bindings}/{name}")
         for name in policies:
@@ -380,12 +437,14 @@ class PolicySync:
         with contextlib.suppress(api.NotFound):
             await self.client.delete(path)
 
-    async def _set_condition(self, expression: str) -> None:
+    async def _set_condition(self, expression: str) -> bool:
         """Our matchCondition on the pod webhook (others' conditions are kept): none, so the webhook
-        serves every pod, unless policies are known to be enforced."""
+        serves every pod, unless policies are known to be enforced. False if it could not be written."""
         serves_all = self.mode is planning.Mode.WEBHOOK or not self.supported_known or self.unsupported is not None
         if not await self.narrowing.write(None if serves_all else expression):
             self.dirty.set()
+            return False
+        return True
 
 
 def _news(planned: SidecarSet | None, now: SidecarSet) -> bool:

@@ -20,7 +20,7 @@ from injector.policy.plan import Mode, Path, Why
 from injector.policysync.desired import ANN_GENERATED_AT
 from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
 from injector.policysync.support import BINDINGS, CANARY, POLICIES, V1
-from injector.policysync.sync import PolicySync
+from injector.policysync.sync import ENFORCED_ROUNDS, PolicySync
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller.controller import SS_PATH
@@ -487,8 +487,11 @@ def test_webhook_mode_removes_what_auto_left_and_the_condition() -> None:
     for path, obj in list(rig.api.objects.items()):
         webhook._deliver(path, None, obj)
     webhook.run()
+    assert webhook.ours() is None, "the webhook serves every pod at once"
+    assert rig.policy(P0) is not None, "the policy stays until the widened webhook has settled"
+    webhook.now += 2.0
+    webhook.run()
     assert rig.policy(P0) is None
-    assert webhook.ours() is None
     assert {"name": "user", "expression": "true"} in webhook.conditions()
     assert webhook.sync.routes["mesh"].why is Why.WEBHOOK_MODE
 
@@ -594,8 +597,12 @@ def test_the_policy_api_appearing_under_a_running_sync_is_probed_and_used() -> N
     assert rig.policy(P0) is None and rig.sync.routes["mesh"].why is Why.UNSUPPORTED
     rig.sync.set_served(V1)
     assert rig.sync.dirty.is_set()
+    for calls in range(1, ENFORCED_ROUNDS):  # one probe is not enough to leave the webhook: see the next test
+        rig.run()
+        assert rig.sync.probe.calls == calls and rig.policy(P0) is None  # type: ignore[attr-defined]
+        rig.now += 30
     rig.run()
-    assert rig.sync.probe.calls == 1  # type: ignore[attr-defined]
+    assert rig.sync.probe.calls == ENFORCED_ROUNDS  # type: ignore[attr-defined]
     assert rig.policy(P0) is not None
     rig.now += 10
     rig.run()
@@ -604,6 +611,62 @@ def test_the_policy_api_appearing_under_a_running_sync_is_probed_and_used() -> N
     rig.run()
     assert rig.ours() is None
     assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+
+
+class ScriptedProbe:
+    """Answers in turn: None (enforced) or why not."""
+
+    def __init__(self, *answers: str | None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    async def check(self) -> str | None:
+        self.calls += 1
+        return self.answers.pop(0)
+
+
+def test_a_lucky_probe_while_a_kube_apiserver_does_not_enforce_policies_changes_nothing() -> None:
+    """One kube-apiserver of three does not enforce policies (an upgrade under way); the probe is asked
+    again every 30 s and one in a few thousand of its runs misses that server by chance. Such a run
+    must not write a policy or narrow the webhook: only ENFORCED_ROUNDS agreeing runs in a row do."""
+    no = "not every kube-apiserver enforces them"
+    rig = Rig()
+    rig.sync.probe = probe = ScriptedProbe(no, None, no, *[None] * ENFORCED_ROUNDS)
+    rig.add("mesh")
+    rig.run()
+    assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+    for _ in range(1 + 1 + ENFORCED_ROUNDS - 1):  # the lucky run, a plain one, then all but the last agreeing
+        rig.now += 30
+        rig.run()
+        assert rig.policy(P0) is None and rig.ours() is None, f"probe run {probe.calls}"
+        assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+    rig.now += 30
+    rig.run()
+    assert probe.calls == 2 + 1 + ENFORCED_ROUNDS
+    assert rig.policy(P0) is not None
+
+
+def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_settled() -> None:
+    """Support lost (a kube-apiserver of an older minor joined): the webhook serves every pod at once,
+    and the policy goes only `settle` seconds later, so no kube-apiserver, each following its own
+    watches, sees the policy gone while the webhook is still narrowed."""
+    rig = Rig()
+    rig.sync.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
+    rig.now = rig.sync.checked_at + 600  # the next probe
+    rig.run()
+    assert rig.ours() is None and rig.policy(P0) is not None and rig.binding(P0) is not None
+    assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+    rig.now += 1.9
+    rig.run()
+    assert rig.policy(P0) is not None
+    rig.now += 0.1
+    rig.run()
+    assert rig.policy(P0) is None and rig.binding(P0) is None
 
 
 def test_before_discovery_is_read_nothing_is_probed_and_the_webhook_serves_all() -> None:
