@@ -15,9 +15,8 @@ is deleted only `settle` seconds later, so a kube-apiserver that sees the deleti
 follows its own watches) still has one of the two. Until support is known (injector.policysync.support) nothing is
 narrowed: the webhook serves all.
 
-Support is asked again while not every kube-apiserver enforces the API (`unenforced_recheck`), and a probe can be
-lucky: its canary answers may all miss the one old server. So the sync moves to policies only after
-`ENFORCED_ROUNDS` probes in a row have agreed; moving back to the webhook takes one.
+When policies may be used at all (discovery, the support probe, and how often each is asked) is
+injector.policysync.adoption's.
 
 Whether the API is served at all comes from discovery, which the composition root reads and reads again
 (`set_served`): an API server without it (Kubernetes before 1.36) gets no policy, no watch of policies, and a
@@ -39,10 +38,11 @@ from injector.policy import plan as planning
 from injector.policy import selecting
 from injector.policy.generate import Generated, covers
 from injector.policysync import desired
+from injector.policysync.adoption import Adoption
 from injector.policysync.narrowing import Narrowing
 from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing, routes_so_far
 from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, put
-from injector.policysync.support import CANARY, V1, PolicyApi, Probe, SupportProbe
+from injector.policysync.support import CANARY, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
@@ -52,14 +52,9 @@ from sidecarsets.spec.model import ModelError, SidecarSet, object_key
 log = logging.getLogger(__name__)
 
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=sidecarctl"
-RECHECK_SECONDS = 600.0
 # A large policy takes longer to compile: 200 containers (1.2 MB) were enforced 5.8 s after they were
 # stored, 100 (0.8 MB) after 4.3 s, on kube-apiserver 1.37 here. Five seconds per MB on top of `settle`.
 SETTLE_PER_BYTE = 5.0 / 1_000_000
-# Probes in a row that must find policies enforced before a sync that found them not enforced uses them. One
-# probe misses a single old server of three with probability (2/3)^21, 0.02 %; asked every 30 s for the length of
-# an upgrade that adds up (2 % an hour), three in a row do not (1e-11).
-ENFORCED_ROUNDS = 3
 
 
 class PolicySync:
@@ -90,10 +85,12 @@ class PolicySync:
         pace, quiet, max_quiet = pacing  # injector.policysync.pacing: (pace, quiet, max_quiet)
         self.pacing = WritePacing(pace=pace, quiet=quiet, max_quiet=max_quiet, monotonic=monotonic)
         self.write_at: float | None = None  # a policy write held back until then
-        self.probe: Probe = probe or SupportProbe(client, namespace=manager_namespace)
-        # Served but not enforced by every kube-apiserver (an upgrade under way): asked again this soon.
-        self.unenforced_recheck = unenforced_recheck
-        self.enforced_rounds = 0  # probes in a row that found the API enforced while it was not used
+        self.support = Adoption(
+            mode,
+            probe or SupportProbe(client, namespace=manager_namespace),
+            unenforced_recheck=unenforced_recheck,  # served but not enforced by every kube-apiserver: asked this soon
+            monotonic=monotonic,
+        )
         self.on_routes = on_routes
         self.may_write = may_write
         self.clock = clock
@@ -103,15 +100,6 @@ class PolicySync:
         self.policies: dict[str, JsonObj] = {}  # our stored policies and bindings, as the watches see them
         self.bindings: dict[str, JsonObj] = {}
         self.written = LastWritten()
-        self.unsupported: str | None = None
-        self.supported_known = mode is planning.Mode.WEBHOOK
-        # What discovery says (`set_served`): the policy API to use, or why there is none. Until it
-        # has said anything, support is not checked and the webhook serves every pod.
-        self.policy_api: PolicyApi | None = None
-        self.not_served = "discovery not read yet"
-        self.discovered = False
-        self.recheck = False
-        self.checked_at = -RECHECK_SECONDS
         self.routes: dict[str, planning.Route] = {}
         self.refused: dict[tuple[str, str], str] = {}  # (SidecarSet, hash) -> the API server's refusal
         self.narrow_at: float | None = None  # when the widened webhook may be narrowed again
@@ -159,24 +147,21 @@ class PolicySync:
     def set_served(self, policy_api: PolicyApi | None, why_not: str = "") -> None:
         """What discovery lists: the policy API to use (its watches already synced into `policies`
         and `bindings`), or None and why. A change is checked on the next pass."""
-        if self.discovered and (policy_api, why_not) == (self.policy_api, self.not_served):
+        if not self.support.served(policy_api, why_not):
             return
         if policy_api is None:  # its watches are gone (or not listed yet): theirs fill these again
             self.policies.clear()
             self.bindings.clear()
-        self.policy_api, self.not_served, self.discovered = policy_api, why_not, True
-        self.recheck = True
         self.dirty.set()
 
     @property
     def _api(self) -> PolicyApi:
-        """Where our policies live; v1 when none is served (then there is nothing to write or delete)."""
-        return self.policy_api or V1
+        return self.support.api
 
     # -- the loop --------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.check_support_if_due()
+            await self.support.check_if_due()
             self.dirty.clear()
             try:
                 await self.sync_once()
@@ -190,55 +175,11 @@ class PolicySync:
                 log.exception("policy sync failed; retrying")
                 self.dirty.set()
                 await asyncio.sleep(5.0)
-            timeout = self._until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
+            timeout = self.support.until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
             for at in (self.write_at, self.hand_over_at):
                 if at is not None:
                     timeout = min(timeout, at - self.monotonic())
             await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
-
-    def _recheck_every(self) -> float:
-        """RECHECK_SECONDS, or `unenforced_recheck` while not every kube-apiserver enforces the API served."""
-        waiting = self.policy_api is not None and self.supported_known and self.unsupported is not None
-        return self.unenforced_recheck if waiting else RECHECK_SECONDS
-
-    def _until_recheck(self) -> float:
-        if self.mode is planning.Mode.WEBHOOK or not self.discovered:
-            return RECHECK_SECONDS
-        return max(0.0, self.checked_at + self._recheck_every() - self.monotonic())
-
-    async def check_support_if_due(self) -> None:
-        """Probe support when discovery changed, or when `_recheck_every` has passed."""
-        if self.mode is planning.Mode.WEBHOOK or not self.discovered:
-            return
-        if self.recheck or self.monotonic() - self.checked_at >= self._recheck_every():
-            self.recheck = False
-            await self._check_support()
-            self.checked_at = self.monotonic()
-
-    async def _check_support(self) -> None:
-        if self.policy_api is None:  # said once per process by whoever reads discovery, not per pass here
-            self.unsupported, self.supported_known = self.not_served, True
-            return
-        try:
-            why = await self.probe.check()
-        except api.ApiError as e:
-            why = f"the MutatingAdmissionPolicy probe failed: {e.message or e}"
-        if why is None and self.supported_known and self.unsupported is not None:
-            self.enforced_rounds += 1
-            if self.enforced_rounds < ENFORCED_ROUNDS:
-                log.info(
-                    "MutatingAdmissionPolicy enforced in %d probe(s) in a row of %d",
-                    self.enforced_rounds,
-                    ENFORCED_ROUNDS,
-                )
-                return
-        self.enforced_rounds = 0
-        if why != self.unsupported or not self.supported_known:
-            if why is None:
-                log.info("MutatingAdmissionPolicy is enforced by this API server: SidecarSets are served by policies")
-            else:
-                log.warning("not using MutatingAdmissionPolicies, the webhook serves every SidecarSet: %s", why)
-        self.unsupported, self.supported_known = why, True
 
     def plan(self) -> planning.Plan:
         refused = {name: msg for (name, h), msg in self.refused.items() if (m := self.models.get(name)) and m.hash == h}
@@ -247,7 +188,7 @@ class PolicySync:
             mode=self.mode,
             manager_namespace=self.manager_namespace,
             timestamp=desired.STAMP,
-            unsupported=self.unsupported,
+            unsupported=self.support.unsupported,
             refused=refused,
             previous={m: name for name, policy in self.policies.items() for m in members(policy)},
             cache=self.cache,
@@ -258,7 +199,7 @@ class PolicySync:
         """One pass: make the stored policies, bindings and webhook condition match the plan."""
         self.passes += 1
         self.write_at = None
-        if not self.supported_known:
+        if not self.support.known:
             pending = planning.Route(planning.Path.WEBHOOK, planning.Why.PENDING, "detecting policy support")
             self._publish(dict.fromkeys(self.models, pending))
             return
@@ -440,8 +381,7 @@ class PolicySync:
     async def _set_condition(self, expression: str) -> bool:
         """Our matchCondition on the pod webhook (others' conditions are kept): none, so the webhook
         serves every pod, unless policies are known to be enforced. False if it could not be written."""
-        serves_all = self.mode is planning.Mode.WEBHOOK or not self.supported_known or self.unsupported is not None
-        if not await self.narrowing.write(None if serves_all else expression):
+        if not await self.narrowing.write(None if self.support.serves_all else expression):
             self.dirty.set()
             return False
         return True

@@ -17,10 +17,11 @@ from prometheus_client import REGISTRY
 from injector.policy.bundle import NAME_PREFIX
 from injector.policy.generate import ANN_MEMBERS
 from injector.policy.plan import Mode, Path, Why
+from injector.policysync.adoption import ENFORCED_ROUNDS
 from injector.policysync.desired import ANN_GENERATED_AT
 from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
 from injector.policysync.support import BINDINGS, CANARY, POLICIES, V1
-from injector.policysync.sync import ENFORCED_ROUNDS, PolicySync
+from injector.policysync.sync import PolicySync
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.controller.controller import SS_PATH
@@ -95,7 +96,7 @@ class Rig:
 
     def run(self) -> None:
         async def go() -> None:
-            await self.sync.check_support_if_due()
+            await self.sync.support.check_if_due()
             await self.sync.sync_once()
 
         asyncio.run(go())
@@ -278,7 +279,7 @@ def test_a_sidecarset_created_while_a_policy_write_is_in_flight_widens_the_webho
     gate, started = _in_flight(rig, monkeypatch)
 
     async def go() -> None:
-        await rig.sync._check_support()
+        await rig.sync.support.check_if_due()
         sync = asyncio.ensure_future(rig.sync.sync_once())
         await _until(lambda: started)
         before = rig.ours()
@@ -578,7 +579,7 @@ def test_a_server_without_the_policy_api_gets_no_policy_and_no_probe() -> None:
     rig.sync.set_served(None, "this API server (Kubernetes v1.34.4) does not serve it")
     rig.add("mesh")
     rig.run()
-    assert rig.sync.probe.calls == 0  # type: ignore[attr-defined]
+    assert rig.sync.support.probe.calls == 0  # type: ignore[attr-defined]
     assert not rig.api.writes("create", POLICIES) and rig.policy(CANARY) is None
     assert rig.ours() is None, "the webhook serves every pod"
     route = rig.sync.routes["mesh"]
@@ -599,10 +600,10 @@ def test_the_policy_api_appearing_under_a_running_sync_is_probed_and_used() -> N
     assert rig.sync.dirty.is_set()
     for calls in range(1, ENFORCED_ROUNDS):  # one probe is not enough to leave the webhook: see the next test
         rig.run()
-        assert rig.sync.probe.calls == calls and rig.policy(P0) is None  # type: ignore[attr-defined]
+        assert rig.sync.support.probe.calls == calls and rig.policy(P0) is None  # type: ignore[attr-defined]
         rig.now += 30
     rig.run()
-    assert rig.sync.probe.calls == ENFORCED_ROUNDS  # type: ignore[attr-defined]
+    assert rig.sync.support.probe.calls == ENFORCED_ROUNDS  # type: ignore[attr-defined]
     assert rig.policy(P0) is not None
     rig.now += 10
     rig.run()
@@ -631,7 +632,7 @@ def test_a_lucky_probe_while_a_kube_apiserver_does_not_enforce_policies_changes_
     must not write a policy or narrow the webhook: only ENFORCED_ROUNDS agreeing runs in a row do."""
     no = "not every kube-apiserver enforces them"
     rig = Rig()
-    rig.sync.probe = probe = ScriptedProbe(no, None, no, *[None] * ENFORCED_ROUNDS)
+    rig.sync.support.probe = probe = ScriptedProbe(no, None, no, *[None] * ENFORCED_ROUNDS)
     rig.add("mesh")
     rig.run()
     assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
@@ -651,13 +652,13 @@ def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_
     and the policy goes only `settle` seconds later, so no kube-apiserver, each following its own
     watches, sees the policy gone while the webhook is still narrowed."""
     rig = Rig()
-    rig.sync.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
+    rig.sync.support.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
     rig.add("mesh")
     rig.run()
     rig.now += 10
     rig.run()
     assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
-    rig.now = rig.sync.checked_at + 600  # the next probe
+    rig.now = rig.sync.support.checked_at + 600  # the next probe
     rig.run()
     assert rig.ours() is None and rig.policy(P0) is not None and rig.binding(P0) is not None
     assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
@@ -671,10 +672,10 @@ def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_
 
 def test_before_discovery_is_read_nothing_is_probed_and_the_webhook_serves_all() -> None:
     rig = Rig()
-    rig.sync.discovered = False
+    rig.sync.support.discovered = False
     rig.add("mesh")
     rig.run()
-    assert rig.sync.probe.calls == 0  # type: ignore[attr-defined]
+    assert rig.sync.support.probe.calls == 0  # type: ignore[attr-defined]
     assert rig.sync.routes["mesh"].why is Why.PENDING and rig.ours() is None
 
 
