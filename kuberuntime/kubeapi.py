@@ -9,6 +9,8 @@ aiohttp. Credentials come from kuberuntime.kubeconfig (in-cluster or a kubeconfi
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -23,6 +25,12 @@ STALL_MARGIN = 10  # seconds past a watch's timeoutSeconds after which silence m
 # Connections to the API server one client keeps open at once; requests past it wait for one (inside
 # their timeout). Shared by everything the process sends: sidecarsets.controller.podwrites takes half.
 POOL_SIZE = 64
+# Answers kube-apiserver sends before doing anything, asking to be sent again: 429 with Retry-After
+# (API Priority and Fairness), 503 "apiserver is shutting down" with Retry-After: 1 (a server
+# draining, or a custom resource's storage being replaced after its CRD changed). client-go sends
+# them again, up to ten times; so does this client, as long as the wait fits in the request's timeout.
+MAX_RETRY_AFTER = 10
+RETRY_AFTER_CAP = 10.0  # seconds: a longer Retry-After is treated as this long
 
 
 class KubeClient:
@@ -77,24 +85,34 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> Any:
+        """One request; sent again while kube-apiserver answers 429 or 5xx with a Retry-After
+        (MAX_RETRY_AFTER times at most, and never past `timeout`)."""
         data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-        to = aiohttp.ClientTimeout(total=timeout or self.timeout)
-        async with self._sess().request(
-            method,
-            self.config.server + path,
-            params={k: str(v) for k, v in (params or {}).items()},
-            data=data,
-            headers=self._headers(content_type if data is not None else None),
-            timeout=to,
-        ) as resp:
-            raw = await resp.read()
-            try:
-                parsed = orjson.loads(raw) if raw else None
-            except orjson.JSONDecodeError:
-                parsed = raw.decode(errors="replace")
-            if resp.status >= 400:
-                raise error_from_status(resp.status, parsed)
-            return parsed
+        budget = timeout or self.timeout
+        deadline = time.monotonic() + budget
+        retries = 0
+        while True:
+            left = deadline - time.monotonic() if retries else budget
+            async with self._sess().request(
+                method,
+                self.config.server + path,
+                params={k: str(v) for k, v in (params or {}).items()},
+                data=data,
+                headers=self._headers(content_type if data is not None else None),
+                timeout=aiohttp.ClientTimeout(total=max(left, 0.001)),
+            ) as resp:
+                raw = await resp.read()
+                try:
+                    parsed = orjson.loads(raw) if raw else None
+                except orjson.JSONDecodeError:
+                    parsed = raw.decode(errors="replace")
+                if resp.status < 400:
+                    return parsed
+                wait = _retry_after(resp.status, resp.headers.get("Retry-After"))
+                if wait is None or retries == MAX_RETRY_AFTER or time.monotonic() + wait >= deadline:
+                    raise error_from_status(resp.status, parsed)
+            retries += 1
+            await asyncio.sleep(wait)
 
     async def get(self, path: str, *, params: Mapping[str, str | int] | None = None) -> JsonObj:
         result: JsonObj = await self.request("GET", path, params=params)
@@ -176,3 +194,14 @@ class KubeClient:
                         status = event.get("object") or {}
                         raise error_from_status(int(status.get("code") or 500), status)
                     yield event
+
+
+def _retry_after(status: int, header: str | None) -> float | None:
+    """Seconds to wait before sending again, or None: only 429 and 5xx with a Retry-After in seconds."""
+    if header is None or not (status == 429 or status >= 500):
+        return None
+    try:
+        seconds = int(header.strip())
+    except ValueError:  # an HTTP date: kube-apiserver sends seconds; anything else is not retried
+        return None
+    return min(max(seconds, 0), RETRY_AFTER_CAP)

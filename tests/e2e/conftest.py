@@ -81,8 +81,9 @@ def manager(
         try:
             eventually(lambda: conversion_works(kube), timeout=20, what="v1beta1 converted through the manager")
         except api.ApiError as e:
-            # Seen twice in 37 runs of one module: 503 "apiserver is shutting down" here, cause not found;
-            # the API server's own log says whether and why it began to shut down.
+            # 503 "apiserver is shutting down" came here while the manager's caBundle write replaced the
+            # CRD's storage (apiextensions drains the old one); the client now sends such answers again as
+            # their Retry-After asks. Anything else that ends here comes with the API server's own log.
             tail = control_plane.log_tail("kube-apiserver", 40)
             raise AssertionError(f"{e}\nkube-apiserver log:\n{tail}") from e
         eventually(lambda: m.manager.leading, timeout=30, what="manager leads")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from kuberuntime import api, kubeconfig
+from kuberuntime.kubeapi import MAX_RETRY_AFTER, KubeClient
+from kuberuntime.kubeconfig import ClusterConfig
 
 
 def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
@@ -66,3 +71,64 @@ def test_sidecarctl_run_reports_bad_credentials_in_one_line(capsys: pytest.Captu
     err = capsys.readouterr().err
     assert err.startswith("sidecarctl run: error: cannot load cluster credentials from /nonexistent")
     assert "Traceback" not in err
+
+
+# -- Retry-After ---------------------------------------------------------------------------------------
+class _Answers:
+    """A local HTTP server answering each request with the next (status, headers) in turn."""
+
+    def __init__(self, *answers: tuple[int, dict[str, str]]) -> None:
+        self.answers = list(answers)
+        self.bodies: list[bytes] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.read())
+        status, headers = self.answers.pop(0) if self.answers else (200, {})
+        body = (
+            {"kind": "Status", "message": "apiserver is shutting down"} if status >= 400 else {"ok": len(self.bodies)}
+        )
+        return web.json_response(body, status=status, headers=headers)
+
+
+async def _send(answers: _Answers, *, timeout: float = 30.0) -> Any:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answers.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = KubeClient(ClusterConfig(server=f"http://127.0.0.1:{port}", ssl_context=None), timeout=timeout)
+    try:
+        return await client.create("/api/v1/namespaces/x/configmaps", {"a": 1})
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+def test_a_503_or_429_with_retry_after_is_sent_again_with_the_same_body() -> None:
+    """kube-apiserver answers 503 "apiserver is shutting down" with Retry-After: 1 while a CRD's
+    storage is replaced, and API Priority and Fairness 429 with Retry-After: as client-go, send again."""
+    answers = _Answers((503, {"Retry-After": "0"}), (429, {"Retry-After": "0"}))
+    got = asyncio.run(_send(answers))
+    assert got == {"ok": 3}
+    assert answers.bodies == [b'{"a":1}'] * 3
+
+
+def test_an_error_without_retry_after_or_a_4xx_is_raised_at_once() -> None:
+    for status, headers in ((503, {}), (500, {"Retry-After": "x"}), (409, {"Retry-After": "0"})):
+        answers = _Answers((status, headers))
+        with pytest.raises(api.ApiError) as e:
+            asyncio.run(_send(answers))
+        assert e.value.status == status and len(answers.bodies) == 1
+
+
+def test_retries_stop_after_ten_and_never_wait_past_the_timeout() -> None:
+    answers = _Answers(*[(503, {"Retry-After": "0"})] * 20)
+    with pytest.raises(api.ApiError):
+        asyncio.run(_send(answers))
+    assert len(answers.bodies) == 1 + MAX_RETRY_AFTER
+    slow = _Answers((503, {"Retry-After": "5"}))
+    with pytest.raises(api.ApiError, match="shutting down"):
+        asyncio.run(_send(slow, timeout=2.0))
+    assert len(slow.bodies) == 1, "a 5 s wait does not fit in a 2 s timeout: the error is raised at once"
