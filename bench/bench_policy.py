@@ -178,10 +178,14 @@ def _cel(json_text: str) -> str:
 
 
 # -- the load (a child process: its CPU is not the harness's) -------------------------------------
+def resource_of(body: JsonObj) -> str:
+    """The collection a load body is created in: pods, or the ConfigMaps that stand for other writes."""
+    return "configmaps" if body.get("kind") == "ConfigMap" else "pods"
+
+
 async def load(kubeconfig_path: str, namespace: str, body: JsonObj, seconds: float, clients: int) -> JsonObj:
     client = kubeapi.KubeClient(kubeconfig.load_config(kubeconfig_path))
-    resource = "configmaps" if body.get("kind") == "ConfigMap" else "pods"
-    path = f"/api/v1/namespaces/{namespace}/{resource}"
+    path = f"/api/v1/namespaces/{namespace}/{resource_of(body)}"
     latencies: list[float] = []
     errors: list[str] = []
     injected_by: dict[str, int] = {}

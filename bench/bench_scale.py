@@ -60,7 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.bench_policy import POLICIES, _free_port, raw_pod, run_load, sidecarset
+from bench.bench_policy import POLICIES, _free_port, raw_pod, resource_of, run_load, sidecarset
 from injector.policy.generate import ANN_MEMBERS
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
@@ -306,12 +306,8 @@ def _measure(
             for by, k in result["injected_by"].items():
                 f.paths[by] = f.paths.get(by, 0) + k
             print(f"  N={n} round {r + 1} {kind:8} {count / result['elapsed']:6.0f} pods/s", flush=True)
-            c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES[kind]}/{_resource(kind)}"))
+            c.run(c.client.delete(f"/api/v1/namespaces/{NAMESPACES[kind]}/{resource_of(bodies[kind])}"))
     return figures
-
-
-def _resource(kind: str) -> str:
-    return "configmaps" if kind == "other" else "pods"
 
 
 def main(argv: list[str]) -> int:
