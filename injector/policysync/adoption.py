@@ -7,8 +7,9 @@ The probe is asked again every `unenforced_recheck` seconds while the API is ser
 kube-apiserver (an upgrade under way), every RECHECK_SECONDS otherwise. One probe misses a single old server of
 three with probability (2/3)^21 (0.02 %); asked every 30 s for the length of an upgrade, that adds up to about 2 %
 an hour, and one lucky probe would narrow the webhook for pods the old server admits with no policy. So once
-support has been found missing, ENFORCED_ROUNDS probes in a row must agree before policies are used again
-(1e-11); losing support takes one. At start one probe decides, as there is no history to weigh.
+the probe has refused, ENFORCED_ROUNDS probes in a row must agree before policies are used (1e-11), whatever
+discovery says meanwhile; losing support takes one refusal. Until the probe has refused once, one probe decides:
+at start, and when discovery first lists the API after an upgrade (discovery has its own reads in a row).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Adoption:
         self.monotonic = monotonic
         self.unsupported: str | None = None
         self.known = mode is planning.Mode.WEBHOOK
-        self.enforced_rounds = 0  # probes in a row that found the API enforced while it was not used
+        self.refusal: str | None = None  # the probe's last refusal, until ENFORCED_ROUNDS probes in a row agree
+        self.enforced_rounds = 0  # probes in a row that found the API enforced since that refusal
         # What discovery says (`served`): the policy API to use, or why there is none. Until it
         # has said anything, support is not checked and the webhook serves every pod.
         self.policy_api: PolicyApi | None = None
@@ -97,19 +99,27 @@ class Adoption:
             why = await self.probe.check()
         except api.ApiError as e:
             why = f"the MutatingAdmissionPolicy probe failed: {e.message or e}"
-        if why is None and self.known and self.unsupported is not None:
-            self.enforced_rounds += 1
-            if self.enforced_rounds < ENFORCED_ROUNDS:
-                log.info(
-                    "MutatingAdmissionPolicy enforced in %d of %d probes in a row",
-                    self.enforced_rounds,
-                    ENFORCED_ROUNDS,
-                )
-                return
-        self.enforced_rounds = 0
+        why = self._weigh(why)
         if why != self.unsupported or not self.known:
             if why is None:
                 log.info("MutatingAdmissionPolicy is enforced by this API server: SidecarSets are served by policies")
             else:
                 log.warning("not using MutatingAdmissionPolicies, the webhook serves every SidecarSet: %s", why)
         self.unsupported, self.known = why, True
+
+    def _weigh(self, why: str | None) -> str | None:
+        """The probe's answer as the sync takes it: after a refusal, the refusal stands until
+        ENFORCED_ROUNDS probes in a row have found the API enforced."""
+        if why is not None:
+            self.refusal, self.enforced_rounds = why, 0
+            return why
+        if self.refusal is None:
+            return None
+        self.enforced_rounds += 1
+        if self.enforced_rounds < ENFORCED_ROUNDS:
+            log.info(
+                "MutatingAdmissionPolicy enforced in %d of %d probes in a row", self.enforced_rounds, ENFORCED_ROUNDS
+            )
+            return self.refusal
+        self.refusal, self.enforced_rounds = None, 0
+        return None
