@@ -154,10 +154,6 @@ class PolicySync:
             self.bindings.clear()
         self.dirty.set()
 
-    @property
-    def _api(self) -> PolicyApi:
-        return self.support.api
-
     # -- the loop --------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -225,7 +221,8 @@ class PolicySync:
         settling = [ss for name, ss in self.models.items() if name in self.settling]
         if settling:  # widened: the webhook also takes every pod a not-yet-enforced policy would serve
             condition = f"({condition}) || ({selecting.pods_selected(settling, approximate=True)})"
-        keep = self._keep_handed_over(stale_policies, p.routes, await self._set_condition(condition))
+        handed = self._handed_over(stale_policies, p.routes)  # before any await: the watches change `policies`
+        keep = self._keep_handed_over(handed, await self._set_condition(condition))
         refused = False
         if not changed:
             self.pacing.idle()
@@ -294,18 +291,21 @@ class PolicySync:
         await self._set_condition(widened)
         return widened
 
-    def _keep_handed_over(
-        self, stale: list[str], routes: Mapping[str, planning.Route], widened: bool
-    ) -> frozenset[str]:
-        """Stale policies with a SidecarSet the webhook serves now, kept until `settle` seconds after the
-        condition that widened the webhook for it was written (`hand_over_at`): each kube-apiserver follows
-        the policy and the webhook configuration by watches of its own, and one that saw the deletion first
-        would admit that SidecarSet's pods through neither. A paused or deleted SidecarSet's policy goes at once."""
-        handed = frozenset(
+    def _handed_over(self, stale: list[str], routes: Mapping[str, planning.Route]) -> frozenset[str]:
+        """Stale policies with a SidecarSet the webhook serves now (a paused or deleted one's has none)."""
+        return frozenset(
             n
             for n in stale
-            if any((r := routes.get(m)) and r.path is planning.Path.WEBHOOK for m in members(self.policies[n]))
+            if any(
+                (r := routes.get(m)) and r.path is planning.Path.WEBHOOK for m in members(self.policies.get(n) or {})
+            )
         )
+
+    def _keep_handed_over(self, handed: frozenset[str], widened: bool) -> frozenset[str]:
+        """The handed-over policies to keep for now: until `settle` seconds after the condition that widened
+        the webhook for them was written (`hand_over_at`). Each kube-apiserver follows the policy and the
+        webhook configuration by watches of its own, and one that saw the deletion first would admit those
+        SidecarSets' pods through neither."""
         if not handed:
             self.hand_over_at = None
             return handed
@@ -334,9 +334,9 @@ class PolicySync:
         if keep:
             policies, bindings = [n for n in policies if n not in keep], [n for n in bindings if n not in keep]
         for name in bindings:
-            await self._delete(f"{self._api.bindings}/{name}")
+            await self._delete(f"{self.support.api.bindings}/{name}")
         for name in policies:
-            await self._delete(f"{self._api.policies}/{name}")
+            await self._delete(f"{self.support.api.policies}/{name}")
 
     def _publish(self, routes: Mapping[str, planning.Route]) -> None:
         changed = {n for n in set(routes) | set(self.routes) if routes.get(n) != self.routes.get(n)}
@@ -358,9 +358,9 @@ class PolicySync:
         started = self.monotonic()
         try:
             if not covers(policy, self.policies.get(g.name)):
-                await put(self.client, self._api.policies, policy, self.policies, self.written)
+                await put(self.client, self.support.api.policies, policy, self.policies, self.written)
             if not covers(binding, self.bindings.get(g.name)):
-                await put(self.client, self._api.bindings, binding, self.bindings, self.written)
+                await put(self.client, self.support.api.bindings, binding, self.bindings, self.written)
         except api.Invalid as e:
             message = f"the API server refused its MutatingAdmissionPolicy: {e.message[:300]}"
             log.warning("policy %s refused, its SidecarSets stay on the webhook: %s", g.name, e.message[:300])

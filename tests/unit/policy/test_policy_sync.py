@@ -685,6 +685,29 @@ def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_
     assert rig.policy(P0) is None and rig.binding(P0) is None
 
 
+def test_a_handed_over_policy_deleted_by_someone_else_while_the_webhook_widens_fails_nothing() -> None:
+    """The watches run while a pass awaits its writes: a policy deleted meanwhile (by hand, or by
+    another replica's last pass) is gone from what the pass planned with, and the pass goes on."""
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    assert rig.policy(P0) is not None
+    moved = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    moved["metadata"].setdefault("annotations", {})[names.ANN_INJECTION_PATH] = "webhook"
+
+    def delete_on_widening(path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if path == MWC and rig.policy(P0) is not None:
+            rig.api._store(f"{POLICIES}/{P0}", None)
+
+    rig.api._store(f"{SS_PATH}/mesh", moved)
+    rig.api.listeners.append(delete_on_widening)
+    rig.run()
+    assert rig.policy(P0) is None and '"web"' in (rig.ours() or ""), "the webhook serves mesh's pods"
+    assert rig.sync.routes["mesh"].path is Path.WEBHOOK
+
+
 def test_before_discovery_is_read_nothing_is_probed_and_the_webhook_serves_all() -> None:
     rig = Rig()
     rig.sync.support.discovered = False
