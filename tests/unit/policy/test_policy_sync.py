@@ -37,14 +37,16 @@ MWC = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
 NO_QUIET = (1.0, 0.0, 10.0)
 
 
-class FixedProbe:
-    def __init__(self, answer: str | None) -> None:
-        self.answer = answer
+class ScriptedProbe:
+    """Answers in turn, None (enforced) or why not; the last answer again once they run out."""
+
+    def __init__(self, *answers: str | None) -> None:
+        self.answers = list(answers)
         self.calls = 0
 
     async def check(self) -> str | None:
         self.calls += 1
-        return self.answer
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
 
 class Rig:
@@ -61,7 +63,7 @@ class Rig:
             manager_namespace=NS,
             settle=2.0,
             pacing=pacing,
-            probe=FixedProbe(unsupported),
+            probe=ScriptedProbe(unsupported),
             on_routes=self.changed.append,
             clock=lambda: next(self.times),
             monotonic=lambda: self.now,
@@ -608,18 +610,6 @@ def test_the_policy_api_appearing_under_a_running_sync_is_probed_and_used() -> N
     rig.run()
     assert rig.ours() is None
     assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
-
-
-class ScriptedProbe:
-    """Answers in turn: None (enforced) or why not."""
-
-    def __init__(self, *answers: str | None) -> None:
-        self.answers = list(answers)
-        self.calls = 0
-
-    async def check(self) -> str | None:
-        self.calls += 1
-        return self.answers.pop(0)
 
 
 def test_a_lucky_probe_while_a_kube_apiserver_does_not_enforce_policies_changes_nothing() -> None:
