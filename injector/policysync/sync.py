@@ -229,7 +229,7 @@ class PolicySync:
         for i, g in enumerate(changed):
             if (due := self.pacing.due()) > self.monotonic():
                 self.write_at = due  # the webhook serves the rest meanwhile; planned again then
-                await self._delete_stale(stale_policies, stale_bindings, orphans_only=True, keep=keep)
+                await self._delete_stale(stale_policies, stale_bindings, orphans_only=True)
                 return self._publish(routes_so_far(p.routes, self.routes, {w.name for w in changed[i:]}))
             started = self.monotonic()
             stored, condition = await self._write_widening(g, policies[g.name], bindings[g.name], condition, planned)
