@@ -88,18 +88,16 @@ class KubeClient:
         """One request; sent again while kube-apiserver answers 429 or 5xx with a Retry-After
         (MAX_RETRY_AFTER times at most, and never past `timeout`)."""
         data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-        budget = timeout or self.timeout
-        deadline = time.monotonic() + budget
+        deadline = time.monotonic() + (timeout or self.timeout)
         retries = 0
         while True:
-            left = deadline - time.monotonic() if retries else budget
             async with self._sess().request(
                 method,
                 self.config.server + path,
                 params={k: str(v) for k, v in (params or {}).items()},
                 data=data,
                 headers=self._headers(content_type if data is not None else None),
-                timeout=aiohttp.ClientTimeout(total=max(left, 0.001)),
+                timeout=aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.001)),
             ) as resp:
                 raw = await resp.read()
                 try:
