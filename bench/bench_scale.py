@@ -30,9 +30,10 @@ kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints
 `--shape` picks the selectors (one label, two labels, expressions, mixed: `selector`). `--burst`
 then deletes every SidecarSet and creates the last stage's 2N at once, with the manager leading, and
 measures in windows until every policy-served one is served by its policy (converged): unselected
-pods' rate against their rate just before, and policy-served pods' p99. `--change` then bumps one
-policy-served SidecarSet's image while pods of its team and another are created for 40 s: the
-slowest create and the p99 through the policy's rewrite, and the size of the policy rewritten.
+pods' rate against their rate just before, and policy-served pods' p99. `--change` then runs 40 s of
+pods of one policy-served SidecarSet's team and another's twice, the second time with that
+SidecarSet's image bumped 5 s in: pods created, p99, the slowest create and the CPU of
+kube-apiserver, etcd and the manager in each window, and the size of the policy rewritten.
 
 Printed per stage: pods/s (median of rounds), p50/p99 create latency, kube-apiserver CPU per pod,
 the policies and bindings (count, bytes), the webhook's matchConditions (bytes), the manager's own
@@ -60,7 +61,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.bench_policy import POLICIES, _free_port, raw_pod, resource_of, run_load, sidecarset
+from bench.bench_policy import (
+    POLICIES,
+    _free_port,
+    manager_cpu,
+    manager_pids,
+    raw_pod,
+    resource_of,
+    run_load,
+    sidecarset,
+)
 from injector.policy.generate import ANN_MEMBERS
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
@@ -506,13 +516,15 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
             said = "not within 600 s" if converged_at is None else f"{converged_at:.0f} s after the first create"
             print(f"burst of {2 * n}: converged {said}; policies {_sizes(c)[:2]}", flush=True)
         if args.change:
-            _one_change(c, args, n)
+            _one_change(c, args, n, leader.proc.pid)
     finally:
         leader.terminate()
 
 
-def _one_change(c: common.Cluster, args: argparse.Namespace, n: int) -> None:
-    """One policy-served SidecarSet's image bumped while pods of its team and another are created."""
+def _one_change(c: common.Cluster, args: argparse.Namespace, n: int, leader: int) -> None:
+    """One policy-served SidecarSet's image bumped while pods of its team and another are created;
+    the CPU of kube-apiserver, etcd and the leading manager over each window (and with `--profile`,
+    kube-apiserver's CPU profile of each)."""
     team = n // 2
     name = f"scale-p{team}"
 
@@ -523,23 +535,52 @@ def _one_change(c: common.Cluster, args: argparse.Namespace, n: int) -> None:
     size = len(json.dumps(holder)) if holder else 0
     kubeconfig_path = str(c.cp.kubeconfig)
     seconds = 40.0
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        loads = [
-            pool.submit(run_load, kubeconfig_path, NAMESPACES["policy"], team_pod(f"p{t}"), seconds, args.clients // 2)
-            for t in (team, (team + 1) % n)
-        ]
-        time.sleep(5.0)
-        patch = [{"op": "replace", "path": "/spec/containers/0/image", "value": "docker.io/envoyproxy/envoy:v1.30.2"}]
-        c.run(c.client.patch(f"{common.SS_PATH}/{name}", patch, patch_type="json"))
-        results = [f.result() for f in loads]
-    lat = sorted(x for r in results for x in r["latencies"])
-    print(
-        f"one change at N={n}: {name}'s policy {holder['metadata']['name'] if holder else '-'} ({size / 1024:.0f} KiB)"
-        f" rewritten; {len(lat)} pods in {seconds:.0f} s, p99 {1000 * common.percentile(lat, 99):.0f} ms,"
-        f" slowest {1000 * lat[-1]:.0f} ms",
-        flush=True,
-    )
-    _clear(c, NAMESPACES["policy"])
+
+    def window(bump: bool) -> tuple[list[float], dict[str, float]]:
+        pids = {"kube-apiserver": c.cp.procs["kube-apiserver"].pid, "etcd": c.cp.procs["etcd"].pid}
+        tree = manager_pids(leader)
+        meter = common.CpuMeter(pids)
+        manager0 = manager_cpu(tree)
+        profiler: Future[None] | None = None
+        if args.profile is not None:
+            out = args.profile / f"apiserver-n{n}-{'bump' if bump else 'steady'}.pprof"
+            profiler = PROFILER.submit(_profile, c.cp, seconds, out)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            loads = [
+                pool.submit(
+                    run_load, kubeconfig_path, NAMESPACES["policy"], team_pod(f"p{t}"), seconds, args.clients // 2
+                )
+                for t in (team, (team + 1) % n)
+            ]
+            time.sleep(5.0)
+            if bump:
+                image = "docker.io/envoyproxy/envoy:v1.30.2"
+                patch = [{"op": "replace", "path": "/spec/containers/0/image", "value": image}]
+                c.run(c.client.patch(f"{common.SS_PATH}/{name}", patch, patch_type="json"))
+            results = [f.result() for f in loads]
+        cpu = {**meter.used(), "manager": manager_cpu(tree) - manager0}
+        if profiler is not None:
+            profiler.result()
+        _clear(c, NAMESPACES["policy"])
+        return sorted(x for r in results for x in r["latencies"]), cpu
+
+    # The same load without the bump first: the slowest create of a window on this machine with no
+    # policy rewritten, so what the rewrite adds shows beside it.
+    for what, (lat, cpu) in (("no change (the same load)", window(False)), ("one image bump", window(True))):
+        used = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if k != "this process")
+        print(
+            f"{what} at N={n}: {len(lat)} pods in {seconds:.0f} s, p99 {1000 * common.percentile(lat, 99):.0f} ms,"
+            f" slowest {1000 * lat[-1]:.0f} ms; CPU s: {used}",
+            flush=True,
+        )
+        if args.profile is not None:
+            print(
+                _top(
+                    args.profile / f"apiserver-n{n}-{'bump' if what.startswith('one') else 'steady'}.pprof",
+                    options=("-cum",),
+                )
+            )
+    print(f"  {name}'s policy {holder['metadata']['name'] if holder else '-'} ({size / 1024:.0f} KiB) rewritten")
 
 
 async def _hold_lease(c: common.Cluster) -> None:
