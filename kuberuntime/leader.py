@@ -8,7 +8,9 @@ client-go algorithm on our async raw-JSON client:
 - A candidate takes the Lease when it is absent, released (empty holder), or expired. Expiry is
   judged by *our* monotonic clock: the record must have been seen unchanged for
   `leaseDurationSeconds` since we first observed it. The remote `renewTime` is never compared with
-  the local wall clock, so clock skew between replicas cannot cause two leaders.
+  the local wall clock, so clock skew between replicas cannot cause two leaders. A standby tries
+  again at client-go's jittered interval, or at the moment that rule says the Lease it saw expires
+  if that comes first (`next_attempt_in`): a takeover starts at the expiry, not up to a retry later.
 - Writes are optimistic (`update` with the read resourceVersion); a Conflict means someone else
   wrote, so the Lease is read again.
 - The leader renews every `retry_period`. If no renewal has succeeded for `renew_deadline`
@@ -45,6 +47,8 @@ LEASE_API = "/apis/coordination.k8s.io/v1"
 DEFAULT_LEASE_NAME = "sidecarctl-controller"
 # client-go waits retry_period * (1 + rand * 1.2) between acquisition attempts.
 JITTER_FACTOR = 1.2
+# Seconds past the expiry of the Lease we saw within which a standby tries to take it.
+EXPIRY_JITTER = 0.1
 # On stop: the time the leading task gets to end after it is cancelled, and the time the release
 # gets. Both together stay well inside the control process's 10 s shutdown window
 # (sidecarctl.manager.control), so the release is never itself cut off.
@@ -295,8 +299,23 @@ class LeaderElector:
         while not stop.is_set():
             if await self._attempt(self.renew_deadline):
                 return True
-            await self._pause(self.retry_period * (1 + JITTER_FACTOR * self._rand()), stop)
+            await self._pause(self.next_attempt_in(), stop)
         return False
+
+    def next_attempt_in(self) -> float:
+        """Seconds until a standby tries again: client-go's jittered `retry_period`, or less when the
+        Lease we saw will have expired by our clock before then, so the takeover starts at the expiry
+        and not up to 4.4 s (2 s x 2.2) after it. The same rule decides (`_expired`); only the timing
+        of the read that applies it moves. A small jitter keeps several standbys from all reading
+        at the same instant (the one that writes first wins; the others get a Conflict)."""
+        wait = self.retry_period * (1 + JITTER_FACTOR * self._rand())
+        record = self._observed
+        if record is None or not record.holder or record.holder == self.identity:
+            return wait
+        expires_in = self._observed_time + (record.duration or self.lease_duration) - self._clock()
+        if expires_in <= 0:
+            return wait  # expired already, and the attempt failed all the same: back off as usual
+        return min(wait, expires_in + EXPIRY_JITTER * self._rand())
 
     async def _renew(self, stop: asyncio.Event, task: asyncio.Task[None]) -> str:
         """Keep the Lease while leading; returns "stop", "done" (the task ended) or "lost"."""

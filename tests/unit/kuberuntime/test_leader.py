@@ -151,6 +151,67 @@ def test_foreign_lease_is_taken_only_after_we_saw_it_unchanged_for_its_duration(
     assert a.observed_holder == "a"
 
 
+def test_a_standby_tries_again_at_the_expiry_of_the_lease_it_saw_not_a_whole_retry_later() -> None:
+    api = FakeLeases()
+    api.store({"holderIdentity": "b", "leaseDurationSeconds": 15})
+    clock = Clock()
+    # rand 1.0: client-go's longest wait, 2 s x (1 + 1.2) = 4.4 s, and the whole expiry jitter.
+    a = elector(api, "a", clock, rand=lambda: 1.0)
+    assert not run(a.try_acquire_or_renew())
+    assert a.next_attempt_in() == pytest.approx(4.4), "15 s from expiry: the usual jittered retry"
+    clock.now += 13.0
+    assert not run(a.try_acquire_or_renew())
+    assert a.next_attempt_in() == pytest.approx(2.0 + leader.EXPIRY_JITTER), "2 s from expiry: then"
+    clock.now += 2.0 + leader.EXPIRY_JITTER
+    assert run(a.try_acquire_or_renew()), "taken at the first attempt past the expiry"
+
+    # b renewed meanwhile: the attempt at the old expiry reads the new record and waits again.
+    api.store({"holderIdentity": "b", "leaseDurationSeconds": 15})
+    c = elector(api, "c", clock, rand=lambda: 0.0)
+    assert not run(c.try_acquire_or_renew())
+    clock.now += 14.0
+    assert c.next_attempt_in() == pytest.approx(1.0)
+    api.store({"holderIdentity": "b", "leaseDurationSeconds": 15, "renewTime": "2030-01-01T00:00:14.000000Z"})
+    clock.now += 1.0
+    assert not run(c.try_acquire_or_renew()), "renewed: seen unchanged for 0 s"
+    assert c.next_attempt_in() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "holder", ["", "a"], ids=["released (taken at the next attempt anyway)", "our own (a renewal, not a takeover)"]
+)
+def test_no_expiry_to_wait_for_gives_the_usual_jittered_retry(holder: str) -> None:
+    api = FakeLeases()
+    api.store({"holderIdentity": holder, "leaseDurationSeconds": 15})
+    a = elector(api, "a", Clock(), rand=lambda: 0.5)
+    a._observe(copy.deepcopy(api.lease or {}))
+    assert a.next_attempt_in() == pytest.approx(2.0 * (1 + 1.2 * 0.5))
+
+
+def test_the_campaign_sleeps_until_the_expiry_it_computed() -> None:
+    async def body() -> None:
+        api = FakeLeases()
+        api.store({"holderIdentity": "b", "leaseDurationSeconds": 15})
+        clock = Clock()
+        a = elector(api, "a", clock, rand=lambda: 1.0)
+        pauses: list[float] = []
+        stop = asyncio.Event()
+
+        async def pause(delay: float, *wake: object) -> None:
+            pauses.append(delay)
+            clock.now += delay
+            if len(pauses) > 10:
+                stop.set()
+
+        a._pause = pause  # type: ignore[method-assign]
+        assert await a._acquire(stop)
+        # 4.4 s, 4.4 s, 4.4 s: 13.2 s seen; then the 1.8 s left to the expiry (plus its jitter).
+        assert pauses == pytest.approx([4.4, 4.4, 4.4, 1.8 + leader.EXPIRY_JITTER])
+        assert spec(api)["holderIdentity"] == "a"
+
+    run(body())
+
+
 def test_renewal_moves_renew_time_and_keeps_acquire_time_and_transitions() -> None:
     api = FakeLeases()
     api.store({"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 4})
