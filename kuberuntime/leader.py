@@ -135,9 +135,12 @@ class LeaderElector:
             self._observed_time = self._clock()
         return record
 
+    def _expires_at(self, record: LeaseRecord) -> float:
+        """When `record`, seen unchanged since `_observed_time`, has expired by our clock."""
+        return self._observed_time + (record.duration or self.lease_duration)
+
     def _expired(self, record: LeaseRecord) -> bool:
-        duration = record.duration or self.lease_duration
-        return self._observed_time + duration <= self._clock()
+        return self._expires_at(record) <= self._clock()
 
     async def try_acquire_or_renew(self) -> bool:
         """One attempt to take or keep the Lease; True when we hold it afterwards."""
@@ -312,7 +315,7 @@ class LeaderElector:
         record = self._observed
         if record is None or not record.holder or record.holder == self.identity:
             return wait
-        expires_in = self._observed_time + (record.duration or self.lease_duration) - self._clock()
+        expires_in = self._expires_at(record) - self._clock()
         if expires_in <= 0:
             return wait  # expired already, and the attempt failed all the same: back off as usual
         return min(wait, expires_in + EXPIRY_JITTER * self._rand())
