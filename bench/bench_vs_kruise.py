@@ -71,7 +71,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.bench_policy import run_load
+from bench.bench_policy import manager_cpu, run_load
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
@@ -149,11 +149,7 @@ class Replica:
 
     def cpu(self) -> float:
         """CPU seconds used so far by the processes of the tree alive now."""
-        total = 0.0
-        for pid in descendants(self.root):
-            with contextlib.suppress(OSError):
-                total += common.process_cpu(pid)
-        return total
+        return manager_cpu(descendants(self.root))
 
     def kill(self) -> None:
         """SIGKILL to every process of the tree at once, as the kubelet kills a container."""
@@ -560,7 +556,7 @@ def row1(c: common.Cluster, sides: list[Side], body: JsonObj, args: argparse.Nam
             c.run(_delete_pods(c, side.namespace), timeout=1900)
             before, manager_before = _apiserver_cpu(c), replica.cpu()
             result = run_load(kc, side.namespace, body, args.seconds, args.clients)
-            cpu, manager_cpu = _apiserver_cpu(c) - before, replica.cpu() - manager_before
+            cpu, by_manager = _apiserver_cpu(c) - before, replica.cpu() - manager_before
             count = len(result["latencies"])
             items = c.run(c.client.get(f"/api/v1/namespaces/{side.namespace}/pods"))["items"]
             paths: dict[str, int] = {}
@@ -574,11 +570,11 @@ def row1(c: common.Cluster, sides: list[Side], body: JsonObj, args: argparse.Nam
                 f.add(key, "p50 ms", 1000 * common.percentile(lat, 50))
                 f.add(key, "p99 ms", 1000 * common.percentile(lat, 99))
             f.add(key, "apiserver ms/pod", 1000 * cpu / max(count, 1))
-            f.add(key, "manager ms/pod", 1000 * manager_cpu / max(count, 1))
+            f.add(key, "manager ms/pod", 1000 * by_manager / max(count, 1))
             print(
                 f"  row 1 round {r + 1} {side.label:26} {count / result['elapsed']:6.0f} pods/s,"
                 f" {1000 * cpu / max(count, 1):.1f} ms apiserver CPU/pod,"
-                f" {1000 * manager_cpu / max(count, 1):.1f} ms manager CPU/pod, injected: {paths},"
+                f" {1000 * by_manager / max(count, 1):.1f} ms manager CPU/pod, injected: {paths},"
                 f" errors: {result['error_count']} {result['errors'][:1]}",
                 flush=True,
             )
