@@ -536,15 +536,12 @@ def _one_change(c: common.Cluster, args: argparse.Namespace, n: int, leader: int
     kubeconfig_path = str(c.cp.kubeconfig)
     seconds = 40.0
 
-    def window(bump: bool) -> tuple[list[float], dict[str, float]]:
+    def window(bump: bool, profile: Path | None) -> tuple[list[float], dict[str, float]]:
         pids = {"kube-apiserver": c.cp.procs["kube-apiserver"].pid, "etcd": c.cp.procs["etcd"].pid}
         tree = manager_pids(leader)
         meter = common.CpuMeter(pids)
         manager0 = manager_cpu(tree)
-        profiler: Future[None] | None = None
-        if args.profile is not None:
-            out = args.profile / f"apiserver-n{n}-{'bump' if bump else 'steady'}.pprof"
-            profiler = PROFILER.submit(_profile, c.cp, seconds, out)
+        profiler = None if profile is None else PROFILER.submit(_profile, c.cp, seconds, profile)
         with ThreadPoolExecutor(max_workers=2) as pool:
             loads = [
                 pool.submit(
@@ -566,20 +563,17 @@ def _one_change(c: common.Cluster, args: argparse.Namespace, n: int, leader: int
 
     # The same load without the bump first: the slowest create of a window on this machine with no
     # policy rewritten, so what the rewrite adds shows beside it.
-    for what, (lat, cpu) in (("no change (the same load)", window(False)), ("one image bump", window(True))):
+    for bump, what, tag in ((False, "no change (the same load)", "steady"), (True, "one image bump", "bump")):
+        profile = None if args.profile is None else args.profile / f"apiserver-n{n}-{tag}.pprof"
+        lat, cpu = window(bump, profile)
         used = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if k != "this process")
         print(
             f"{what} at N={n}: {len(lat)} pods in {seconds:.0f} s, p99 {1000 * common.percentile(lat, 99):.0f} ms,"
             f" slowest {1000 * lat[-1]:.0f} ms; CPU s: {used}",
             flush=True,
         )
-        if args.profile is not None:
-            print(
-                _top(
-                    args.profile / f"apiserver-n{n}-{'bump' if what.startswith('one') else 'steady'}.pprof",
-                    options=("-cum",),
-                )
-            )
+        if profile is not None:
+            print(_top(profile, options=("-cum",)))
     print(f"  {name}'s policy {holder['metadata']['name'] if holder else '-'} ({size / 1024:.0f} KiB) rewritten")
 
 
