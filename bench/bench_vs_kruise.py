@@ -331,8 +331,10 @@ async def _prepare(c: common.Cluster, sides: list[Side]) -> None:
 
 async def _delete_pods(c: common.Cluster, namespace: str, timeout: float = 1800.0) -> None:
     path = f"/api/v1/namespaces/{namespace}/pods"
-    await c.client.request("DELETE", path, body={"gracePeriodSeconds": 0})
     deadline = time.monotonic() + timeout
+    # The API server deletes a collection inside the one request: thousands of pods outlast the
+    # client's default 30 s, so the request gets the whole wait.
+    await c.client.request("DELETE", path, body={"gracePeriodSeconds": 0}, timeout=timeout)
     while (await c.client.get(path, params={"limit": 1}))["items"]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"pods of {namespace} not gone within {timeout:.0f} s")
