@@ -51,6 +51,7 @@ class Rig:
             namespaces=lambda: {NS: {"kubernetes.io/metadata.name": NS, names.NS_INJECTION_LABEL: "enabled"}},
             recorder=EventRecorder(self.api),
             clock=lambda: "2024-06-01T12:00:00Z",
+            pod_pace=0.0,  # passes are driven one by one here (test_controller_pacing paces them)
         )
         self.api.listeners.append(self._watch)
         self.api.put(f"{SS_PATH}/{ss['metadata']['name']}", ss)
