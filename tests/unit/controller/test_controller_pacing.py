@@ -28,9 +28,9 @@ class Clock:
         return self.now
 
 
-def rig(*, took: float, during: list[str] | None = None) -> tuple[Controller, Clock]:
-    """A controller whose passes take `took` seconds by its clock; `during` names pods whose event
-    arrives in the middle of the pass."""
+def rig(*, took: float, during: list[str] | None = None, patching: float = 0.0) -> tuple[Controller, Clock]:
+    """A controller whose passes take `took` seconds by its clock, then `patching` seconds patching
+    pods; `during` names pods whose event arrives in the middle of the pass."""
     clock = Clock()
     api = FakeApiServer()
     c = Controller(
@@ -46,6 +46,9 @@ def rig(*, took: float, during: list[str] | None = None) -> tuple[Controller, Cl
         for name in during or ():
             c.on_pod("ADDED", None, project(pod(name, SS)))
         clock.now += took
+        if patching:
+            c._began_patching(NAME)
+            clock.now += patching
         return None
 
     c._reconcile = a_pass  # type: ignore[method-assign]
@@ -107,6 +110,19 @@ def test_the_pace_is_capped_whatever_the_pass_took() -> None:
         loop = asyncio.get_running_loop()
         when, _ = c.queue._timers[NAME]
         assert abs(when - loop.time() - POD_PACE_CAP) < 0.05
+
+    asyncio.run(run())
+
+
+def test_the_pace_leaves_out_the_time_the_pass_spent_patching_pods() -> None:
+    async def run() -> None:
+        took = 0.01
+        c, _ = rig(took=took, patching=3.0)  # 300 pods patched: the API server's time, not ours
+        await drained(c)
+        c.on_pod("ADDED", None, project(pod("p1", SS)))
+        assert len(c.queue) == 0
+        await asyncio.sleep(POD_PACE * took + 0.05)
+        assert len(c.queue) == 1, "paced by the 10 ms of reading and planning, not capped at 1 s"
 
     asyncio.run(run())
 
