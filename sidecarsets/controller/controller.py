@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +26,7 @@ from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics, reports, tenants
 from sidecarsets.controller.overridewrites import OverrideWrites
+from sidecarsets.controller.passpace import POD_PACE, PassPace
 from sidecarsets.controller.podfailures import PodFailures
 from sidecarsets.controller.podwrites import POD_WRITES_IN_FLIGHT
 from sidecarsets.pods import podstate
@@ -43,15 +43,6 @@ SS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
 NSS_PATH = f"/apis/{names.GROUP}/{names.VERSION_V1BETA1}/{names.NAMESPACED_PLURAL}"
 RESYNC_SECONDS = 30.0
 REPLAN_SECONDS = 0.05  # after a refused patch: plan the rest of the rollout without that pod
-# A pass that pod events ask for starts no sooner than POD_PACE times the last pass's duration after
-# it ended (at most POD_PACE_CAP later). Every pass reads all the SidecarSet's pods and may write its
-# status, and each pod created or patched is an event: unpaced, 8 clients creating 145 pods/s through
-# the webhook kept one SidecarSet's passes back to back (370 passes in 23 s, 60 ms each at up to
-# 3,400 pods; the control process was half the manager's CPU), so a burst cost the square of its
-# size. Paced, the passes take at most a fifth of the time; spec, namespace and resync passes are
-# not paced, and the first pod event after a quiet spell starts one at once.
-POD_PACE = 4.0
-POD_PACE_CAP = 1.0
 
 
 class Controller(OverrideWrites):
@@ -71,7 +62,6 @@ class Controller(OverrideWrites):
         failures: PodFailures | None = None,
         conditions: Callable[[str], Iterable[Mapping[str, str]]] | None = None,
         pod_pace: float = POD_PACE,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -105,13 +95,7 @@ class Controller(OverrideWrites):
         # Whether the API server serves pods/resize (discovery, kept by the composition root).
         self.resize_served = True
         self._override_said: dict[tuple[str, str, str], str] = {}  # sidecarsets.controller.overridewrites
-        self.pod_pace = pod_pace  # 0: a pod event queues a pass at once
-        self._monotonic = monotonic
-        # SidecarSet -> (monotonic time its last pass ended, how long it took), for pod_pace
-        self._passes: dict[str, tuple[float, float]] = {}
-        self._in_pass: set[str] = set()
-        self._pod_asked: set[str] = set()  # SidecarSets a pod event asked for during their pass
-        self._patching: dict[str, float] = {}  # SidecarSet -> when its pass began patching pods
+        self.pace = PassPace(self.queue, pace=pod_pace)  # 0: a pod event queues a pass at once
 
     # -- event handlers (informer callbacks; they only enqueue) --------------------------------
     def on_sidecarset(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
@@ -168,23 +152,7 @@ class Controller(OverrideWrites):
         metrics.TRACKED_PODS.set(len(self.pods))
         for ss in before | after:
             if ss in self.sidecarsets:
-                self._paced(ss)
-
-    def _paced(self, name: str) -> None:
-        """Queue a pass for a pod event, POD_PACE after the last one (at once after a quiet spell)."""
-        if name in self._in_pass:
-            self._pod_asked.add(name)  # queued when the pass ends, paced by its duration
-            return
-        last = self._passes.get(name)
-        wait = 0.0 if last is None else last[0] + self._pace(last[1]) - self._monotonic()
-        self.queue.add_after(name, wait)
-
-    def _began_patching(self, name: str) -> None:
-        """From here on, the pass's time is its pod patches', which its pace leaves out."""
-        self._patching[name] = self._monotonic()
-
-    def _pace(self, took: float) -> float:
-        return min(self.pod_pace * took, POD_PACE_CAP)
+                self.pace.pod_event(ss)
 
     # -- reconcile -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -212,12 +180,10 @@ class Controller(OverrideWrites):
         if ss is None:
             metrics.forget(name)
             self._resizable.pop(name, None)
-            self._passes.pop(name, None)
-            self._pod_asked.discard(name)
+            self.pace.forget(name)
             return None
         self._deadline_check.pop(name, None)
-        started = self._monotonic()
-        self._in_pass.add(name)
+        self.pace.began(name)
         try:
             with metrics.RECONCILE_DURATION.time():
                 result = await self._reconcile(ss)
@@ -225,15 +191,7 @@ class Controller(OverrideWrites):
             metrics.RECONCILES.labels(*metrics.owner(name), "error").inc()
             raise
         finally:
-            self._in_pass.discard(name)
-            ended = self._monotonic()
-            # The pass's own cost: reading the pods, planning, the status; not its pod patches, which
-            # the API server paces (at 300 pods of a rollout, 3 s of patches would hold the next status 1 s).
-            took = self._patching.pop(name, ended) - started
-            self._passes[name] = (ended, took)
-            if name in self._pod_asked:
-                self._pod_asked.discard(name)
-                self.queue.add_after(name, self._pace(took))
+            self.pace.ended(name)
         check = self._deadline_check.pop(name, None)
         if check is not None:  # a pod reaches its progress deadline then: look again at that moment
             result = check if result is None else min(result, check)
@@ -373,7 +331,7 @@ class Controller(OverrideWrites):
 
     async def _upgrade(self, ss: SidecarSet, plan: planner.Plan, *, latest: str) -> float | None:
         """Patch the plan's pods and report how it went; returns when to look again, or None."""
-        self._began_patching(ss.name)
+        self.pace.began_patching(ss.name)
         results = await asyncio.gather(*(self._patch_pod(u) for u in plan.upgrades))
         if any(results) and plan.stage is planner.Stage.FLIPPING:
             await self.recorder.event(

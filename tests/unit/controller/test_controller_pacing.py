@@ -1,4 +1,5 @@
-"""Passes asked for by pod events are paced by the last pass's duration; other passes are not.
+"""Passes asked for by pod events are paced by the last pass's duration (sidecarsets.controller.passpace);
+other passes are not.
 
 The controller's clock is a fake that a pass advances by its "duration"; the queue's delays are real
 (a few tens of milliseconds), so what is asserted is which keys the queue holds, and when.
@@ -10,7 +11,8 @@ import asyncio
 import copy
 
 from kuberuntime.events import EventRecorder
-from sidecarsets.controller.controller import POD_PACE, POD_PACE_CAP, Controller
+from sidecarsets.controller.controller import Controller
+from sidecarsets.controller.passpace import POD_PACE, POD_PACE_CAP
 from sidecarsets.pods.projection import project
 from tests.kube.builders import injected_pod as pod
 from tests.kube.builders import shop_sidecarset as sidecarset
@@ -38,8 +40,8 @@ def rig(*, took: float, during: list[str] | None = None, patching: float = 0.0) 
         namespace="sidecarctl-system",
         namespaces=lambda: {},
         recorder=EventRecorder(api),
-        monotonic=clock,
     )
+    c.pace.monotonic = clock
     c.on_sidecarset("ADDED", None, SS)
 
     async def a_pass(ss: object) -> float | None:
@@ -47,7 +49,7 @@ def rig(*, took: float, during: list[str] | None = None, patching: float = 0.0) 
             c.on_pod("ADDED", None, project(pod(name, SS)))
         clock.now += took
         if patching:
-            c._began_patching(NAME)
+            c.pace.began_patching(NAME)
             clock.now += patching
         return None
 
@@ -142,7 +144,7 @@ def test_a_spec_change_right_after_a_pass_is_not_paced() -> None:
 def test_no_pacing_when_pod_pace_is_zero() -> None:
     async def run() -> None:
         c, _ = rig(took=0.5)
-        c.pod_pace = 0.0
+        c.pace.pace = 0.0
         await drained(c)
         c.on_pod("ADDED", None, project(pod("p1", SS)))
         assert len(c.queue) == 1
