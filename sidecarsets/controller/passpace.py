@@ -5,8 +5,9 @@ or made ready is an event. Unpaced, 8 clients creating 145 pods/s through the we
 SidecarSet's passes back to back (370 passes in 23 s, 60 ms each at up to 3,400 pods; the control
 process was half the manager's CPU), so a burst cost the square of its size. Here a pass a pod
 event asks for starts no sooner than POD_PACE times the last pass's own duration after it ended,
-and at most POD_PACE_CAP later: the passes take at most a fifth of the time, whatever the
-SidecarSet's size. The first pod event after a quiet spell queues one at once; spec, namespace and
+and at most POD_PACE_CAP later: the passes take at most a fifth of the time while one costs under
+a quarter of a second, and past that one a second at most (a status lagging its pods by more would
+be worse than the CPU it saves). The first pod event after a quiet spell queues one at once; spec, namespace and
 resync passes are queued by the controller directly and are not paced.
 """
 
