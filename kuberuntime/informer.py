@@ -30,6 +30,13 @@ target is still not reached after `CATCH_UP_RELIST_AFTER` (a watch cache that ca
 one turned off for this resource, which takes etcd's own progress notices, minutes apart), the
 informer reads the whole state again, a consistent read that reaches R by itself.
 
+A small cache (`reread_up_to`: SidecarSets, their revisions, namespaces, the webhook configuration)
+does not wait for that bookmark: reading a few hundred objects again costs the API server less than
+the second or two the bookmark takes to come, and a whole-state read begun after the call is itself
+a consistent read at least as new as a quorum read would be, so it needs no quorum read either. A
+takeover waits for the slowest of its caches: with the small ones read again, that is the pods',
+which during a rollout moves with the rollout's own events.
+
 Objects pass through `transform` before they are stored, so the controller can keep small pod
 projections instead of whole pods.
 """
@@ -85,6 +92,7 @@ class Informer(Generic[T]):
         max_backoff: float = 30.0,
         watch_list: bool = True,
         optional: bool = False,
+        reread_up_to: int = 0,
     ) -> None:
         self.client = client
         self.path = path
@@ -105,6 +113,10 @@ class Informer(Generic[T]):
         # empty, synced list, so nothing waits on it, and the list is tried again with backoff.
         self.optional = optional
         self._not_served: type[Exception] = api.NotFound if optional else _Never
+        # A catch-up reads the whole state again, rather than wait for a bookmark, while the store
+        # holds at most this many objects (0: never; see the module's docstring).
+        self.reread_up_to = reread_up_to
+        self._unserved = False  # the last read of an optional resource was a 404
         self.store: dict[str, T] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -112,7 +124,8 @@ class Informer(Generic[T]):
         self._target = 0  # a catch-up's resourceVersion: watches stay short until the store reaches it
         self._nudge = asyncio.Event()  # end the stream being read now and watch again
         self._moved = asyncio.Event()  # the resourceVersion moved (an event, a bookmark, a new state)
-        self._reread = False  # the next pass reads the whole state again
+        # Whole-state reads begun, finished, and wanted (the loop reads while done < wanted).
+        self._reads_started = self._reads_done = self._reads_wanted = 0
         self._held = CACHED_OBJECTS.labels(name)  # len(store): what a standby holds, for its operator
 
     @property
@@ -130,6 +143,7 @@ class Informer(Generic[T]):
 
     async def _read_state(self) -> None:
         """The whole state, streamed or listed (kuberuntime.initialstate), swapped in as one change."""
+        self._reads_started += 1
         reader = initialstate.Reader(self.client, self.path, self.params, transform=self.transform, name=self.name)
         if self.watch_list:
             try:
@@ -145,6 +159,8 @@ class Informer(Generic[T]):
         old = self.store
         self.store = fresh
         self.resource_version = rv
+        self._reads_done = self._reads_started  # one loop reads, so the read in flight is this one
+        self._unserved = False
         self._moved.set()
         self._held.set(len(fresh))
         for key, value in fresh.items():
@@ -183,9 +199,17 @@ class Informer(Generic[T]):
 
     async def catch_up(self) -> int:
         """Return once the store holds every change up to a quorum read made now (see the module's
-        docstring), and that read's resourceVersion. Never lists the objects again unless the
-        server's bookmarks cannot bring the store there; retries the read itself until it is answered
-        (the caller cancels it when it no longer needs it)."""
+        docstring), and the resourceVersion it reached. Never lists the objects again unless the
+        store is small (`reread_up_to`) or the server's bookmarks cannot bring it there; retries
+        until it gets there (the caller cancels it when it no longer needs it)."""
+        await self.synced.wait()
+        if len(self.store) <= self.reread_up_to and not self._unserved:
+            wanted = self._read_again()
+            log.debug("informer %s: catching up by reading the state again", self.name)
+            while self._reads_done < wanted:
+                self._moved.clear()
+                await self._moved.wait()
+            return self.version
         backoff = Backoff(base=min(0.2, self.max_backoff), cap=self.max_backoff, jitter=(0.5, 1.5))
         while True:
             try:
@@ -199,10 +223,16 @@ class Informer(Generic[T]):
                 await asyncio.sleep(wait)
         target = api.rv_number(str((page.get("metadata") or {}).get("resourceVersion") or ""))
         log.debug("informer %s: catching up from %s to the quorum read's %d", self.name, self.resource_version, target)
-        await self.synced.wait()
         await self.reach(target)
         log.debug("informer %s: caught up at %s", self.name, self.resource_version)
         return target
+
+    def _read_again(self) -> int:
+        """Have the loop read the whole state again, in a read begun from now on (the stream being
+        read ends at once); returns the count of finished reads to wait for."""
+        self._reads_wanted = max(self._reads_wanted, self._reads_started + 1)
+        self._nudge.set()
+        return self._reads_wanted
 
     async def reach(self, target: int, *, reread_after: float = CATCH_UP_RELIST_AFTER) -> None:
         """Wait until the store's resourceVersion is at least `target`, watching briefly meanwhile
@@ -213,10 +243,11 @@ class Informer(Generic[T]):
         self._nudge.set()  # the stream being read may be the stalled one: replace it now
         loop = asyncio.get_running_loop()
         reread_at = loop.time() + reread_after
+        asked = False
         while self.version < target:
             self._moved.clear()
             wait = reread_at - loop.time()
-            if wait <= 0 and not self._reread:
+            if wait <= 0 and not asked:
                 log.warning(
                     "informer %s: no bookmark reached resourceVersion %d within %.0fs (at %s): reading the state again",
                     self.name,
@@ -224,9 +255,9 @@ class Informer(Generic[T]):
                     reread_after,
                     self.resource_version,
                 )
-                self._reread = True
-                self._nudge.set()
-            await first_of(self._moved.wait(), timeout=None if self._reread else max(0.0, wait))
+                asked = True
+                self._read_again()
+            await first_of(self._moved.wait(), timeout=None if asked else max(0.0, wait))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set. Never raises for API or network errors: it backs off and retries.
@@ -252,9 +283,9 @@ class Informer(Generic[T]):
         need_state = True
         while not stop.is_set():
             try:
-                if need_state or self._reread:
+                while need_state or self._reads_done < self._reads_wanted:  # one asked for mid-read too
                     await self._read_state()
-                    need_state = self._reread = False
+                    need_state = False
                 self._nudge.clear()
                 await first_of(self._watch(self._next_timeout(), backoff), self._nudge.wait())
                 if self._nudge.is_set():
@@ -274,6 +305,7 @@ class Informer(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except self._not_served:
+                self._unserved = True
                 if not self.synced.is_set():
                     log.info(
                         "informer %s: %s is not served; listed again every %.0fs",

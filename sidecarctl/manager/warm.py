@@ -11,12 +11,12 @@ what the leader holds, and writes nothing.
 A term (sidecarctl.manager.term) takes over in two steps. First `catch_up`: each watch is brought
 up to a quorum read made after the Lease was won (kuberuntime.informer.Informer.catch_up), so the
 term plans from nothing older than that, not from what a stalled stream last delivered, and
-without listing the pods again. Then `attach`. The watches outlive the terms, so their handlers
-cannot be a term's own methods: each is a `Route`, which passes events on to the handler attached
-to it (to nobody on a standby). `attach` points a route at a term's handler and, in the same step
-(no await in between), hands it what the watch holds as ADDED events, so the term sees every
-object once and every change after. Only these caches outlive a term: the planning state is built
-anew each time, from them.
+without listing the pods again (the small caches are read again: `REREAD_UP_TO`). Then `attach`.
+The watches outlive the terms, so their handlers cannot be a term's own methods: each is a
+`Route`, which passes events on to the handler attached to it (to nobody on a standby). `attach`
+points a route at a term's handler and, in the same step (no await in between), hands it what the
+watch holds as ADDED events, so the term sees every object once and every change after. Only these
+caches outlive a term: the planning state is built anew each time, from them.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ from sidecarsets.controller.controller import NSS_PATH, SS_PATH
 from sidecarsets.pods.projection import PodProjection, project
 from sidecarsets.spec import names
 from sidecarsets.store import namespace_labels
+
+# A takeover catches a cache of at most this many objects up by reading it again (a consistent read)
+# instead of waiting up to 2 s for a bookmark (kuberuntime.informer): SidecarSets, their revisions,
+# namespaces and the webhook configuration, a few hundred small objects in most clusters; never the
+# pods, whose watch moves with the rollout's events.
+REREAD_UP_TO = 500
 
 
 def identity(obj: JsonObj) -> JsonObj:
@@ -177,6 +183,8 @@ class WarmCaches:
         ]
         for informer in self.core:
             informer.watch_timeout = self.watch_timeout
+            if informer is not self.pods:
+                informer.reread_up_to = REREAD_UP_TO
         # Our policies and bindings, while discovery lists the API (`follow`).
         self.policy: PolicyWatches | None = None
 

@@ -296,3 +296,95 @@ def test_a_catch_up_from_a_version_the_server_forgot_reads_the_state_again() -> 
     asyncio.run(running(server, body))
     streams = [r for r in server.watches.requests if r.params.get("sendInitialEvents")]
     assert len(streams) == 2, "the state was not read again after 410 Gone"
+
+
+def test_a_small_cache_catches_up_by_reading_its_state_again_without_a_quorum_read() -> None:
+    server = counting_quorum_reads(serving(pod("a")))
+    assert server.watches is not None
+
+    async def body(inf: Informer[dict[str, Any]], seen: Seen) -> None:
+        assert server.watches is not None
+        server.watches.stall(PODS)  # what the stream missed comes only with the read
+        put_pod(server, pod("b"))
+        server.put("/api/v1/namespaces/shop/configmaps/c", {"metadata": {"name": "c"}})
+        target = server.resource_version
+        reached = await asyncio.wait_for(inf.catch_up(), timeout=2)
+        assert reached >= target and inf.version >= target
+        assert set(inf.store) == {"shop/a", "shop/b"}
+
+    _, seen = asyncio.run(running(server, body, reread_up_to=5))
+    assert server_quorum_reads(server) == 0, "a quorum read although the read of the state is one"
+    streams = [r for r in server.watches.requests if r.params.get("sendInitialEvents")]
+    assert len(streams) == 2
+    assert short_watches(server) == [], "waited for a bookmark although the state was read again"
+    assert seen.count(("ADDED", "b")) == 1 and seen.count(("ADDED", "a")) == 1, "unchanged objects handed on again"
+
+
+def test_a_cache_larger_than_its_reread_bound_waits_for_a_bookmark() -> None:
+    server = counting_quorum_reads(serving(pod("a"), pod("b")))
+    assert server.watches is not None
+
+    async def body(inf: Informer[dict[str, Any]], seen: Seen) -> None:
+        server.put("/api/v1/namespaces/shop/configmaps/c", {"metadata": {"name": "c"}})
+        await asyncio.wait_for(inf.catch_up(), timeout=2)
+
+    asyncio.run(running(server, body, reread_up_to=1))
+    assert server_quorum_reads(server) == 1 and lists(server) == 0
+    assert short_watches(server), "no short watch: the large cache did not catch up by a bookmark"
+
+
+class SlowStateServer:
+    """Streams the state, the first time slowly: a catch-up asked for while that first read is on its
+    way must be answered by a read begun after it was asked for, not by the one in flight."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+        self.first_begun = asyncio.Event()
+        self.release_first = asyncio.Event()
+
+    async def get(self, path: str, *, params: Any = None) -> dict[str, Any]:
+        raise AssertionError("listed although the server streams the state")
+
+    async def watch(self, path: str, *, resource_version: str, **kw: Any) -> AsyncIterator[dict[str, Any]]:
+        if resource_version == "":
+            self.streams += 1
+            n = self.streams
+            if n == 1:
+                self.first_begun.set()
+                await self.release_first.wait()
+            yield {"type": "ADDED", "object": pod(f"p{n}")}
+            end = {"resourceVersion": str(10 * n), "annotations": {INITIAL_EVENTS_END: "true"}}
+            yield {"type": "BOOKMARK", "object": {"metadata": end}}
+            return
+        await asyncio.Event().wait()
+
+
+def test_a_reread_asked_for_during_a_read_is_answered_by_the_next_one() -> None:
+    server = SlowStateServer()
+
+    async def scenario() -> tuple[int, Informer[dict[str, Any]]]:
+        inf: Informer[dict[str, Any]] = Informer(
+            server, PODS, name="pods", transform=lambda o: o, max_backoff=0.01, reread_up_to=5
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(inf.run(stop))
+        await server.first_begun.wait()
+        inf.synced.set()  # as if an earlier state were held: the catch-up asks while a read is in flight
+        catching = asyncio.create_task(inf.catch_up())
+        await asyncio.sleep(0.05)
+        server.release_first.set()
+        try:
+            reached = await asyncio.wait_for(catching, timeout=2)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=1)
+        return reached, inf
+
+    reached, inf = asyncio.run(scenario())
+    assert server.streams == 2, "the read in flight when the catch-up began was taken for a fresh one"
+    assert reached == 20 and set(inf.store) == {"shop/p2"}
+
+
+def short_watches(server: FakeApiServer) -> list[Any]:
+    assert server.watches is not None
+    return [r for r in server.watches.requests if r.timeout == CATCH_UP_TIMEOUT]
