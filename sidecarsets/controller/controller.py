@@ -25,6 +25,7 @@ from kuberuntime.clock import now_rfc3339
 from kuberuntime.jsontypes import JsonObj, resolve
 from kuberuntime.workqueue import WorkQueue, run_workers
 from sidecarsets.controller import history, metrics, reports, tenants
+from sidecarsets.controller.leasereads import LeaseReads
 from sidecarsets.controller.overridewrites import OverrideWrites
 from sidecarsets.controller.passpace import POD_PACE, PassPace
 from sidecarsets.controller.podfailures import PodFailures
@@ -70,8 +71,8 @@ class Controller(OverrideWrites):
         self.recorder = recorder
         self.workers = workers
         self.clock = clock
-        # Asked before every batch of writes: False once another replica holds the Lease.
-        self.may_write = may_write
+        # Asked before a reconcile's writes: False once another replica holds the Lease.
+        self.lease = LeaseReads(may_write)
         self.failures = failures or PodFailures()
         self.pod_writes = asyncio.Semaphore(POD_WRITES_IN_FLIGHT)
         # Conditions other parts own (PolicyInjection, from the policy sync), written with the status.
@@ -181,9 +182,11 @@ class Controller(OverrideWrites):
             metrics.forget(name)
             self._resizable.pop(name, None)
             self.pace.forget(name)
+            self.lease.forget(name)
             return None
         self._deadline_check.pop(name, None)
         self.pace.began(name)
+        self.lease.began(name, ss.status, ss.generation)
         try:
             with metrics.RECONCILE_DURATION.time():
                 result = await self._reconcile(ss)
@@ -192,6 +195,7 @@ class Controller(OverrideWrites):
             raise
         finally:
             self.pace.ended(name)
+            self.lease.ended(name)
         check = self._deadline_check.pop(name, None)
         if check is not None:  # a pod reaches its progress deadline then: look again at that moment
             result = check if result is None else min(result, check)
@@ -258,7 +262,7 @@ class Controller(OverrideWrites):
         if progress.recheck is not None:
             self._deadline_check[name] = progress.recheck
         if status.status_changed(ss.status, new_status):
-            if not await self._writable():
+            if not await self._writable(name):
                 return None
             await self._write_status(ss, new_status)
         if progress.newly_overdue:
@@ -313,7 +317,7 @@ class Controller(OverrideWrites):
             if plan.done:
                 return None
             return RESYNC_SECONDS if backing_off is None else min(RESYNC_SECONDS, backing_off + 0.05)
-        if not await self._writable():
+        if not await self._writable(name):
             return None
         return await self._upgrade(ss, plan, latest=latest)
 
@@ -356,8 +360,8 @@ class Controller(OverrideWrites):
         retry = self.failures.next_retry(f"{u.namespace}/{u.name}" for u in plan.upgrades)
         return None if retry is None else retry + 0.05
 
-    async def _writable(self) -> bool:
-        if self.may_write is None or await self.may_write():
+    async def _writable(self, name: str) -> bool:
+        if await self.lease.writable(name):
             return True
         log.warning("not writing: this replica no longer holds the Lease")
         return False

@@ -33,7 +33,7 @@ class OverrideWrites(PodWrites):
     # (SidecarSet, pod key, reason) -> the message of the last override Event: said once per change
     _override_said: dict[tuple[str, str, str], str]
 
-    async def _writable(self) -> bool:
+    async def _writable(self, name: str) -> bool:
         raise NotImplementedError
 
     async def _with_overrides(
@@ -57,7 +57,7 @@ class OverrideWrites(PodWrites):
         await self._say(ss, by_key, REASON_REFUSED, asked, "the pod's sidecars are left as they are")
         changes = podoverrides.env_changes(ss, matched)
         await self._say(ss, by_key, REASON_RECREATE, changes, "a running container cannot change its env: recreate it")
-        if resizes and await self._writable():
+        if resizes and await self._writable(ss.name):
             await asyncio.gather(*(self._patch_pod(u) for u in resizes))
         return plan
 

@@ -138,7 +138,7 @@ def test_the_plan_uses_the_pods_the_watch_delivered_while_the_status_was_being_w
         rig.redeliver()
         return True
 
-    rig.controller.may_write = may_write
+    rig.controller.lease.may_write = may_write
     before = upgrades("conflict")
     assert rig.reconcile() == RESYNC_SECONDS, "p0 is upgrading: maxUnavailable 1 is spent"
     assert rig.patched_pods() == ["p0"], "neither p0 again (from the older snapshot) nor p1"
@@ -292,7 +292,7 @@ def test_no_write_once_the_lease_is_held_by_another_replica() -> None:
     async def may_write() -> bool:
         return leading[0]
 
-    rig.controller.may_write = may_write
+    rig.controller.lease.may_write = may_write
     leading[0] = False
     assert rig.reconcile() is None
     assert rig.patched_pods() == [] and rig.status_writes() == []
