@@ -198,7 +198,11 @@ class LeaderElector:
         if not self._leading:
             return False
         try:
-            lease = await asyncio.wait_for(self.client.get(self.path), timeout=self.retry_period)
+            # Not asyncio.wait_for: on Python 3.11 it returns the answer when the caller is cancelled
+            # in the moment the answer arrives, and a reconcile that lost its cancellation that way
+            # kept the leading task (and so the next campaign) from ending.
+            async with asyncio.timeout(self.retry_period):
+                lease = await self.client.get(self.path)
         except (api.ApiError, OSError, TimeoutError):
             return True
         holder = self._observe(lease).holder

@@ -252,7 +252,11 @@ def test_a_leader_that_loses_the_lease_stops_writing_and_catches_up_before_plann
             cluster.kube.update(LEASE_PATH, lease)
     at_release = len(_upgraded(cluster, ns, app, "proxy:2"))
     released_before, _ = _takeover(cluster, "", 1)  # released: the holder is empty
-    eventually(lambda: _holder(cluster) == IDENTITY, timeout=30, interval=0.1, what="the manager leads again")
+    try:
+        eventually(lambda: _holder(cluster) == IDENTITY, timeout=30, interval=0.1, what="the manager leads again")
+    except AssertionError:
+        print(f"manager log:\n{manager.log_tail(200)}")  # why the campaign did not start again
+        raise
     regained_seen = time.time()
     eventually(
         lambda: len(_upgraded(cluster, ns, app, "proxy:2")) == count, timeout=90, interval=0.2, what="rollout done"

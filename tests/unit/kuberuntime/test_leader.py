@@ -541,3 +541,42 @@ def test_bad_durations_are_rejected_with_a_clear_message(kwargs: dict[str, Any],
     args: dict[str, Any] = {"namespace": NS, "identity": "a", **kwargs}
     with pytest.raises(ValueError, match=needle):
         LeaderElector(FakeLeases(), **args)
+
+
+class AnsweredLater:
+    """A client whose GET is a future the test answers: the answer can arrive in the same moment the
+    caller is cancelled."""
+
+    def __init__(self, lease: JsonObj) -> None:
+        self.lease = lease
+        self.answer: asyncio.Future[JsonObj] | None = None
+
+    def get(self, path: str, **kw: Any) -> asyncio.Future[JsonObj]:
+        self.answer = asyncio.get_running_loop().create_future()
+        return self.answer
+
+
+def test_a_lease_read_cancelled_as_its_answer_arrives_ends_cancelled() -> None:
+    """A reconcile cancelled (its term ended) while its Lease read is answered must end: a read that
+    returned its answer instead would let the reconcile go on, and the term would never end."""
+    api_ = FakeLeases()
+    e = elector(api_, "a")
+    assert run(e.try_acquire_or_renew())
+    assert api_.lease is not None
+    client = AnsweredLater(copy.deepcopy(api_.lease))
+    e.client = client  # type: ignore[assignment]
+    e._set_leading(True)  # as while its leading task runs
+
+    async def scenario() -> bool:
+        task = asyncio.create_task(e.confirm())
+        while client.answer is None:
+            await asyncio.sleep(0)
+        client.answer.set_result(client.lease)  # answered ...
+        task.cancel()  # ... as the term ends
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert run(scenario()), "the cancellation was lost: the read returned its answer"
