@@ -119,6 +119,16 @@ class Grant:
         return f"{self.verb} {self.group or 'core'}/{self.resource}{names_part} ({self.source})"
 
 
+def _watched(grant: Grant, grants: Iterable[Grant], uses: Iterable[Use]) -> bool:
+    """Whether the rule that grants `grant` also granted a watch of the same resource that was used."""
+    return any(
+        g.verb == "watch"
+        and (g.group, g.resource, g.source) == (grant.group, grant.resource, grant.source)
+        and any(g.covers(u) for u in uses)
+        for g in grants
+    )
+
+
 @dataclass(frozen=True)
 class Use:
     """One kind of request the ServiceAccount made; `namespace` "" is cluster scope."""
@@ -591,5 +601,11 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
     assert set(non_resource) <= discovery, f"non-resource requests: {non_resource}"
     not_granted = [u for u in uses if not any(g.covers(u) for g in grants)]
     assert not not_granted, f"used but not granted: {not_granted}\n{report}"
-    unused = [g.describe() for g in grants if not any(g.covers(u) for u in uses)]
-    assert not unused, f"granted but never used: {unused}\n{report}"
+    unused = [g for g in grants if not any(g.covers(u) for u in uses)]
+    # `list` on a kind the manager keeps a watch of (the watch used, above) serves two paths this
+    # life does not take: the paged LIST that reads the state where the API server refuses a
+    # WatchList, and the quorum read (a LIST of one) that catches up a cache too large to read
+    # again at a takeover (sidecarctl.manager.warm.REREAD_UP_TO). So it may go unused here, but only
+    # where the same rule's watch was used.
+    unused = [g for g in unused if not (g.verb == "list" and _watched(g, grants, uses))]
+    assert not unused, f"granted but never used: {[g.describe() for g in unused]}\n{report}"
