@@ -206,7 +206,7 @@ class Informer(Generic[T]):
         if len(self.store) <= self.reread_up_to and not self._unserved:
             wanted = self._read_again()
             log.debug("informer %s: catching up by reading the state again", self.name)
-            while self._reads_done < wanted:
+            while self._reads_done < wanted and not self._unserved:  # a resource gone meanwhile: nothing to wait for
                 self._moved.clear()
                 await self._moved.wait()
             return self.version
@@ -306,6 +306,7 @@ class Informer(Generic[T]):
                 raise
             except self._not_served:
                 self._unserved = True
+                self._moved.set()  # a catch-up waiting for a read: none is coming
                 if not self.synced.is_set():
                     log.info(
                         "informer %s: %s is not served; listed again every %.0fs",

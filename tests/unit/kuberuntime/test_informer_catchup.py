@@ -388,3 +388,41 @@ def test_a_reread_asked_for_during_a_read_is_answered_by_the_next_one() -> None:
 def short_watches(server: FakeApiServer) -> list[Any]:
     assert server.watches is not None
     return [r for r in server.watches.requests if r.timeout == CATCH_UP_TIMEOUT]
+
+
+class GoneServer:
+    """An optional resource whose CRD is deleted between the first read and the catch-up's reread."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    async def get(self, path: str, *, params: Any = None) -> dict[str, Any]:
+        if self.gone:
+            raise api.NotFound(404, "NotFound", "the server could not find the requested resource")
+        return {"metadata": {"resourceVersion": "5"}, "items": [pod("a")]}
+
+    async def watch(self, path: str, *, resource_version: str, **kw: Any) -> AsyncIterator[dict[str, Any]]:
+        if self.gone:
+            raise api.NotFound(404, "NotFound", "the server could not find the requested resource")
+        await asyncio.Event().wait()
+        yield {}  # never reached
+
+
+def test_a_small_catch_up_of_a_resource_that_is_no_longer_served_returns() -> None:
+    server = GoneServer()
+
+    async def scenario() -> int:
+        inf: Informer[dict[str, Any]] = Informer(
+            server, PODS, name="tenants", transform=lambda o: o, watch_list=False, optional=True, reread_up_to=5
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(inf.run(stop))
+        try:
+            await asyncio.wait_for(inf.synced.wait(), timeout=2)
+            server.gone = True  # the CRD deleted as the catch-up begins
+            return await asyncio.wait_for(inf.catch_up(), timeout=2)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=1)
+
+    assert asyncio.run(scenario()) == 5, "the catch-up waited for a read of a resource no longer served"
