@@ -198,9 +198,8 @@ class LeaderElector:
         if not self._leading:
             return False
         try:
-            # Not asyncio.wait_for: on Python 3.11 it returns the answer when the caller is cancelled
-            # in the moment the answer arrives, and a reconcile that lost its cancellation that way
-            # kept the leading task (and so the next campaign) from ending.
+            # Not wait_for: on 3.11 it returns the answer to a caller cancelled as the answer arrives,
+            # and a reconcile that lost its cancellation kept the term (and the next campaign) waiting.
             async with asyncio.timeout(self.retry_period):
                 lease = await self.client.get(self.path)
         except (api.ApiError, OSError, TimeoutError):
