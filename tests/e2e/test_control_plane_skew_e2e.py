@@ -21,6 +21,7 @@ from tests.kube.client import Kube, eventually
 from tests.kube.controlplane import binaries_dir, supported_versions
 from tests.kube.fakekubelet import FakeKubelet
 from tests.kube.loop import BackgroundLoop
+from tests.kube.managerharness import MWC_PATH
 
 NS = "skew"
 FAST_DISCOVERY = ("--discovery-interval=1",)
@@ -155,9 +156,14 @@ def test_while_one_kube_apiserver_lacks_policies_the_webhook_serves_every_pod(
             return cond
 
         eventually(unsupported, timeout=60, what="PolicyInjection False: not every kube-apiserver enforces policies")
-        for _, pod in _create_through(kubes, 20, "mixed"):
-            assert _sidecar_names(pod) == ["proxy", "app"], pod["metadata"]["name"]
-            assert pod["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook", pod["metadata"]["name"]
+        try:
+            for _, pod in _create_through(kubes, 20, "mixed"):
+                assert _sidecar_names(pod) == ["proxy", "app"], pod["metadata"]["name"]
+                assert pod["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook", pod["metadata"]["name"]
+        except AssertionError:  # a pod with no sidecar: what the manager and the webhook's condition said
+            print(f"manager log:\n{c.manager.log_tail(300)}")
+            print(f"webhook configuration:\n{c.kube.get(f'{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}')}")
+            raise
         assert policy_holding(c.kube, name) is None
         assert (_condition(c.kube, name) or {}).get("reason") == "PolicyUnsupported"
 
