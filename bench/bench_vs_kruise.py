@@ -459,7 +459,8 @@ class Sampler:
 
     def __init__(self, c: common.Cluster, side: Side) -> None:
         self.cluster, self.side = c, side
-        self.c: Any = None  # (loop, client) of its own, from __enter__ to __exit__
+        self.c: Any = None  # a loop and client of its own (common.api_loop), from __enter__ to __exit__
+        self._own = contextlib.ExitStack()
         self.statuses: list[tuple[float, dict[str, int]]] = []
         self.holders: list[tuple[float, str, float]] = []
         self.lease_expiry = 0.0  # wall clock: the last renewTime seen plus the Lease's duration
@@ -483,25 +484,15 @@ class Sampler:
                 await asyncio.wait_for(self._stop.wait(), 0.1)
 
     def __enter__(self) -> Sampler:
-        from kuberuntime import kubeapi, kubeconfig
-        from tests.kube.loop import BackgroundLoop
-
-        loop = BackgroundLoop()
-
-        async def make() -> kubeapi.KubeClient:
-            return kubeapi.KubeClient(kubeconfig.load_config(str(self.cluster.cp.kubeconfig)))
-
-        self.c = common.Cluster(self.cluster.cp, loop, loop.run(make()))
-        self._task = loop.spawn(self._run())
+        self.c = self._own.enter_context(common.api_loop(self.cluster.cp))
+        self._task = self.c.loop.spawn(self._run())
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.c.loop.loop.call_soon_threadsafe(self._stop.set)
         with contextlib.suppress(Exception):
             self._task.result(timeout=10)
-        with contextlib.suppress(Exception):
-            self.c.loop.run(self.c.client.close())
-        self.c.loop.close()
+        self._own.close()
 
 
 @contextlib.contextmanager

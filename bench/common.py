@@ -558,33 +558,41 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[Cluster]:
-    """etcd + kube-apiserver only: nothing else acts on the benchmark's objects or uses the CPU."""
-    from tests.kube.controlplane import ControlPlane, binaries_dir
+def api_loop(cp: Any) -> Iterator[Cluster]:
+    """A background loop and an API client of `cp` (a tests.kube.controlplane.ControlPlane) on it:
+    the client closed, then the loop, on the way out."""
     from tests.kube.loop import BackgroundLoop
 
-    print("starting a private control plane (etcd + kube-apiserver) ...", flush=True)
-    cp = ControlPlane(bin_dir=binaries_dir(), controller_manager=False)
-    cp.start()
-    loop: BackgroundLoop | None = None
+    loop = BackgroundLoop()
     client: kubeapi.KubeClient | None = None
     try:
-        loop = BackgroundLoop()
 
         async def make() -> kubeapi.KubeClient:
             return kubeapi.KubeClient(kubeconfig.load_config(str(cp.kubeconfig)))
 
         client = loop.run(make())
-        c = Cluster(cp, loop, client)
-        c.run(c.install_crd())
-        c.run(c.create_node())
-        yield c
+        yield Cluster(cp, loop, client)
     finally:
-        if loop is not None:
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    loop.run(client.close())
-            loop.close()
+        if client is not None:
+            with contextlib.suppress(Exception):
+                loop.run(client.close())
+        loop.close()
+
+
+@contextlib.contextmanager
+def cluster() -> Iterator[Cluster]:
+    """etcd + kube-apiserver only: nothing else acts on the benchmark's objects or uses the CPU."""
+    from tests.kube.controlplane import ControlPlane, binaries_dir
+
+    print("starting a private control plane (etcd + kube-apiserver) ...", flush=True)
+    cp = ControlPlane(bin_dir=binaries_dir(), controller_manager=False)
+    cp.start()
+    try:
+        with api_loop(cp) as c:
+            c.run(c.install_crd())
+            c.run(c.create_node())
+            yield c
+    finally:
         cp.stop()
 
 
