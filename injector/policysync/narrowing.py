@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from injector.policy import selecting
-from injector.policysync.stored import name_of
+from injector.policysync.stored import name_of, older
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 
@@ -37,10 +37,19 @@ class Narrowing:
         self.bad_conditions = 0
 
     def on_webhook_config(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> bool:
-        """Keep the configuration as watched; True when it is ours (the caller passes again)."""
+        """Keep the configuration as watched; True when it is ours (the caller passes again).
+
+        An event older than what is kept is not kept: our patch's answer usually arrives before the
+        watch delivers the version it replaced, and keeping that one would make the next `write` of
+        the same condition a no-op (it compares with what is kept), leaving the stored one unwritten
+        until the watch caught up: a widening that never reached the API server while the pass went
+        on to publish the SidecarSets as webhook-served."""
         if name_of(new or old) != self.config:
             return False
-        self.mwc = None if kind == "DELETED" else new
+        if kind == "DELETED" or new is None:
+            self.mwc = None
+        elif not older(new, self.mwc):
+            self.mwc = new
         return True
 
     async def write(self, expression: str | None) -> bool:

@@ -675,6 +675,28 @@ def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_
     assert rig.policy(P0) is None and rig.binding(P0) is None
 
 
+def test_a_late_watch_event_of_an_older_configuration_does_not_hide_the_narrowing_from_the_next_write() -> None:
+    """Our patch's answer comes back before the watch delivers the version it replaced. Kept, that
+    older version (no condition of ours) made the widening to every pod a no-op: the pass published
+    the SidecarSet as webhook-served while the stored condition still left its pods out."""
+    rig = Rig()
+    rig.sync.support.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
+    late = copy.deepcopy(rig.api.objects[MWC])
+    for hook in late["webhooks"]:
+        hook["matchConditions"] = [c for c in hook.get("matchConditions") or [] if c["name"] != CONDITION_NAME]
+    late["metadata"]["resourceVersion"] = str(int(late["metadata"]["resourceVersion"]) - 1)
+    rig.sync.on_webhook_config("MODIFIED", None, late)
+    rig.now = rig.sync.support.checked_at + 600  # the next probe refuses
+    rig.run()
+    assert rig.sync.routes["mesh"].why is Why.UNSUPPORTED
+    assert rig.ours() is None, "published as webhook-served while the stored condition still narrows"
+
+
 def test_a_handed_over_policy_deleted_by_someone_else_while_the_webhook_widens_fails_nothing() -> None:
     """The watches run while a pass awaits its writes: a policy deleted meanwhile (by hand, or by
     another replica's last pass) is gone from what the pass planned with, and the pass goes on."""
