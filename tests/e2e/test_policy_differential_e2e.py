@@ -24,6 +24,7 @@ import functools
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,20 +210,25 @@ def _neighbours(stack: contextlib.ExitStack, aloop: BackgroundLoop, cluster: Pol
         )
 
 
+# Cases run on PAIRS pairs of clusters side by side, each pair taking every PAIRS-th case: most of a
+# case is waiting (its first revision, the policies enforced on kube-apiserver's one-second refresh,
+# their deletion), so two pairs take about 60 % of one pair's time on this 2-core machine. A case
+# never shares a pair with another while it runs: its SidecarSets select other cases' pods.
+PAIRS = 2
+
+
 @pytest.fixture(scope="module")
-def paths(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Paths]:
+def pairs(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[list[Paths]]:
+    injections = ("webhook", "policy") * PAIRS
     with (
         # Each case's SidecarSets are written together and the policies compared once enforced:
         # no burst to wait out (the quiet time has its unit tests), so written at once.
-        private_clusters(aloop, control_plane.bin_dir, "webhook", "policy", extra=("--policy-quiet=0",)) as (
-            webhook,
-            policy,
-        ),
+        private_clusters(aloop, control_plane.bin_dir, *injections, extra=("--policy-quiet=0",)) as clusters,
         contextlib.ExitStack() as stack,
     ):
-        for cluster in (webhook, policy):
+        for cluster in clusters:
             _neighbours(stack, aloop, cluster)
-        yield Paths(webhook, policy)
+        yield [Paths(clusters[i], clusters[i + 1]) for i in range(0, len(clusters), 2)]
 
 
 def _neighboured(pod: dict[str, Any]) -> str | None:
@@ -355,12 +361,25 @@ def _injected(pod: dict[str, Any]) -> bool:
     return names.ANN_INJECTED_LIST in (pod["metadata"].get("annotations") or {})
 
 
-def test_every_case_gives_the_same_pod_through_the_webhook_and_through_policies(paths: Paths) -> None:
-    report: list[str] = []
-    failures: list[str] = []
-    counts = {"cases": 0, "pods": 0, "equal": 0, "injected": 0, "by policy": 0, "by webhook": 0, "refused": 0}
-    counts["overrides"] = 0  # pods asking for per-pod overrides: equal, and the webhook's on both paths
-    for ci, case in enumerate(CASES):
+@dataclass
+class Tally:
+    """What the cases of one pair found, merged at the end."""
+
+    report: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("cases", "pods", "equal", "injected", "by policy", "by webhook", "refused", "overrides"), 0
+        )
+    )
+
+
+def _run_cases(paths: Paths, cases: list[tuple[int, Case]]) -> Tally:
+    """The cases one after the other on one pair of clusters (`overrides` counts pods asking for
+    per-pod overrides: equal, and the webhook's on both paths)."""
+    tally = Tally()
+    counts, report = tally.counts, tally.report
+    for ci, case in cases:
         counts["cases"] += 1
         for cluster in paths.both:
             for ns, labels in case.namespaces.items():
@@ -375,11 +394,22 @@ def test_every_case_gives_the_same_pod_through_the_webhook_and_through_policies(
                 counts["refused"] += 1
                 report.append(f"{case.name}: refused in policy mode: {refused}")
                 continue
-            _compare_case(paths, ci, case, counts, report, failures)
+            _compare_case(paths, ci, case, counts, report, tally.failures)
         finally:
             _delete_sidecarsets(paths, case)
+    return tally
+
+
+def test_every_case_gives_the_same_pod_through_the_webhook_and_through_policies(pairs: list[Paths]) -> None:
+    numbered = list(enumerate(CASES))
+    with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
+        tallies = list(pool.map(_run_cases, pairs, [numbered[i :: len(pairs)] for i in range(len(pairs))]))
+    counts = {k: sum(t.counts.get(k, 0) for t in tallies) for t in tallies for k in t.counts}
+    report = [line for t in tallies for line in t.report]
+    failures = [f for t in tallies for f in t.failures]
     summary = ", ".join(f"{k} {v}" for k, v in counts.items())
-    print("\n" + "\n".join(report) + f"\n{summary}")
+    print("\n" + "\n".join(sorted(report)) + f"\n{summary}")
+    assert counts["cases"] == len(CASES), summary
     assert not failures, "\n\n".join(failures)
     assert counts["pods"] >= 45 and counts["by policy"] >= 35, summary
     assert counts["overrides"] >= 5, summary
