@@ -9,7 +9,7 @@ Conflict, Gone, Invalid); nothing is reported as None.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, Protocol
 
 from kuberuntime.jsontypes import JsonObj
@@ -99,9 +99,11 @@ class Watcher(Protocol):
         timeout_seconds: int = 300,
         params: Params | None = None,
         stall_after: float | None = None,
+        opened: Callable[[], None] | None = None,
     ) -> AsyncIterator[JsonObj]:
         """Watch events after `resource_version`; Gone when it is too old (the caller lists again).
-        A stream silent for `stall_after` seconds (default: a little past `timeout_seconds`) has stalled."""
+        A stream silent for `stall_after` seconds (default: a little past `timeout_seconds`) has stalled.
+        `opened` is called once the server has accepted the watch, before any event."""
         ...
 
 

@@ -37,6 +37,13 @@ a consistent read at least as new as a quorum read would be, so it needs no quor
 takeover waits for the slowest of its caches: with the small ones read again, that is the pods',
 which during a rollout moves with the rollout's own events.
 
+Current (`current`): set while the store is as new as a watch keeps it, from a finished state read
+or a watch the server accepted, until a watch fails (an error, a 410, a stall). In between, changes
+may have been made that the store has not seen: a SidecarSet created while a watch reconnects to
+a kube-apiserver whose watch cache started after the store's resourceVersion (a 410, then a read
+of the whole state) is missing from the store for that long. The webhook waits for it
+(injector.http.decisions) rather than admit a pod from a store it knows is behind.
+
 Objects pass through `transform` before they are stored, so the controller can keep small pod
 projections instead of whole pods.
 """
@@ -119,6 +126,7 @@ class Informer(Generic[T]):
         self._unserved = False  # the last read of an optional resource was a 404
         self.store: dict[str, T] = {}
         self.synced = asyncio.Event()
+        self.current = asyncio.Event()  # see the module's docstring
         self.resource_version = ""
         self.relists = 0
         self._target = 0  # a catch-up's resourceVersion: watches stay short until the store reaches it
@@ -174,6 +182,7 @@ class Informer(Generic[T]):
                 self._emit("DELETED", prev, None)
         self.relists += 1
         self.synced.set()
+        self.current.set()
 
     def _apply(self, event: JsonObj) -> None:
         kind = event.get("type")
@@ -268,7 +277,11 @@ class Informer(Generic[T]):
 
     async def _watch(self, timeout: int, backoff: Backoff) -> None:
         async for event in self.client.watch(
-            self.path, resource_version=self.resource_version, timeout_seconds=timeout, params=self.params
+            self.path,
+            resource_version=self.resource_version,
+            timeout_seconds=timeout,
+            params=self.params,
+            opened=self.current.set,
         ):
             self._apply(event)
             backoff.reset()
@@ -292,6 +305,7 @@ class Informer(Generic[T]):
                     WATCH_RESTARTS.labels(self.name, "catchup").inc()
                 # A normal end of the stream: resume from the newest resourceVersion we saw.
             except api.Gone:
+                self.current.clear()
                 WATCH_RESTARTS.labels(self.name, "gone").inc()
                 wait = backoff.next()  # a flapping API server must not be relisted in a tight loop
                 log.info(
@@ -315,9 +329,11 @@ class Informer(Generic[T]):
                         self.max_backoff,
                     )
                 self.synced.set()
+                self.current.set()  # nothing is served, so nothing can be missed
                 await sleep_or_stop(stop, self.max_backoff)
                 need_state = True
             except Exception as e:  # network errors, 5xx, timeouts, bad JSON: back off and retry
+                self.current.clear()
                 stalled = isinstance(e, TimeoutError | aiohttp.ServerTimeoutError)
                 WATCH_RESTARTS.labels(self.name, "stalled" if stalled else "error").inc()
                 wait = backoff.next()

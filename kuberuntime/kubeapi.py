@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -148,6 +148,7 @@ class KubeClient:
         timeout_seconds: int = 300,
         params: Mapping[str, str | int] | None = None,
         stall_after: float | None = None,
+        opened: Callable[[], None] | None = None,
     ) -> AsyncIterator[JsonObj]:
         """Yield watch events until the server closes the stream.
 
@@ -180,6 +181,8 @@ class KubeClient:
                 except orjson.JSONDecodeError:
                     parsed = raw.decode(errors="replace")
                 raise error_from_status(resp.status, parsed)
+            if opened is not None:
+                opened()
             buf = b""
             async for chunk in resp.content.iter_any():
                 buf += chunk

@@ -223,9 +223,14 @@ class FakeApiServer:
         timeout_seconds: int = 300,
         params: api.Params | None = None,
         stall_after: float | None = None,
+        opened: Callable[[], None] | None = None,
     ) -> AsyncIterator[JsonObj]:
         if self.watches is None:
             raise NotImplementedError("tests deliver events through `listeners`, or call serve_watches()")
         return self.watches.watch(
-            path, resource_version=resource_version, timeout_seconds=timeout_seconds, params=dict(params or {})
+            path,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            params=dict(params or {}),
+            opened=opened,
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +152,13 @@ class WatchCache:
         return {"type": "BOOKMARK", "object": {"metadata": meta}}
 
     async def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int, params: dict[str, Any]
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        params: dict[str, Any],
+        opened: Callable[[], None] | None = None,
     ) -> AsyncIterator[JsonObj]:
         req = Request(path, resource_version, timeout_seconds, dict(params))
         self.requests.append(req)
@@ -168,6 +174,8 @@ class WatchCache:
                 start = api.rv_number(resource_version) if resource_version else self.server.resource_version
                 if start < self.oldest:
                     raise api.Gone(410, "Expired", f"too old resource version: {start} ({self.oldest})")
+                if opened is not None:
+                    opened()
             async for event in self._follow(req, start):
                 yield event
         finally:

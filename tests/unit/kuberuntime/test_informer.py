@@ -32,17 +32,26 @@ class ScriptedApi:
         return {"metadata": {"resourceVersion": str(10 * self.lists)}, "items": list(self.items)}
 
     async def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int, params: Any = None, stall_after: Any = None
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        params: Any = None,
+        stall_after: Any = None,
+        opened: Any = None,
     ) -> AsyncIterator[dict[str, Any]]:
         if (params or {}).get("sendInitialEvents"):  # as kube-apiserver with the WatchList gate off
             raise kube.Invalid(422, "Invalid", REFUSED)
         self.watch_rvs.append(resource_version)
         step = self.streams.pop(0) if self.streams else None
+        if isinstance(step, Exception):
+            raise step
+        if opened is not None:  # the server accepted the watch
+            opened()
         if step is None:
             await asyncio.Event().wait()  # a quiet watch: blocks until cancelled
             return
-        if isinstance(step, Exception):
-            raise step
         for event in step:
             yield event
 
@@ -120,6 +129,50 @@ def test_error_event_410_in_the_stream_relists() -> None:
     api = ScriptedApi([obj("a", "1")], [kube.error_from_status(410, status)])
     run(api, lambda inf, seen: api.lists >= 2)
     assert api.lists >= 2
+
+
+def test_current_from_a_read_or_an_accepted_watch_until_a_watch_fails() -> None:
+    """What the webhook waits on (injector.http.snapshotwait): set by the first read, cleared by a
+    failed watch (a reset, then a 410), still clear while the state is read again, set once read."""
+    api = ScriptedApi([obj("a", "1")], [OSError("connection reset"), kube.Gone(410, "Expired", "too old"), None])
+    at_watch: list[bool] = []
+    at_list: list[bool] = []
+    informers: list[Informer[dict[str, Any]]] = []
+    original_get, original_watch = api.get, api.watch
+
+    async def get(path: str, *, params: Any = None) -> dict[str, Any]:
+        at_list.append(informers[0].current.is_set())
+        return await original_get(path, params=params)
+
+    def watch(path: str, **kw: Any) -> AsyncIterator[dict[str, Any]]:
+        at_watch.append(informers[0].current.is_set())
+        return original_watch(path, **kw)
+
+    api.get, api.watch = get, watch  # type: ignore[method-assign]
+
+    async def main() -> bool:
+        inf: Informer[dict[str, Any]] = Informer(
+            api,  # type: ignore[arg-type]
+            "/x",
+            name="t",
+            transform=lambda o: o,
+            max_backoff=0.01,
+        )
+        informers.append(inf)
+        stop = asyncio.Event()
+        task = asyncio.create_task(inf.run(stop))
+        async with asyncio.timeout(2):
+            while len(at_watch) < 4:
+                await asyncio.sleep(0.005)
+            await inf.current.wait()
+        stop.set()
+        await task
+        return inf.current.is_set()
+
+    assert asyncio.run(main())
+    assert at_list == [False, False]  # before the first read, and while reading again after the 410
+    # The state streamed (refused: paged instead), then after the read, after the reset, after the read again.
+    assert at_watch == [False, True, False, True]
 
 
 class Unserved(ScriptedApi):
