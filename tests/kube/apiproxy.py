@@ -11,6 +11,10 @@ the proxy's `http://127.0.0.1:PORT`) to make the network misbehave in ways a rea
   half-dead TCP path or a stuck proxy behaves. Streams opened later pass normally.
 - `delay_lists(resource, seconds)`: each *list* (or WatchList) of that resource is answered `seconds` late, as a
   busy API server answers a process that has just started.
+- `expire(resource)`: the watch streams of that resource open right now end, and as many of the
+  watches that resume them are answered 410 Gone, as a kube-apiserver whose watch cache started
+  after the client's resourceVersion answers (one restarted during a control plane upgrade): each
+  client reads the whole state again.
 
 Requests go upstream with the proxy's own credentials (the admin client certificate), or, when the
 manager sends an `Authorization` header (a ServiceAccount token kubeconfig), with that header and
@@ -63,6 +67,7 @@ class WatchStream:
     forwarded_at: float = 0.0  # monotonic time of the last chunk forwarded
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # `expire`: end it now, cleanly
 
 
 class ApiProxy:
@@ -75,6 +80,8 @@ class ApiProxy:
         self.delays: dict[str, float] = {}
         self.list_delays: dict[str, float] = {}
         self.delayed_lists = 0
+        self.gone: dict[str, int] = {}  # resource -> resumed watches still to answer 410 (`expire`)
+        self.gone_answered = 0
         self.streams: list[WatchStream] = []
         self.requests = 0
         self._runner: web.AppRunner | None = None
@@ -101,6 +108,17 @@ class ApiProxy:
                 s.stalled.set()
                 hit += 1
         return hit
+
+    def expire(self, resource: str) -> int:
+        """End every open (not stalled) watch stream of `resource` and answer as many resumed watches
+        of it 410 Gone; returns how many streams there were."""
+        if resource not in RESOURCES:
+            raise ValueError(f"unknown resource {resource!r}")
+        streams = [s for s in self.open_streams(resource) if not s.stalled.is_set()]
+        self.gone[resource] = self.gone.get(resource, 0) + len(streams)
+        for s in streams:
+            s.ended.set()
+        return len(streams)
 
     def open_streams(self, resource: str) -> list[WatchStream]:
         return [s for s in self.streams if s.resource == resource and not s.closed]
@@ -177,6 +195,11 @@ class ApiProxy:
         body = await request.read()
         await self._hold_list(request)
         resource = self._resource(request)
+        if resource is not None and self.gone.get(resource) and request.query.get("sendInitialEvents") != "true":
+            self.gone[resource] -= 1
+            self.gone_answered += 1
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410}
+            return web.json_response({**status, "message": "too old resource version (proxy: expire)"}, status=410)
         upstream = await session.request(
             request.method,
             self.cp.url + request.path_qs,
@@ -198,7 +221,10 @@ class ApiProxy:
         self, request: web.Request, upstream: aiohttp.ClientResponse, resource: str, headers: dict[str, str]
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=upstream.status, headers=headers)
-        await out.prepare(request)
+        try:
+            await out.prepare(request)
+        except ConnectionError:  # the client went away while its watch was being opened (a manager stopped)
+            return out
         stream = WatchStream(resource, request.path_qs)
         self.streams.append(stream)
         queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
@@ -217,7 +243,15 @@ class ApiProxy:
         reader = asyncio.create_task(pump())
         try:
             while True:
-                due, chunk = await queue.get()
+                got = asyncio.ensure_future(queue.get())
+                ended = asyncio.ensure_future(stream.ended.wait())
+                await asyncio.wait([got, ended], return_when=asyncio.FIRST_COMPLETED)
+                ended.cancel()
+                if not got.done():
+                    got.cancel()
+                    await out.write_eof()
+                    return out
+                due, chunk = got.result()
                 if stream.stalled.is_set():
                     break
                 wait = due - time.monotonic()
