@@ -1,6 +1,7 @@
 """What each admission webhook decides for a parsed AdmissionReview; no HTTP here.
 
-The pod webhook takes the current store snapshot, resolves revision pins (sidecarsets.pins) and
+The pod webhook takes the current store snapshot (once its SidecarSet watches are current,
+injector.http.snapshotwait), resolves revision pins (sidecarsets.pins) and
 calls the pure engine; the SidecarSet webhook runs validation against the other SidecarSets and
 the stored revisions. Each returns a `Decision`: the metrics label, the AdmissionReview response
 body, and whether the same request may be answered again from the replay cache.
@@ -20,6 +21,7 @@ from injector.http import admission
 from injector.http.metrics import OVERRIDE_REFUSALS, POD_DENIALS
 from injector.http.namespaces import LookupFailed
 from injector.http.replay import ReplayCache
+from injector.http.snapshotwait import BEHIND_WARNING
 from injector.http.validate import advice, tenants
 from injector.http.validate.tightened import PodLister
 from injector.http.validate.tightened import warnings as tightened_warnings
@@ -63,6 +65,9 @@ class WebhookSettings:
     # Reads a SidecarSet's injected pods when an update tightens its overrides' bounds
     # (injector.http.validate.tightened).
     pod_lister: PodLister | None = None
+    # Waits for reconnecting SidecarSet watches before a pod is decided (injector.http.snapshotwait);
+    # None: the snapshot is taken as it is.
+    snapshot_wait: Callable[[], Awaitable[bool]] | None = None
 
 
 class NamespaceUnknown(Exception):
@@ -105,6 +110,7 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
         message = f"sidecarctl: the labels of namespace {namespace} are not known ({e}); retry the request"
         POD_DENIALS.labels("namespace_unknown").inc()
         return Decision("denied", admission.response(review, denied=message, code=503))
+    behind = settings.snapshot_wait is not None and not await settings.snapshot_wait()
     snapshot = store.snapshot
     candidates, denied = pins.pinned_sidecarsets(
         snapshot,
@@ -134,8 +140,10 @@ async def inject(review: admission.Review, store: TemplateStore, settings: Webho
     if outcome.denied is not None:
         POD_DENIALS.labels("cannot_inject").inc()
         return Decision("denied", admission.response(review, denied=outcome.denied, code=400))
-    body = admission.response(review, patch=outcome.patch, warnings=outcome.warnings)
-    return Decision("injected" if outcome.patch else "skipped", body, pins.answer_is_replayable(snapshot, labels))
+    warnings = [BEHIND_WARNING, *outcome.warnings] if behind else outcome.warnings
+    body = admission.response(review, patch=outcome.patch, warnings=warnings)
+    replayable = not behind and pins.answer_is_replayable(snapshot, labels)
+    return Decision("injected" if outcome.patch else "skipped", body, replayable)
 
 
 async def validate(review: admission.Review, store: TemplateStore, settings: WebhookSettings | None = None) -> Decision:

@@ -63,3 +63,11 @@ NAMESPACE_LOOKUPS = Counter(
     "(found, not_found, error).",
     ["result"],
 )
+SNAPSHOT_WAITS = Counter(
+    "sidecarctl_webhook_snapshot_waits_total",
+    "Pods that waited for a reconnecting SidecarSet watch before they were decided, by outcome (caught_up: it "
+    "was current again within --namespace-lookup-timeout; behind: decided from the snapshot as it was, warned).",
+    ["outcome"],
+)
+for _outcome in ("caught_up", "behind"):
+    SNAPSHOT_WAITS.labels(_outcome)

@@ -58,8 +58,9 @@ class BudgetOptions:
     max_requests_per_connection: int = opt(10_000, "requests per connection before it is closed")
     namespace_lookup_timeout: float = opt(
         2.0,
-        "seconds admission may spend reading the API server: a namespace the watch has not delivered yet, or the "
-        "running pods a SidecarSet update that tightens spec.overrides may leave outside the bounds (warned about)",
+        "seconds admission may spend reading the API server: a namespace the watch has not delivered yet, the "
+        "running pods a SidecarSet update that tightens spec.overrides may leave outside the bounds (warned about), "
+        "or a reconnecting SidecarSet watch a pod waits for (then decided from the snapshot, warned about)",
     )
 
 

@@ -22,6 +22,7 @@ from injector.http.budget import ByteBudget
 from injector.http.decisions import WebhookSettings
 from injector.http.namespaces import NamespaceLookup
 from injector.http.server import Limits, Listener
+from injector.http.snapshotwait import SnapshotWait
 from injector.http.sources import ConnectionSource
 from injector.http.validate.tenants import PodCreateReview
 from injector.http.validate.tightened import PodLister
@@ -100,6 +101,10 @@ class WebhookRole:
             namespaced_sidecarsets=opts.injection.namespaced_sidecarsets,
             access_review=PodCreateReview(self.client, timeout=budgets.namespace_lookup_timeout),
             pod_lister=PodLister(self.client, timeout=budgets.namespace_lookup_timeout),
+            snapshot_wait=SnapshotWait(
+                [inf.current for inf in self.informers if inf.name in ("sidecarsets", "namespacedsidecarsets")],
+                timeout=budgets.namespace_lookup_timeout,
+            ),
         )
         body = BodyLimits(
             timeout=budgets.body_timeout,

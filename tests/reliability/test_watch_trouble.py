@@ -30,6 +30,9 @@ LAG_ROUNDS = 50
 # the bound adds 8 s for the restarted watch's backoff, relist and the API server reaching a worker.
 WATCH_TIMEOUT = 10
 STALL_BOUND = WATCH_TIMEOUT + WATCH_TIMEOUT // 5 + STALL_MARGIN + 8.0
+# Each state read after a 410 is answered this late: a gap a pod can fall into, and within the 2 s
+# the webhook waits for it (--namespace-lookup-timeout) with room for the backoff before the read.
+LIST_LAG = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +185,47 @@ def test_a_stalled_sidecarset_watch_is_restarted_and_new_pods_get_the_new_image_
     assert all_new <= STALL_BOUND, f"pods got the new image only {all_new:.1f} s after the change"
     assert stalled_after - stalled_before >= stalled, "every stalled watch is counted as restarted for cause stalled"
     assert restarts_after > restarts_before
+
+
+def test_a_sidecarset_created_while_the_watches_read_their_state_again_reaches_the_next_pod(
+    cluster: ReliabilityCluster, proxy: ApiProxy, manager: ManagerProcess
+) -> None:
+    """The SidecarSet watches end and resume into a 410 (a kube-apiserver whose watch cache started
+    after their resourceVersion, as during a control plane upgrade), so each process reads the whole
+    state again, answered LIST_LAG late. A SidecarSet created in that gap is in no worker's snapshot
+    until its read finishes: the pod created right after it waits for that read (at most
+    --namespace-lookup-timeout, 2 s) instead of being admitted without its sidecar."""
+    kube = cluster.kube
+    ns = cluster.labelled_namespace("gone")
+    metrics = Metrics(manager.probe_url)
+    waited_before = metrics.value("sidecarctl_webhook_snapshot_waits_total", outcome="caught_up")
+    behind_before = metrics.value("sidecarctl_webhook_snapshot_waits_total", outcome="behind")
+    answered_before = proxy.gone_answered
+    proxy.delay_lists("sidecarsets", LIST_LAG)
+    try:
+        ended = proxy.expire("sidecarsets")
+        assert ended >= 3, "expected the control process's and both workers' SidecarSet watches"
+        deadline = time.monotonic() + 10
+        while proxy.gone_answered - answered_before < ended:  # every watch has resumed into its 410
+            assert time.monotonic() < deadline, "the ended watches were not resumed"
+            time.sleep(0.01)
+        in_gap = time.monotonic()
+        sidecar = builders.container("proxy", "proxy:1")
+        kube.create(SS_PATH, builders.sidecarset("gone", containers=[sidecar], app="gone"))
+        pod = kube.create(f"/api/v1/namespaces/{ns}/pods", builders.pod("web", labels={"app": "gone"}))
+        took = time.monotonic() - in_gap
+    finally:
+        proxy.delay_lists("sidecarsets", 0.0)
+    waited = metrics.value("sidecarctl_webhook_snapshot_waits_total", outcome="caught_up") - waited_before
+    behind = metrics.value("sidecarctl_webhook_snapshot_waits_total", outcome="behind") - behind_before
+    report(
+        f"watches expired: every SidecarSet watch ends and resumes into a 410; each read again {LIST_LAG:g} s late",
+        {
+            "watches ended": ended,
+            "SidecarSet + pod created, after the last 410": f"{took:.2f} s",
+            "pod's containers": _containers(pod),
+            "snapshot waits, caught up / behind (metric)": f"{waited:.0f} / {behind:.0f}",
+        },
+    )
+    assert "proxy" in _containers(pod), "admitted from a snapshot missing the SidecarSet created in the gap"
+    assert waited >= 1 and behind == 0
