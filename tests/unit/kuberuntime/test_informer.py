@@ -56,6 +56,11 @@ class ScriptedApi:
             yield event
 
 
+def informer(api: ScriptedApi, **kw: Any) -> Informer[dict[str, Any]]:
+    """An informer of `/x` on the scripted API, backing off 10 ms at most."""
+    return Informer(api, "/x", name="t", transform=lambda o: o, max_backoff=0.01, **kw)  # type: ignore[arg-type]
+
+
 def run(api: ScriptedApi, until: Any, timeout: float = 2.0) -> tuple[Informer[dict[str, Any]], list[tuple[str, str]]]:
     seen: list[tuple[str, str]] = []
 
@@ -63,14 +68,7 @@ def run(api: ScriptedApi, until: Any, timeout: float = 2.0) -> tuple[Informer[di
         seen.append((kind, (new or old)["metadata"]["name"]))
 
     async def main() -> Informer[dict[str, Any]]:
-        inf: Informer[dict[str, Any]] = Informer(
-            api,  # type: ignore[arg-type]
-            "/x",
-            name="t",
-            transform=lambda o: o,
-            handler=handler,
-            max_backoff=0.01,
-        )
+        inf = informer(api, handler=handler)
         stop = asyncio.Event()
         task = asyncio.create_task(inf.run(stop))
         deadline = asyncio.get_running_loop().time() + timeout
@@ -151,13 +149,7 @@ def test_current_from_a_read_or_an_accepted_watch_until_a_watch_fails() -> None:
     api.get, api.watch = get, watch  # type: ignore[method-assign]
 
     async def main() -> bool:
-        inf: Informer[dict[str, Any]] = Informer(
-            api,  # type: ignore[arg-type]
-            "/x",
-            name="t",
-            transform=lambda o: o,
-            max_backoff=0.01,
-        )
+        inf = informer(api)
         informers.append(inf)
         stop = asyncio.Event()
         task = asyncio.create_task(inf.run(stop))
@@ -191,14 +183,7 @@ def test_an_optional_resource_not_served_counts_as_an_empty_synced_list_and_is_l
     api = Unserved([obj("a", "1")], [])
 
     async def main() -> tuple[bool, int, dict[str, Any]]:
-        inf: Informer[dict[str, Any]] = Informer(
-            api,  # type: ignore[arg-type]
-            "/x",
-            name="t",
-            transform=lambda o: o,
-            max_backoff=0.01,
-            optional=True,
-        )
+        inf = informer(api, optional=True)
         stop = asyncio.Event()
         task = asyncio.create_task(inf.run(stop))
         await asyncio.wait_for(inf.synced.wait(), 1)
@@ -220,13 +205,7 @@ def test_a_required_resource_not_served_is_never_synced() -> None:
     api = Unserved([], [])
 
     async def main() -> bool:
-        inf: Informer[dict[str, Any]] = Informer(
-            api,  # type: ignore[arg-type]
-            "/x",
-            name="t",
-            transform=lambda o: o,
-            max_backoff=0.01,
-        )
+        inf = informer(api)
         stop = asyncio.Event()
         task = asyncio.create_task(inf.run(stop))
         await asyncio.sleep(0.2)

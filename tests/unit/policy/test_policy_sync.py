@@ -652,10 +652,8 @@ def test_a_refusal_outlives_discovery_dropping_and_listing_the_api_again() -> No
     assert probe.calls == 1 + ENFORCED_ROUNDS and rig.policy(P0) is not None
 
 
-def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_settled() -> None:
-    """Support lost (a kube-apiserver of an older minor joined): the webhook serves every pod at once,
-    and the policy goes only `settle` seconds later, so no kube-apiserver, each following its own
-    watches, sees the policy gone while the webhook is still narrowed."""
+def _served_by_policy_until_the_next_probe() -> Rig:
+    """ "mesh" served by its policy (the webhook narrowed); the next probe will refuse."""
     rig = Rig()
     rig.sync.support.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
     rig.add("mesh")
@@ -663,6 +661,14 @@ def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_
     rig.now += 10
     rig.run()
     assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
+    return rig
+
+
+def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_settled() -> None:
+    """Support lost (a kube-apiserver of an older minor joined): the webhook serves every pod at once,
+    and the policy goes only `settle` seconds later, so no kube-apiserver, each following its own
+    watches, sees the policy gone while the webhook is still narrowed."""
+    rig = _served_by_policy_until_the_next_probe()
     rig.now = rig.sync.support.checked_at + 600  # the next probe
     rig.run()
     assert rig.ours() is None and rig.policy(P0) is not None and rig.binding(P0) is not None
@@ -679,13 +685,7 @@ def test_a_late_watch_event_of_an_older_configuration_does_not_hide_the_narrowin
     """Our patch's answer comes back before the watch delivers the version it replaced. Kept, that
     older version (no condition of ours) made the widening to every pod a no-op: the pass published
     the SidecarSet as webhook-served while the stored condition still left its pods out."""
-    rig = Rig()
-    rig.sync.support.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
-    rig.add("mesh")
-    rig.run()
-    rig.now += 10
-    rig.run()
-    assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
+    rig = _served_by_policy_until_the_next_probe()
     late = copy.deepcopy(rig.api.objects[MWC])
     for hook in late["webhooks"]:
         hook["matchConditions"] = [c for c in hook.get("matchConditions") or [] if c["name"] != CONDITION_NAME]
