@@ -205,6 +205,7 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_webhook_connections_closed_total": {"reason"},
         "sidecarctl_webhook_requests_refused_total": {"reason"},
         "sidecarctl_namespace_lookups_total": {"result"},
+        "sidecarctl_webhook_snapshot_waits_total": {"outcome"},
         # bounded: the optional resources the manager asks discovery about, and the server's version
         "sidecarctl_api_served": {"group_version", "resource"},
         "sidecarctl_apiserver_info": {"git_version"},
