@@ -67,7 +67,8 @@ class WatchStream:
     forwarded_at: float = 0.0  # monotonic time of the last chunk forwarded
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
-    ended: asyncio.Event = field(default_factory=asyncio.Event)  # `expire`: end it now, cleanly
+    # (when to forward, bytes; None: the end), filled from upstream; `expire` puts the end in at once
+    queue: asyncio.Queue[tuple[float, bytes | None]] = field(default_factory=asyncio.Queue)
 
 
 class ApiProxy:
@@ -117,7 +118,7 @@ class ApiProxy:
         streams = [s for s in self.open_streams(resource) if not s.stalled.is_set()]
         self.gone[resource] = self.gone.get(resource, 0) + len(streams)
         for s in streams:
-            s.ended.set()
+            s.queue.put_nowait((time.monotonic(), None))
         return len(streams)
 
     def open_streams(self, resource: str) -> list[WatchStream]:
@@ -227,7 +228,7 @@ class ApiProxy:
             return out
         stream = WatchStream(resource, request.path_qs)
         self.streams.append(stream)
-        queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+        queue = stream.queue
 
         def when() -> float:  # under the delay in force when the bytes came from upstream
             return time.monotonic() + self.delays.get(resource, 0.0)
@@ -243,15 +244,7 @@ class ApiProxy:
         reader = asyncio.create_task(pump())
         try:
             while True:
-                got = asyncio.ensure_future(queue.get())
-                ended = asyncio.ensure_future(stream.ended.wait())
-                await asyncio.wait([got, ended], return_when=asyncio.FIRST_COMPLETED)
-                ended.cancel()
-                if not got.done():
-                    got.cancel()
-                    await out.write_eof()
-                    return out
-                due, chunk = got.result()
+                due, chunk = await queue.get()
                 if stream.stalled.is_set():
                     break
                 wait = due - time.monotonic()
