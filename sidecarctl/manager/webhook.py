@@ -102,7 +102,7 @@ class WebhookRole:
             access_review=PodCreateReview(self.client, timeout=budgets.namespace_lookup_timeout),
             pod_lister=PodLister(self.client, timeout=budgets.namespace_lookup_timeout),
             snapshot_wait=SnapshotWait(
-                [inf.current for inf in self.informers if inf.name in ("sidecarsets", "namespacedsidecarsets")],
+                [inf.current for inf in self.informers if inf.handler == self.store.on_sidecarset],
                 timeout=budgets.namespace_lookup_timeout,
             ),
         )

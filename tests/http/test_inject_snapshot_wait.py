@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
@@ -21,11 +22,15 @@ from sidecarsets.store import TemplateStore
 from tests.http.test_inject_app import NOW, pod, review, shop_store, sidecarset
 
 
+def _inject(store: TemplateStore, wait: SnapshotWait) -> Coroutine[Any, Any, decisions.Decision]:
+    """The pod webhook's decision on an `app: web` pod in the labelled namespace."""
+    settings = WebhookSettings(clock=lambda: NOW, snapshot_wait=wait, replay=None)
+    return decisions.inject(admission.parse(orjson.dumps(review(pod(app="web")))), store, settings)
+
+
 def _decide(store: TemplateStore, wait: SnapshotWait, *, later: Any = None) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
-        settings = WebhookSettings(clock=lambda: NOW, snapshot_wait=wait, replay=None)
-        body = admission.parse(orjson.dumps(review(pod(app="web"))))
-        task = asyncio.create_task(decisions.inject(body, store, settings))
+        task = asyncio.create_task(_inject(store, wait))
         await asyncio.sleep(0.05)
         assert not task.done(), "decided while the SidecarSet watch is behind"
         if later is not None:
@@ -69,9 +74,7 @@ def test_current_watches_cost_no_wait() -> None:
     current.set()
 
     async def main() -> dict[str, Any]:
-        settings = WebhookSettings(clock=lambda: NOW, snapshot_wait=SnapshotWait([current], timeout=5.0), replay=None)
-        body = admission.parse(orjson.dumps(review(pod(app="web"))))
-        decision = await asyncio.wait_for(decisions.inject(body, store, settings), timeout=0.05)
+        decision = await asyncio.wait_for(_inject(store, SnapshotWait([current], timeout=5.0)), timeout=0.05)
         result: dict[str, Any] = orjson.loads(decision.body)["response"]
         return result
 

@@ -653,7 +653,7 @@ def test_a_refusal_outlives_discovery_dropping_and_listing_the_api_again() -> No
 
 
 def _served_by_policy_until_the_next_probe() -> Rig:
-    """ "mesh" served by its policy (the webhook narrowed); the next probe will refuse."""
+    """The SidecarSet `mesh` served by its policy (the webhook narrowed); the next probe will refuse."""
     rig = Rig()
     rig.sync.support.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
     rig.add("mesh")
