@@ -72,3 +72,46 @@ class UnusedParams:
 
     def times(self) -> list[float]:
         return list(self.gone.values())
+
+
+class OldKeys:
+    """Keys of our parameter objects that the versions of the policies being stored no longer read.
+
+    A kube-apiserver enforces the CEL it compiled last, a second or more after a policy is written (its
+    next refresh, then the compile), but reads the parameter object as it is now: each version of a
+    group's CEL reads keys of its own (injector.policy.generate), and the keys of the version before
+    stay in the object while a server may still enforce it (without them it would refuse those pods:
+    a missing key is an error, and the policies fail closed). So they go only once nothing is settling
+    (the sync's estimate of when every written policy is enforced) and `settle` seconds after they
+    stopped being read.
+    """
+
+    def __init__(self, settle: float, monotonic: Callable[[], float]) -> None:
+        self.settle = settle
+        self.monotonic = monotonic
+        self.since: dict[tuple[str, str], float] = {}  # (object, key) -> when it stopped being read
+
+    def kept(self, desired: Mapping[str, JsonObj], stored: Mapping[str, JsonObj], settling: bool) -> dict[str, JsonObj]:
+        """`desired` (name -> parameter object) with the stored objects' other keys added back while
+        they may still be read."""
+        now = self.monotonic()
+        since: dict[tuple[str, str], float] = {}
+        out: dict[str, JsonObj] = {}
+        for name, obj in desired.items():
+            want: dict[str, str] = obj["spec"]["values"]
+            have = ((stored.get(name) or {}).get("spec") or {}).get("values") or {}
+            keep = {}
+            for key, value in have.items():
+                if key in want:
+                    continue
+                since[(name, key)] = at = self.since.get((name, key), now)
+                if settling or now < at + self.settle:
+                    keep[key] = value
+            out[name] = (
+                {**obj, "spec": {**obj["spec"], "values": dict(sorted({**want, **keep}.items()))}} if keep else obj
+            )
+        self.since = since
+        return out
+
+    def times(self) -> list[float]:
+        return [at + self.settle for at in self.since.values()]
