@@ -283,19 +283,9 @@ def test_another_namespace_moves_every_reference(default_render: dict[Key, Obj])
 def test_crd_values(default_render: dict[Key, Obj]) -> None:
     crd = ("CustomResourceDefinition", "", "sidecarsets.sidecarctl.io")
     tenant_crd = ("CustomResourceDefinition", "", "namespacedsidecarsets.sidecarctl.io")
-    params_crd = ("CustomResourceDefinition", "", "injectionparametersets.sidecarctl.io")
     keep = {"/metadata/annotations": (ABSENT, {"helm.sh/resource-policy": "keep"})}
-    # The parameter objects' CRD is kept with the others: kept policies without them would refuse pods.
-    assert changed(["--set", "crds.keep=true"], default_render) == {
-        describe(crd): keep,
-        describe(tenant_crd): keep,
-        describe(params_crd): keep,
-    }
-    assert set(default_render) - set(keyed(helm.helm_template("--set", "crds.install=false"))) == {
-        crd,
-        tenant_crd,
-        params_crd,
-    }
+    assert changed(["--set", "crds.keep=true"], default_render) == {describe(crd): keep, describe(tenant_crd): keep}
+    assert set(default_render) - set(keyed(helm.helm_template("--set", "crds.install=false"))) == {crd, tenant_crd}
 
 
 def test_extra_args_env_and_scheduling(tmp_path: Path, default_render: dict[Key, Obj]) -> None:
