@@ -39,13 +39,9 @@ def in_scope(ss: SidecarSet, labels: str = NAMESPACE_LABELS) -> str | None:
     return term
 
 
-# How every read of the parameter object opens: the generator prefixes each key with its CEL's version.
-PARAM_KEY = f'{PARAMS}["'
-
-
 def param(key: str) -> str:
     """CEL: the string under `key` in the policy's parameter object (injector.policy.params)."""
-    return f"string({PARAM_KEY}{string(key)[1:]}])"
+    return f"string({PARAMS}[{string(key)}])"
 
 
 def string(value: str) -> str:

@@ -241,23 +241,14 @@ class Generator(SpecOps, MetadataOps):
         """The group as one part of a policy (injector.policy.bundle)."""
         self.generate_ops()
         common, own = self._gates()
-        patch = " +\n".join(f"({op})" for op in self.b.ops)
-        # The keys it reads are those of this version of its CEL: a kube-apiserver enforces the CEL it
-        # compiled last (a second or more after a write) but reads the parameter object as it is now, so
-        # a version's keys stay in the object until every server has its successor (injector.policysync).
-        version = hashlib.sha256(repr((self.b.variables, own, patch)).encode()).hexdigest()[:12]
-
-        def keyed(text: str) -> str:
-            return text.replace(cel.PARAM_KEY, f"{cel.PARAM_KEY}{version}/")
-
         return GroupParts(
             members=tuple(ss.name for ss in self.group),
             sidecarsets=tuple(self.group),
-            variables=tuple((n, keyed(e)) for n, e in self.b.variables),
+            variables=tuple(self.b.variables),
             common=tuple(common),
-            gates=tuple(keyed(g) for g in own),
-            patch=keyed(patch),
-            params=tuple(sorted((f"{version}/{k}", v) for k, v in self.b.params.items())),
+            gates=tuple(own),
+            patch=" +\n".join(f"({op})" for op in self.b.ops),
+            params=tuple(sorted(self.b.params.items())),
         )
 
 

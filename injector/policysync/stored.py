@@ -10,7 +10,7 @@ import orjson
 from prometheus_client import Counter
 
 from injector.policy import params
-from injector.policy.generate import ANN_MEMBERS, covers
+from injector.policy.generate import ANN_MEMBERS
 from injector.policysync.desired import ANN_GENERATED_AT, STAMP
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
@@ -32,11 +32,6 @@ def members(policy: JsonObj) -> list[str]:
     """The SidecarSets a stored policy of ours injects (its groups joined by ";", members by ",")."""
     text = str((((policy.get("metadata") or {}).get("annotations")) or {}).get(ANN_MEMBERS) or "")
     return [m for group in text.split(";") for m in group.split(",") if m]
-
-
-def params_current(want: JsonObj, have: JsonObj | None) -> bool:
-    """The stored parameter object holds exactly the values wanted (a key left over is dropped)."""
-    return covers(want, have) and want["spec"]["values"] == ((have or {}).get("spec") or {}).get("values")
 
 
 def changed_members(stored: JsonObj | None, digests: Mapping[str, str], annotation: str) -> list[str]:

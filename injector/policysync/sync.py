@@ -48,8 +48,8 @@ from injector.policysync import desired
 from injector.policysync.adoption import Adoption
 from injector.policysync.narrowing import Narrowing
 from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing, is_news, routes_so_far
-from injector.policysync.retiring import HandOver, OldKeys, UnusedParams
-from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, params_current, put
+from injector.policysync.retiring import HandOver, UnusedParams
+from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, put
 from injector.policysync.support import CANARY, PolicyApi, Probe, SupportProbe
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
@@ -115,7 +115,6 @@ class PolicySync:
         self.narrow_at: float | None = None  # when the widened webhook may be narrowed again
         self.hand_over = HandOver(settle, monotonic)  # policies of SidecarSets moved to the webhook
         self.unused_params = UnusedParams(settle, monotonic)
-        self.old_keys = OldKeys(settle, monotonic)
         self.settling: set[str] = set()  # SidecarSets whose policy was just written: the webhook takes their pods too
         self.dirty = asyncio.Event()
         self.news = asyncio.Event()  # a SidecarSet changed: read while a policy is being written
@@ -188,7 +187,7 @@ class PolicySync:
                 self.dirty.set()
                 await asyncio.sleep(5.0)
             timeout = self.support.until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
-            for at in (self.write_at, self.hand_over.at, *self.unused_params.times(), *self.old_keys.times()):
+            for at in (self.write_at, self.hand_over.at, *self.unused_params.times()):
                 if at is not None:
                     timeout = min(timeout, at - self.monotonic())
             await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
@@ -221,6 +220,8 @@ class PolicySync:
             p.policies, stored=self.policies, stored_params=self.params, models=self.models, clock=self.clock
         )
         changed = [g for g in p.policies if not self._current(g, policies, bindings)]
+        # Only the values a new image changes: no CEL to compile, so no widening and no pace.
+        values_only = [g for g in p.policies if g not in changed and not self._params_current(g, params)]
         stale_policies = [n for n in self.policies if n not in policies and n != CANARY]
         stale_bindings = [n for n in self.bindings if n not in bindings and n != CANARY]
         held = {*params, CANARY, *self.policies, *self.bindings}
@@ -237,9 +238,6 @@ class PolicySync:
         elif self.narrow_at is not None and now >= self.narrow_at:
             self.narrow_at = None
             self.settling.clear()
-        params = self.old_keys.kept(params, self.params, settling=self.narrow_at is not None)
-        # Only the values a new image changes: no CEL to compile, so no widening and no pace.
-        values_only = [g for g in p.policies if g not in changed and not self._params_current(g, params)]
         condition = p.webhook_condition
         settling = [ss for name, ss in self.models.items() if name in self.settling]
         if settling:  # widened: the webhook also takes every pod a not-yet-enforced policy would serve
@@ -351,7 +349,7 @@ class PolicySync:
         return self.may_write is None or await self.may_write()
 
     def _params_current(self, g: Generated, params: dict[str, JsonObj]) -> bool:
-        return params_current(params[g.name], self.params.get(g.name))
+        return covers(params[g.name], self.params.get(g.name))
 
     def _current(self, g: Generated, policies: dict[str, JsonObj], bindings: dict[str, JsonObj]) -> bool:
         return covers(policies[g.name], self.policies.get(g.name)) and covers(
@@ -364,7 +362,7 @@ class PolicySync:
         policy (a binding to a missing policy matches nothing), then the binding; False if refused."""
         started = self.monotonic()
         try:
-            if not params_current(params, self.params.get(g.name)):
+            if not covers(params, self.params.get(g.name)):
                 await self._put_params(params)
             if not covers(policy, self.policies.get(g.name)):
                 await put(self.client, self.support.api.policies, policy, self.policies, self.written)

@@ -305,8 +305,7 @@ def test_an_image_change_rewrites_only_the_parameter_object_and_reaches_new_pods
     settled(manager)
     policy_version = kube.get(f"{POLICIES}/{holder}")["metadata"]["resourceVersion"]
     condition = webhook_condition(kube)
-    values = kube.get(f"{params.PATH}/{holder}")["spec"]["values"]
-    assert any(k.endswith(f"/{name}:image:proxy") for k in values), sorted(values)
+    assert f"{name}:image:proxy" in kube.get(f"{params.PATH}/{holder}")["spec"]["values"]
     before = inject_calls()
     t0 = time.monotonic()
     kube.patch(f"{SS_PATH}/{name}", {"spec": {"containers": [builders.container("proxy", "proxy:2")]}})
