@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from bench.bench_policy import raw_pod, sidecarset
-from injector.policy import params
 from injector.policy import plan as planning
 from injector.policysync import desired
 from kuberuntime import api, kubeapi, kubeconfig
@@ -38,11 +37,8 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
-from tests.kube.client import Kube
-from tests.kube.cluster import install_crd
 from tests.kube.controlplane import REPO, ControlPlane, binaries_dir
 from tests.kube.loop import BackgroundLoop
-from tests.kube.managerharness import other_crds
 
 BETA_FLAGS = (
     "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
@@ -105,25 +101,20 @@ def _masked(pod: JsonObj) -> JsonObj:
 
 
 def _apply(loop: BackgroundLoop, client: kubeapi.KubeClient, group_version: str, generated: Any) -> list[str]:
-    """Write the parameter objects, policies and bindings (these in `group_version`); what each write did."""
+    """Write the policies and bindings in `group_version`; what each write did."""
     # No owners: nothing garbage-collects on these servers.
-    policies, bindings, values = desired.objects(
-        generated, stored={}, stored_params={}, models={}, clock=lambda: "2024-01-01T00:00:00Z"
-    )
+    policies, bindings = desired.objects(generated, stored={}, models={}, clock=lambda: "2024-01-01T00:00:00Z")
     said = []
     for name in policies:
-        for path, obj in (
-            (params.PATH, values[name]),
-            (f"/apis/{group_version}/mutatingadmissionpolicies", policies[name]),
-            (f"/apis/{group_version}/mutatingadmissionpolicybindings", bindings[name]),
+        for resource, obj in (
+            ("mutatingadmissionpolicies", policies[name]),
+            ("mutatingadmissionpolicybindings", bindings[name]),
         ):
-            resource = path.rsplit("/", 1)[1]
             body = copy.deepcopy(obj)
-            if resource != params.PLURAL:
-                body["apiVersion"] = group_version
+            body["apiVersion"] = group_version
             started = time.monotonic()
             try:
-                loop.run(client.create(path, body), timeout=120)
+                loop.run(client.create(f"/apis/{group_version}/{resource}", body), timeout=120)
                 said.append(f"{resource} {name}: stored in {time.monotonic() - started:.2f} s")
             except api.ApiError as e:
                 said.append(f"{resource} {name}: refused: {e.message[:2000]}")
@@ -161,7 +152,6 @@ def main(argv: list[str]) -> int:
                 # No controller-manager here: the ServiceAccount admission plugin wants `default`.
                 account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
                 loop.run(client.create(f"/api/v1/namespaces/{NS}/serviceaccounts", account))
-                install_crd(Kube(loop, client), other_crds()[1])  # the policies' parameter objects
                 said = _apply(loop, client, group_version, plan.policies)
                 time.sleep(3.0)  # the API server's next policy refresh (a 1-s tick, longer for a large policy)
                 out = []

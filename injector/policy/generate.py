@@ -1,8 +1,7 @@
 """One overlap group of SidecarSets -> one JSONPatch MutatingAdmissionPolicy and its binding.
 
 The policy is the injection engine (injector.engine.engine) written as CEL, with every SidecarSet value a
-literal but those a new image changes (read from the policy's parameter object, injector.policy.params),
-so a pod gets exactly what the webhook would give it: BeforeApp/AfterApp blocks in
+literal, so a pod gets exactly what the webhook would give it: BeforeApp/AfterApp blocks in
 SidecarSet order, same-name containers replaced in place, init containers sorted by name, only the
 mounted volumes (the pod's own winning), shared volumes and their subPathExpr env vars, transferred
 env vars, pull secrets, patchPodMetadata, the bookkeeping annotations merged with other
@@ -83,7 +82,6 @@ class Generated:
     policy: JsonObj
     binding: JsonObj
     digests: dict[str, str] = field(default_factory=dict)  # group (its members, ",") -> its parts' digest
-    params: JsonObj = field(default_factory=dict)  # its parameter object (injector.policy.params)
 
     @property
     def name(self) -> str:
@@ -115,9 +113,6 @@ class GroupParts:
     common: tuple[str, ...]
     gates: tuple[str, ...]
     patch: str
-    # What the CEL reads from the policy's parameter object (injector.policy.params): left out of
-    # `digest`, so a change of these alone (a new image) leaves the CEL as the API server compiled it.
-    params: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -173,7 +168,7 @@ class Generator(SpecOps, MetadataOps):
             beaten = "".join(f" && !{V}chosen{j}" for j in older)
             # As the engine: conflicts are settled among the matching members before recorded ones drop out.
             self.b.var(f"chosen{i}", f"({match}) && !({_cross(ss, cnames, inames)}){beaten}")
-            recorded = f"{entries}.exists(e, {bookkeeping.recorded_test(ss, self.quoted_hash(ss))})"
+            recorded = f"{entries}.exists(e, {bookkeeping.recorded_test(ss)})"
             self.b.var(f"ok{i}", f"{V}chosen{i} && !({recorded})")
             claimed.append(i)
 
@@ -223,12 +218,7 @@ class Generator(SpecOps, MetadataOps):
             ss = self.group[0]
             if (scope := cel.in_scope(ss)) is not None:
                 own.append(("in-a-selected-namespace", scope))
-            own.append(
-                (
-                    "not-yet-injected",
-                    f"!{V}hashEntries.exists(e, {bookkeeping.recorded_test(ss, self.quoted_hash(ss))})",
-                )
-            )
+            own.append(("not-yet-injected", f"!{V}hashEntries.exists(e, {bookkeeping.recorded_test(ss)})"))
             own.append(("no-name-clash-with-the-other-list", f"!({_cross(ss, V + 'cnames', V + 'inames')})"))
         else:
             own.append(("some-member-to-inject", " || ".join(V + f"ok{i}" for i in range(len(self.group)))))
@@ -248,7 +238,6 @@ class Generator(SpecOps, MetadataOps):
             common=tuple(common),
             gates=tuple(own),
             patch=" +\n".join(f"({op})" for op in self.b.ops),
-            params=tuple(sorted(self.b.params.items())),
         )
 
 

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 import orjson
 from prometheus_client import Counter
 
-from injector.policy import params
 from injector.policy.generate import ANN_MEMBERS
 from injector.policysync.desired import ANN_GENERATED_AT, STAMP
 from kuberuntime import api
@@ -50,11 +49,10 @@ def changed_members(stored: JsonObj | None, digests: Mapping[str, str], annotati
 
 REPAIRS = Counter(
     "sidecarctl_policy_repairs_total",
-    "Our MutatingAdmissionPolicies, bindings and their parameter objects written back after someone else changed or "
-    "deleted them, by kind.",
+    "Our MutatingAdmissionPolicies and bindings written back after someone else changed or deleted them, by kind.",
     ["kind"],
 )
-for _kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", params.PLURAL):
+for _kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
     REPAIRS.labels(_kind)  # from 0, so that the first repair is an increase a rate sees
 
 

@@ -6,8 +6,7 @@ not whether they are enforced: with the
 MutatingAdmissionPolicy admission plugin disabled, discovery is unchanged and policies are stored
 and silently ignored, so narrowing the webhook would admit pods without their sidecars. The
 canary settles it: a policy that only mutates ConfigMaps labelled `sidecarctl.io/policy-probe` in
-the manager's namespace, with a value read from a parameter object of the kind our policies read
-theirs from (`canary_params`), and a dry-run create of one such ConfigMap that must come back mutated.
+the manager's namespace, and a dry-run create of one such ConfigMap that must come back mutated.
 A new policy takes up to about a second to be enforced (the API server recompiles its policies on
 a one-second tick), so the probe retries for a few seconds.
 
@@ -28,7 +27,6 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from injector.policy import cel, params
 from injector.policy.generate import MANAGED_BY, POLICY_API, covers
 from kuberuntime import api
 from kuberuntime.discovery import Served
@@ -37,8 +35,6 @@ from kuberuntime.jsontypes import JsonObj
 log = logging.getLogger(__name__)
 
 POLICY_RESOURCES = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
-# The policies read their images from objects of our own kind: without its CRD there are no policies.
-PARAMS_RESOURCE = (f"{params.GROUP}/{params.VERSION}", params.PLURAL)
 
 
 @dataclass(frozen=True)
@@ -55,20 +51,13 @@ class PolicyApi:
     def bindings(self) -> str:
         return f"/apis/{self.group_version}/mutatingadmissionpolicybindings"
 
-    @property
-    def params(self) -> str:
-        """The policies' parameter objects (injector.policy.params): our CRD, in every version of the API."""
-        return params.PATH
-
     def served_by(self, served: Served) -> bool:
-        return all(served.has(self.group_version, r) for r in POLICY_RESOURCES) and served.has(*PARAMS_RESOURCE)
+        return all(served.has(self.group_version, r) for r in POLICY_RESOURCES)
 
 
 V1 = PolicyApi(POLICY_API)
 # The versions discovery is asked about; only v1 is used (see `served_api`).
 GROUP_VERSIONS = (V1.group_version, "admissionregistration.k8s.io/v1beta1")
-# What discovery is asked to decide on policies: the policy API's versions and our parameter objects' CRD.
-DISCOVERED = (*GROUP_VERSIONS, PARAMS_RESOURCE[0])
 GROUP_VERSION = f"/apis/{V1.group_version}"
 POLICIES = V1.policies
 BINDINGS = V1.bindings
@@ -81,26 +70,12 @@ NOT_ENFORCED = (
 )
 
 
-def canary_params() -> JsonObj:
-    """The canary's parameter object: the policies read their images from objects of this kind, and the
-    API server resolves a new CRD's kind only when its REST mapping is next refreshed (up to 30 s after
-    the CRD is installed), failing every policy that names the kind until then. The canary reads it too,
-    so policies are used only once the API server can."""
-    body = params.parameter_object(CANARY, {"served": "true"})
-    body["metadata"]["labels"][PROBE_LABEL] = "true"
-    return body
-
-
-CANARY_PATCH = f'[JSONPatch{{op: "add", path: "/data", value: {{"served": {cel.param("served")}}}}}]'
-
-
 def canary_policy() -> JsonObj:
     return {
         "apiVersion": POLICY_API,
         "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": CANARY, "labels": {**MANAGED_BY, PROBE_LABEL: "true"}},
         "spec": {
-            "paramKind": params.kind(),
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": {
@@ -112,7 +87,7 @@ def canary_policy() -> JsonObj:
             "mutations": [
                 {
                     "patchType": "JSONPatch",
-                    "jsonPatch": {"expression": CANARY_PATCH},
+                    "jsonPatch": {"expression": '[JSONPatch{op: "add", path: "/data", value: {"served": "true"}}]'},
                 }
             ],
         },
@@ -126,7 +101,6 @@ def canary_binding(namespace: str) -> JsonObj:
         "metadata": {"name": CANARY, "labels": {**MANAGED_BY, PROBE_LABEL: "true"}},
         "spec": {
             "policyName": CANARY,
-            "paramRef": params.reference(CANARY),
             "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
         },
     }
@@ -159,11 +133,6 @@ def served_api(served: Served) -> PolicyApi | None:
 
 def not_served(served: Served) -> str:
     """The PolicyInjection condition's message on a server without the policy API used."""
-    if all(served.has(V1.group_version, r) for r in POLICY_RESOURCES):
-        return (
-            f"the CustomResourceDefinition {params.PLURAL}.{params.GROUP} is not installed "
-            "(the policies read their images from it): apply this version's CRDs"
-        )
     version = served.git_version or "of unknown version"
     beta = GROUP_VERSIONS[1]
     also = f"; its {beta} beta is not used" if all(served.has(beta, r) for r in POLICY_RESOURCES) else ""
@@ -216,8 +185,7 @@ class SupportProbe:
 
     async def enforced(self) -> bool:
         owners = await self._owner()
-        canary = (params.PATH, canary_params()), (POLICIES, canary_policy()), (BINDINGS, canary_binding(self.namespace))
-        for path, body in canary:
+        for path, body in ((POLICIES, canary_policy()), (BINDINGS, canary_binding(self.namespace))):
             if owners:
                 body["metadata"]["ownerReferences"] = owners
             await _put(self.client, path, body)

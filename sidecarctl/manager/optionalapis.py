@@ -22,7 +22,6 @@ from sidecarsets.rollout.resize import RESIZE_SUBRESOURCE
 # The optional resources whose availability is exported (sidecarctl_api_served) and acted on.
 OPTIONAL = (
     *((gv, r) for gv in support.GROUP_VERSIONS for r in support.POLICY_RESOURCES),
-    support.PARAMS_RESOURCE,
     RESIZE_SUBRESOURCE,
 )
 DISCOVERED = tuple(dict.fromkeys(gv for gv, _ in OPTIONAL))

@@ -53,7 +53,7 @@ async def _patiently(what: str, read: Callable[[], Awaitable[T]]) -> T | str:
 
 
 async def _problem(kube: api.Reader, opts: ManagerOptions) -> str | None:
-    served = await _patiently("read its discovery", lambda: discovery.read(kube, support.DISCOVERED))
+    served = await _patiently("read its discovery", lambda: discovery.read(kube, support.GROUP_VERSIONS))
     if isinstance(served, str):
         return served
     if support.served_api(served) is None:

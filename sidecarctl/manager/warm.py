@@ -5,7 +5,7 @@ pods that was 45-65 s before its first reconcile, while the rollout it took over
 every control process keeps the controller's watches running for its whole life: SidecarSets,
 namespaces, the SidecarSets' ControllerRevisions, the webhook configuration, injected pods as
 projections (sidecarsets.pods.projection, never whole pods) and, while discovery lists the API,
-our MutatingAdmissionPolicies, bindings and parameter objects (`PolicyWatches`). A standby holds
+our MutatingAdmissionPolicies and bindings (`PolicyWatches`). A standby holds
 what the leader holds, and writes nothing.
 
 A term (sidecarctl.manager.term) takes over in two steps. First `catch_up`: each watch is brought
@@ -106,7 +106,7 @@ async def catch_up(informers: Iterable[Informer[Any]]) -> dict[str, int]:
 
 
 class PolicyWatches:
-    """The watches of our policies, bindings and their parameter objects in one served version of the API.
+    """The watches of our policies and bindings in one served version of the API.
 
     Kept by every replica, leader or not, while discovery lists the API (`WarmCaches.follow`), and
     handed to a term's policy sync by sidecarctl.manager.optionalapis.TermApis."""
@@ -115,11 +115,7 @@ class PolicyWatches:
         self.api = api_
         self.informers: list[Informer[JsonObj]] = [
             routed(client, path, name=name, transform=identity, label_selector=MANAGED_SELECTOR)
-            for path, name in (
-                (api_.policies, "policies"),
-                (api_.bindings, "policybindings"),
-                (api_.params, "policyparams"),
-            )
+            for path, name in ((api_.policies, "policies"), (api_.bindings, "policybindings"))
         ]
         for informer in self.informers:
             informer.watch_timeout = timeout
@@ -132,10 +128,9 @@ class PolicyWatches:
 
     def attach(self, sync: PolicySync | None) -> None:
         """Feed `sync` (None: nobody) from now on, starting with what the watches hold."""
-        policies, bindings, params = self.informers
+        policies, bindings = self.informers
         attach(policies, None if sync is None else sync.on_policy)
         attach(bindings, None if sync is None else sync.on_binding)
-        attach(params, None if sync is None else sync.on_params)
 
     async def close(self) -> None:
         self.stop.set()

@@ -36,7 +36,7 @@ from tests.kube.managerharness import (
     conversion_crd,
     conversion_works,
     ensure_namespace,
-    other_crds,
+    namespaced_crd,
     start_in_process,
     wait_ready,
     webhook_configs,
@@ -182,8 +182,7 @@ def crd(kube: Kube, manager_port: int) -> dict[str, object]:
 
     eventually(established, timeout=30, what="CRD Established")
     # The NamespacedSidecarSet CRD too, so the session's manager serves the kind as an install does.
-    for other in other_crds():
-        install_crd(kube, other)
+    install_crd(kube, namespaced_crd())
     return obj
 
 

@@ -32,7 +32,7 @@ from tests.kube.managerharness import (
     ManagerProcess,
     conversion_bundle_synced,
     conversion_crd,
-    other_crds,
+    namespaced_crd,
     start_process,
     wait_ready,
     webhook_configs,
@@ -119,8 +119,7 @@ class PolicyCluster(PrivateCluster):
 
 def _install(kube: Kube, url: str) -> None:
     install_crd(kube, conversion_crd(url))
-    for other in other_crds():
-        install_crd(kube, other)
+    install_crd(kube, namespaced_crd())
     with contextlib.suppress(api.Conflict):
         kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
     mwc, vwc = webhook_configs(url, mutating=names.MUTATING_WEBHOOK_CONFIG, validating=names.VALIDATING_WEBHOOK_CONFIG)

@@ -40,7 +40,6 @@ from tests.kube.managerharness import (
     VWC_PATH,
     ManagerProcess,
     ensure_namespace,
-    other_crds,
     start_process,
     wait_ready,
     webhook_configs,
@@ -57,8 +56,6 @@ def cluster(aloop: BackgroundLoop, control_plane: ControlPlane) -> Iterator[Priv
     try:
         crd = yaml.safe_load((REPO / "config/crd/sidecarctl.io_sidecarsets.yaml").read_text())
         install_crd(c.kube, crd)
-        for other in other_crds():
-            install_crd(c.kube, other)
         ensure_namespace(c.kube, MANAGER_NS)
         yield c
     finally:

@@ -71,13 +71,10 @@ def webhook_configs(url: str, *, mutating: str, validating: str) -> tuple[dict[s
 CRD_NAME = names.CRD_NAME
 
 
-def other_crds() -> list[dict[str, Any]]:
-    """The CRDs of config/crd besides the SidecarSet one (one version each: nothing to convert): the
-    NamespacedSidecarSet's and the policies' parameter objects'."""
-    found: list[dict[str, Any]] = [
-        yaml.safe_load((REPO / "config" / "crd" / f"{names.GROUP}_{plural}.yaml").read_text())
-        for plural in (names.NAMESPACED_PLURAL, "injectionparametersets")
-    ]
+def namespaced_crd() -> dict[str, Any]:
+    """The NamespacedSidecarSet CRD of config/crd (one version: nothing to convert)."""
+    path = REPO / "config" / "crd" / f"{names.GROUP}_{names.NAMESPACED_PLURAL}.yaml"
+    found: dict[str, Any] = yaml.safe_load(path.read_text())
     return found
 
 

@@ -41,7 +41,6 @@ from tests.kube.managerharness import (
     VWC_PATH,
     ManagerProcess,
     ensure_namespace,
-    other_crds,
     start_process,
     wait_ready,
     webhook_configs,
@@ -190,8 +189,6 @@ class ReliabilityCluster(PrivateCluster):
         try:
             self.rest = AdminRest(self.cp)
             install_crd(self.kube, yaml.safe_load((REPO / "config/crd/sidecarctl.io_sidecarsets.yaml").read_text()))
-            for other in other_crds():
-                install_crd(self.kube, other)
             ensure_namespace(self.kube, MANAGER_NS)
             self.ca_file = self.cert_dir / "ca.crt"
             self.token_kubeconfig = self._service_account_kubeconfig()

@@ -159,11 +159,7 @@ def test_the_comparison_names_each_differing_field() -> None:
 
 
 def test_the_crd_is_config_crd_itself() -> None:
-    for crd_file in (
-        "sidecarctl.io_sidecarsets.yaml",
-        "sidecarctl.io_namespacedsidecarsets.yaml",
-        "sidecarctl.io_injectionparametersets.yaml",
-    ):
+    for crd_file in ("sidecarctl.io_sidecarsets.yaml", "sidecarctl.io_namespacedsidecarsets.yaml"):
         link = CHART / "files" / crd_file
         assert link.is_symlink() and link.resolve() == (CONFIG / "crd" / crd_file).resolve()
 

@@ -319,11 +319,7 @@ def test_printer_columns(version: str) -> None:
 
 def test_kustomization_lists_the_crd() -> None:
     kustomization = yaml.safe_load((CRD_PATH.parent / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == [
-        CRD_PATH.name,
-        "sidecarctl.io_namespacedsidecarsets.yaml",
-        "sidecarctl.io_injectionparametersets.yaml",
-    ]
+    assert kustomization["resources"] == [CRD_PATH.name, "sidecarctl.io_namespacedsidecarsets.yaml"]
 
 
 def test_schema_is_structural() -> None:

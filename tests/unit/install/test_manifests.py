@@ -23,7 +23,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from injector.engine import eligibility
-from injector.policy import params
 from sidecarctl.cli import main as cli
 from sidecarctl.cli import runcmd
 from sidecarsets.spec import names, selectors
@@ -137,7 +136,6 @@ def test_default_holds_exactly_the_install_objects(default: dict[tuple[str, str,
     assert set(default) == {
         ("CustomResourceDefinition", "", f"{names.PLURAL}.{names.GROUP}"),
         ("CustomResourceDefinition", "", names.NAMESPACED_CRD_NAME),
-        ("CustomResourceDefinition", "", f"{params.PLURAL}.{params.GROUP}"),
         ("ClusterRole", "", "sidecarctl-namespacedsidecarsets-edit"),
         ("ClusterRole", "", "sidecarctl-namespacedsidecarsets-view"),
         ("Namespace", "", MANAGER_NS),
@@ -226,8 +224,6 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
             for resource in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
             for verb in ("list", "watch", "get", "create", "update", "delete")
         ),
-        # the policies' parameter objects; `get` also lets the manager name the kind in a policy
-        *((params.GROUP, params.PLURAL, v, ()) for v in ("list", "watch", "get", "create", "update", "delete")),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get", (args.validating_config,)),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", (args.validating_config,)),
         # caBundle of the CRD's conversion webhook

@@ -108,10 +108,9 @@ def test_a_server_that_stores_but_ignores_policies_is_not_trusted() -> None:
     assert probe(api) == NOT_ENFORCED
 
 
-def _served(version: str, *group_versions: str, params: bool = True) -> Served:
+def _served(version: str, *group_versions: str) -> Served:
     resources = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
-    ours = {("sidecarctl.io/v1alpha1", "injectionparametersets")} if params else set()
-    return Served(version, frozenset({(gv, r) for gv in group_versions for r in resources} | ours))
+    return Served(version, frozenset((gv, r) for gv in group_versions for r in resources))
 
 
 def test_only_the_v1_api_is_used_and_a_server_without_it_is_named_with_its_version() -> None:
@@ -123,9 +122,6 @@ def test_only_the_v1_api_is_used_and_a_server_without_it_is_named_with_its_versi
     assert "v1beta1 beta is not used" in not_served(beta)
     half = Served("v1.36.3", frozenset({("admissionregistration.k8s.io/v1", "mutatingadmissionpolicies")}))
     assert served_api(half) is None, "policies without bindings cannot inject"
-    without = _served("v1.36.3", "admissionregistration.k8s.io/v1", params=False)
-    assert served_api(without) is None, "policies without their parameter objects' CRD would refuse pods"
-    assert "injectionparametersets.sidecarctl.io is not installed" in not_served(without)
 
 
 def hot_object(name: str = "hot") -> JsonObj:
@@ -170,12 +166,10 @@ def test_policy_mode_validation_refuses_what_only_the_webhook_serves() -> None:
 
 
 def _discovery(api: FakeApiServer, version: str, *group_versions: str) -> None:
-    """Discovery of a server serving the policy API in `group_versions`, and our CRDs."""
     api.put("/version", {"gitVersion": version})
     for gv in group_versions:
         resources = [{"name": "mutatingadmissionpolicies"}, {"name": "mutatingadmissionpolicybindings"}]
         api.put(f"/apis/{gv}", {"resources": resources})
-    api.put("/apis/sidecarctl.io/v1alpha1", {"resources": [{"name": "injectionparametersets"}]})
 
 
 def test_policy_mode_does_not_start_while_an_unservable_sidecarset_exists() -> None:

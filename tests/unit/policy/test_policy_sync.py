@@ -16,8 +16,6 @@ from prometheus_client import REGISTRY
 
 from injector.policy.bundle import NAME_PREFIX
 from injector.policy.generate import ANN_MEMBERS
-from injector.policy.params import PATH as PARAMS
-from injector.policy.params import PLURAL as PARAMS_KIND
 from injector.policy.plan import Mode, Path, Why
 from injector.policysync.adoption import ENFORCED_ROUNDS
 from injector.policysync.desired import ANN_GENERATED_AT
@@ -89,7 +87,6 @@ class Rig:
             (SS_PATH + "/", self.sync.on_sidecarset),
             (POLICIES + "/", self.sync.on_policy),
             (BINDINGS + "/", self.sync.on_binding),
-            (PARAMS + "/", self.sync.on_params),
             (MWC_PATH + "/", self.sync.on_webhook_config),
         ):
             if path.startswith(prefix):
@@ -111,9 +108,6 @@ class Rig:
 
     def binding(self, name: str) -> JsonObj | None:
         return self.api.objects.get(f"{BINDINGS}/{name}")
-
-    def params(self, name: str) -> JsonObj | None:
-        return self.api.objects.get(f"{PARAMS}/{name}")
 
     def conditions(self) -> list[JsonObj]:
         hook = next(h for h in self.api.objects[MWC]["webhooks"] if h["name"] == names.MUTATING_WEBHOOK_NAME)
@@ -188,8 +182,8 @@ def test_a_new_sidecarset_waits_on_the_webhook_for_its_first_revision_then_its_p
     assert rig.ours() is not None and '"web"' in (rig.ours() or "")  # the webhook takes mesh's pods
     rig.api.put(f"{SS_PATH}/mesh", {**ss, "status": {"latestRevision": "mesh-5d8f"}})
     rig.run()
-    values = rig.params(P0)
-    assert values is not None and "mesh-5d8f" in json.dumps(values["spec"]), "pods record the revision"
+    policy = rig.policy(P0)
+    assert policy is not None and "mesh-5d8f" in json.dumps(policy), "pods record the revision"
     assert rig.sync.routes["mesh"].path is Path.POLICY
     assert len(rig.api.writes("create", POLICIES)) == 1 and not rig.api.writes("update", POLICIES)
 
@@ -203,7 +197,9 @@ def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
     rig.run()
     narrowed = rig.ours()
     assert narrowed is not None and '"logs"' not in narrowed.split(") || (")[0]
-    reconfigure(rig, "mesh", "debug")  # a change of its CEL (an image alone changes only values: below)
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    rig.api._store(f"{SS_PATH}/mesh", changed)
     rig.run()
     widened = rig.ours()
     assert widened is not None and widened != narrowed
@@ -392,85 +388,32 @@ def repairs(kind: str) -> float:
     return REGISTRY.get_sample_value("sidecarctl_policy_repairs_total", {"kind": kind}) or 0.0
 
 
-def bump(rig: Rig, name: str, image: str) -> None:
-    """A new image for the SidecarSet's first container: only values of its parameter object change."""
-    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{name}"])
-    changed["spec"]["containers"][0]["image"] = image
-    changed["metadata"]["generation"] = changed["metadata"].get("generation", 1) + 1
-    rig.api.put(f"{SS_PATH}/{name}", changed)
-
-
-def reconfigure(rig: Rig, name: str, level: str) -> None:
-    """A new env var value for the SidecarSet's first container: its policy's CEL changes."""
-    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{name}"])
-    changed["spec"]["containers"][0]["env"] = [{"name": "LOG_LEVEL", "value": level}]
-    changed["metadata"]["generation"] = changed["metadata"].get("generation", 1) + 1
-    rig.api.put(f"{SS_PATH}/{name}", changed)
-
-
-def test_an_image_change_rewrites_the_parameter_object_only_with_a_new_time_and_no_widening() -> None:
-    before = [repairs(k) for k in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", PARAMS_KIND)]
+def test_an_image_change_rewrites_the_policy_with_a_new_time_and_widens_again() -> None:
+    before = repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")
     rig = Rig()
-    rig.add("mesh")
+    ss = rig.add("mesh")
     rig.run()
     rig.now += 10
     rig.run()
     narrowed = rig.ours()
-    policy, first = rig.policy(P0), rig.params(P0)
-    assert policy is not None and first is not None
-    assert first["spec"]["values"]["mesh:image:proxy"] == "proxy:1"
-    assert "proxy:1" not in json.dumps(policy), "the image is read from the parameter object, not written in CEL"
-    writes = len(rig.api.writes())
-    bump(rig, "mesh", "proxy:2")
+    first = rig.policy(P0)
+    assert first is not None
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    changed["metadata"]["generation"] = 2
+    rig.api._store(f"{SS_PATH}/mesh", changed)
     rig.run()
-    second = rig.params(P0)
-    assert second is not None and second["spec"]["values"]["mesh:image:proxy"] == "proxy:2"
-    assert rig.api.writes()[writes:] == [f"{PARAMS}/{P0}"], "one small object written: no policy, no condition"
-    assert rig.policy(P0) == policy, "the CEL the API server compiled stays"
+    second = rig.policy(P0)
+    assert second is not None
+    assert rig.api.writes("update", f"{POLICIES}/{P0}"), "updated in place"
+    assert not rig.api.writes("delete", POLICIES)
     assert second["metadata"]["annotations"][ANN_GENERATED_AT] != first["metadata"]["annotations"][ANN_GENERATED_AT]
-    assert second["spec"]["values"]["time"] == json.dumps(second["metadata"]["annotations"][ANN_GENERATED_AT]), (
-        "the pods' bookkeeping entries record when this version reached the API server"
+    assert "proxy:2" in str(second["spec"]) and "proxy:1" not in str(second["spec"])
+    assert rig.ours() != narrowed
+    assert (repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")) == before, (
+        "a SidecarSet's own change is not a repair"
     )
-    assert rig.ours() == narrowed, "nothing to compile, so nothing to widen for"
-    assert [repairs(k) for k in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", PARAMS_KIND)] == (
-        before
-    ), "a SidecarSet's own change is not a repair"
-
-
-def test_the_parameter_object_is_written_before_its_policy_and_put_back_when_deleted() -> None:
-    rig = Rig()
-    rig.add("mesh")
-    rig.run()
-    writes = rig.api.writes()
-    assert writes.index(PARAMS) < writes.index(POLICIES) < writes.index(BINDINGS)
-    stored = rig.params(P0)
-    assert stored is not None
-    rig.api._store(f"{PARAMS}/{P0}", None)  # someone deletes it: the binding now refuses mesh's pods
-    before = repairs(PARAMS_KIND)
-    rig.run()
-    again = rig.params(P0)
-    assert again is not None
-    assert {**again["spec"]["values"], "time": ""} == {**stored["spec"]["values"], "time": ""}
-    assert repairs(PARAMS_KIND) == before + 1
-
-
-def test_a_parameter_object_goes_only_settle_seconds_after_its_policy_and_binding() -> None:
-    rig = Rig()
-    rig.add("mesh")
-    rig.run()
-    rig.api._store(f"{SS_PATH}/mesh", None)
-    rig.run()
-    assert rig.policy(P0) is None and rig.binding(P0) is None
-    assert rig.params(P0) is not None, "a kube-apiserver may hold the binding until its next recompile"
-    rig.now += 1.0  # the watches have seen both go: the time starts now
-    rig.run()
-    assert rig.params(P0) is not None
-    rig.now += 1.5
-    rig.run()
-    assert rig.params(P0) is not None
-    rig.now += 0.5
-    rig.run()
-    assert rig.params(P0) is None
+    del ss
 
 
 def test_a_hand_edit_is_put_back_with_the_same_time() -> None:
@@ -528,6 +471,7 @@ def test_deleted_and_paused_sidecarsets_lose_their_policies_the_canary_stays() -
     rig.api._store(f"{SS_PATH}/mesh", paused)
     rig.run()
     assert rig.policy(P0) is None and rig.binding(P0) is None
+    assert rig.policy(P0) is None
     assert rig.policy(CANARY) is not None
     assert rig.sync.routes["mesh"].why is Why.NOT_INJECTING
 
@@ -848,13 +792,16 @@ def test_after_a_slow_write_the_next_waits_pace_times_as_long() -> None:
     rig.run()
     assert rig.policy(P0) is not None
     written_at = rig.now
-    reconfigure(rig, "mesh", "debug")
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    changed["metadata"]["generation"] = 2
+    rig.api.put(f"{SS_PATH}/mesh", changed)
     rig.run()
-    assert "debug" not in str(rig.policy(P0)) and rig.sync.write_at == written_at + 10.0
+    assert "proxy:2" not in str(rig.policy(P0)) and rig.sync.write_at == written_at + 10.0
     assert rig.sync.routes["mesh"].path is Path.POLICY, "the route of the version written is kept meanwhile"
     rig.now += 10.0
     rig.run()
-    assert "debug" in str(rig.policy(P0))
+    assert "proxy:2" in str(rig.policy(P0))
 
 
 def test_while_writes_wait_a_policy_whose_sidecarsets_are_all_gone_is_deleted_at_once() -> None:
@@ -870,10 +817,13 @@ def test_while_writes_wait_a_policy_whose_sidecarsets_are_all_gone_is_deleted_at
     for name in gone:
         rig.api._store(f"{SS_PATH}/{name}", None)
     kept = next(f"s{k:02}" for k in range(61) if f"s{k:02}" not in gone)
-    reconfigure(rig, kept, "debug")
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{kept}"])
+    changed["spec"]["containers"][0]["image"] = "proxy:2"
+    changed["metadata"]["generation"] = 2
+    rig.api.put(f"{SS_PATH}/{kept}", changed)
     rig.run()
     assert rig.sync.write_at is not None, "the rewrite of the first policy waits for quiet"
-    assert "debug" not in str(rig.policy(P0))
+    assert "proxy:2" not in str(rig.policy(P0))
     assert rig.policy(second) is None and rig.binding(second) is None, "the orphan went at once"
 
 
