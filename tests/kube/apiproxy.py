@@ -67,7 +67,7 @@ class WatchStream:
     forwarded_at: float = 0.0  # monotonic time of the last chunk forwarded
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
-    # (when to forward, bytes; None: the end), filled from upstream; `expire` puts the end in at once
+    # (when to forward, bytes; None: the end), filled from upstream; `expire` adds the end behind what it holds
     queue: asyncio.Queue[tuple[float, bytes | None]] = field(default_factory=asyncio.Queue)
 
 
