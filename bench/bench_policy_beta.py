@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from bench.bench_policy import raw_pod, sidecarset
+from injector.policy import params
 from injector.policy import plan as planning
 from injector.policysync import desired
 from kuberuntime import api, kubeapi, kubeconfig
@@ -101,20 +102,25 @@ def _masked(pod: JsonObj) -> JsonObj:
 
 
 def _apply(loop: BackgroundLoop, client: kubeapi.KubeClient, group_version: str, generated: Any) -> list[str]:
-    """Write the policies and bindings in `group_version`; what each write did."""
+    """Write the parameter objects, policies and bindings (these in `group_version`); what each write did."""
     # No owners: nothing garbage-collects on these servers.
-    policies, bindings = desired.objects(generated, stored={}, models={}, clock=lambda: "2024-01-01T00:00:00Z")
+    policies, bindings, values = desired.objects(
+        generated, stored={}, stored_params={}, models={}, clock=lambda: "2024-01-01T00:00:00Z"
+    )
     said = []
     for name in policies:
-        for resource, obj in (
-            ("mutatingadmissionpolicies", policies[name]),
-            ("mutatingadmissionpolicybindings", bindings[name]),
+        for path, obj in (
+            (params.path(values[name]["metadata"]["namespace"]), values[name]),
+            (f"/apis/{group_version}/mutatingadmissionpolicies", policies[name]),
+            (f"/apis/{group_version}/mutatingadmissionpolicybindings", bindings[name]),
         ):
+            resource = path.rsplit("/", 1)[1]
             body = copy.deepcopy(obj)
-            body["apiVersion"] = group_version
+            if resource != params.PLURAL:
+                body["apiVersion"] = group_version
             started = time.monotonic()
             try:
-                loop.run(client.create(f"/apis/{group_version}/{resource}", body), timeout=120)
+                loop.run(client.create(path, body), timeout=120)
                 said.append(f"{resource} {name}: stored in {time.monotonic() - started:.2f} s")
             except api.ApiError as e:
                 said.append(f"{resource} {name}: refused: {e.message[:2000]}")

@@ -71,6 +71,7 @@ from bench.bench_policy import (
     run_load,
     sidecarset,
 )
+from injector.policy import params
 from injector.policy.generate import ANN_MEMBERS
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
@@ -574,7 +575,16 @@ def _one_change(c: common.Cluster, args: argparse.Namespace, n: int, leader: int
         )
         if profile is not None:
             print(_top(profile, options=("-cum",)))
-    print(f"  {name}'s policy {holder['metadata']['name'] if holder else '-'} ({size / 1024:.0f} KiB) rewritten")
+    if holder is None:
+        return
+    policy_name = holder["metadata"]["name"]
+    after = c.run(c.client.get(f"{POLICIES}/{policy_name}"))
+    rewritten = after["metadata"]["resourceVersion"] != holder["metadata"]["resourceVersion"]
+    values = c.run(c.client.get(f"{params.path(names.DEFAULT_MANAGER_NAMESPACE)}/{policy_name}"))
+    print(
+        f"  {name}'s policy {policy_name} ({size / 1024:.0f} KiB): {'rewritten' if rewritten else 'not rewritten'};"
+        f" its parameter object {len(json.dumps(values)) / 1024:.1f} KiB"
+    )
 
 
 async def _hold_lease(c: common.Cluster) -> None:

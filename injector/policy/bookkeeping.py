@@ -33,6 +33,27 @@ def entry_text(ss: SidecarSet, *, timestamp: str, without_image: bool) -> str:
     return head + json.dumps(timestamp) + tail
 
 
+def entry(ss: SidecarSet, *, without_image: bool, time: str, quoted_hash: str, revision: str) -> str:
+    """CEL: the entry this SidecarSet writes, exactly as the engine writes it, with the parts a new image
+    changes read from CEL expressions: `time` (the time as JSON text), and in the entry with the image
+    `quoted_hash` (its hash as JSON text) and `revision` (`,"controllerRevision":"<name>"`, or empty)."""
+    head, tail = metadata.entry_text(ss, without_image=without_image)
+    if without_image:
+        return f"{cel.string(head)} + {time} + {cel.string(tail)}"
+    hashed = ',"hash":' + json.dumps(ss.hash)
+    closing = revision_text(ss) + "}"
+    if not (tail.startswith(hashed) and tail.endswith(closing)):
+        raise ValueError(f"unexpected bookkeeping entry of {ss.name}: {tail}")
+    middle = tail[len(hashed) : len(tail) - len(closing)]
+    key = cel.string(',"hash":')
+    return f'{cel.string(head)} + {time} + {key} + {quoted_hash} + {cel.string(middle)} + {revision} + "}}"'
+
+
+def revision_text(ss: SidecarSet) -> str:
+    """What `entry` reads as `revision`: the SidecarSet's revision as the entry writes it, or nothing."""
+    return ',"controllerRevision":' + json.dumps(ss.latest_revision) if ss.latest_revision else ""
+
+
 def canonical() -> str:
     """Both hash annotations absent, empty, or in the exact form the policies can rewrite."""
     terms = []
@@ -44,22 +65,15 @@ def canonical() -> str:
     return " && ".join(terms)
 
 
-def recorded_test(ss: SidecarSet, entry: str = "e") -> str:
-    """CEL over one entry text: it records this SidecarSet at its current hash."""
-    key = json.dumps(ss.name) + ":"
-    middle = ',"hash":' + json.dumps(ss.hash) + ","
-    legacy = key + json.dumps(ss.hash)
+def recorded_test(ss: SidecarSet, quoted_hash: str, entry: str = "e") -> str:
+    """CEL over one entry text: it records this SidecarSet at the hash `quoted_hash` (CEL giving the
+    hash as JSON text: the policy reads it from its parameter object)."""
+    key = cel.string(json.dumps(ss.name) + ":")
+    before, after = cel.string(',"hash":'), cel.string(",")
     return (
-        f"{entry}.startsWith({cel.string(key)}) && ({entry}.contains({cel.string(middle)}) || "
-        f"{entry} == {cel.string(legacy)})"
+        f"{entry}.startsWith({key}) && ({entry}.contains({before} + {quoted_hash} + {after}) || "
+        f"{entry} == {key} + {quoted_hash})"
     )
-
-
-def recorded(ss: SidecarSet) -> str:
-    """CEL: the pod's hash annotation already records this SidecarSet at its current hash."""
-    k = cel.string(names.ANN_HASH)
-    value = f"{cel.ANNOTATIONS}[{k}]"
-    return f"{k} in {cel.ANNOTATIONS} && {value}.findAll({cel.string(ENTRY_RE)}).exists(e, {recorded_test(ss)})"
 
 
 def overrides_asked() -> str:

@@ -8,9 +8,10 @@ into the same Build and asks the same `ok` whether a member SidecarSet is inject
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
-from injector.policy import cel
+from injector.policy import cel, params
 from sidecarsets.spec.model import SidecarSet
 
 V = cel.VARIABLES
@@ -28,10 +29,20 @@ class Build:
     ops: list[str] = field(default_factory=list)
     declines: list[str] = field(default_factory=list)
     annotations: list[tuple[str, str, str | None]] = field(default_factory=list)  # key, value, written when
+    params: dict[str, str] = field(default_factory=dict)  # the policy's parameter object's values, by name
+    param_keys: dict[str, str] = field(default_factory=dict)  # their names -> what each holds
 
     def var(self, name: str, expr: str) -> str:
         self.variables.append((name, expr))
         return V + name
+
+    def param(self, key: str, value: str) -> str:
+        """CEL reading `value` from the policy's parameter object (injector.policy.params), stored under
+        a name for `key` (`<SidecarSet>:image:<container>` and the like)."""
+        name = params.key_name(key, self.param_keys)
+        self.param_keys[name] = key
+        self.params[name] = value
+        return cel.param(name)
 
 
 class Part:
@@ -42,6 +53,10 @@ class Part:
     single: bool  # a group of one: its binding, not CEL, decides which pods it sees
     timestamp: str
     b: Build
+
+    def quoted_hash(self, ss: SidecarSet) -> str:
+        """CEL: the SidecarSet's hash as JSON text, from the parameter object (an image changes it)."""
+        return self.b.param(f"{ss.name}:hash", json.dumps(ss.hash))
 
     def ok(self, i: int) -> str:
         """CEL: SidecarSet i is injected into this pod (always true for a group of one: the binding gates it)."""

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
-from injector.policy import cel, selecting
+from injector.policy import cel, params, selecting
 from injector.policy.build import V
 from injector.policy.generate import ANN_MEMBERS, MANAGED_BY, POLICY_API, Generated, GroupParts
 from kuberuntime.jsontypes import JsonObj
@@ -238,7 +238,7 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
 
 
 def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -> Generated:
-    """The policy and binding that inject `groups`."""
+    """The policy, binding and parameter object that inject `groups`."""
     shared: dict[str, str] = {}
     codes = [_group_code(index, g, shared) for index, g in enumerate(groups)]
     chunk_variables, chosen = _chunked(codes)
@@ -246,6 +246,7 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
     gates = _gates(groups, manager_namespace)
     patch = f"({chosen}){cel.AS_JSON_PATCH}"
     spec: JsonObj = {
+        "paramKind": params.kind(),
         "failurePolicy": "Fail",
         "reinvocationPolicy": "Never",
         "matchConstraints": {
@@ -282,9 +283,14 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
             "metadata": {"name": name, "labels": dict(MANAGED_BY)},
             # The pod opt-out again (the policy has it already): a binding with something to compare
             # shows a hand edit, and a short selector costs the API server little per pod.
-            "spec": {"policyName": name, "matchResources": {"objectSelector": OPT_OUT}},
+            "spec": {
+                "policyName": name,
+                "paramRef": params.reference(name, manager_namespace),
+                "matchResources": {"objectSelector": OPT_OUT},
+            },
         },
         {g.key: g.digest for g in groups},
+        params.parameter_object(name, manager_namespace, {k: v for g in groups for k, v in g.params}, MANAGED_BY),
     )
 
 

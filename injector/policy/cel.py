@@ -21,6 +21,10 @@ LABELS = "(has(object.metadata.labels) ? object.metadata.labels : {})"
 ANNOTATIONS = "(has(object.metadata.annotations) ? object.metadata.annotations : {})"
 # The namespace's labels, inside a mutation only (a policy's matchConditions see `namespaceObject` empty).
 NAMESPACE_LABELS = "(namespaceObject.metadata.labels)"
+# The values a change of image moves (images, the SidecarSet's hash, its bookkeeping entry), read
+# from the policy's parameter object instead of written into its CEL (injector.policy.params).
+# A PodTemplate's template annotations: a map of strings in every kube-apiserver's schema of the kind.
+PARAMS = "params.template.metadata.annotations"
 
 
 def in_scope(ss: SidecarSet, labels: str = NAMESPACE_LABELS) -> str | None:
@@ -34,6 +38,15 @@ def in_scope(ss: SidecarSet, labels: str = NAMESPACE_LABELS) -> str | None:
         key, off = string(names.NS_NAMESPACED_SIDECARSETS_LABEL), string(names.NS_NAMESPACED_SIDECARSETS_DISABLED)
         term += f" && !({key} in {labels} && {labels}[{key}] == {off})"
     return term
+
+
+# How every read of the parameter object opens: the generator prefixes each key with its CEL's version.
+PARAM_KEY = f'{PARAMS}["'
+
+
+def param(key: str) -> str:
+    """CEL: the string under `key` in the policy's parameter object (injector.policy.params)."""
+    return f"string({PARAM_KEY}{string(key)[1:]}])"
 
 
 def string(value: str) -> str:

@@ -1,7 +1,8 @@
 """One overlap group of SidecarSets -> one JSONPatch MutatingAdmissionPolicy and its binding.
 
 The policy is the injection engine (injector.engine.engine) written as CEL, with every SidecarSet value a
-literal, so a pod gets exactly what the webhook would give it: BeforeApp/AfterApp blocks in
+literal but those a new image changes (read from the policy's parameter object, injector.policy.params),
+so a pod gets exactly what the webhook would give it: BeforeApp/AfterApp blocks in
 SidecarSet order, same-name containers replaced in place, init containers sorted by name, only the
 mounted volumes (the pod's own winning), shared volumes and their subPathExpr env vars, transferred
 env vars, pull secrets, patchPodMetadata, the bookkeeping annotations merged with other
@@ -82,6 +83,7 @@ class Generated:
     policy: JsonObj
     binding: JsonObj
     digests: dict[str, str] = field(default_factory=dict)  # group (its members, ",") -> its parts' digest
+    params: JsonObj = field(default_factory=dict)  # its parameter object (injector.policy.params)
 
     @property
     def name(self) -> str:
@@ -113,6 +115,9 @@ class GroupParts:
     common: tuple[str, ...]
     gates: tuple[str, ...]
     patch: str
+    # What the CEL reads from the policy's parameter object (injector.policy.params): left out of
+    # `digest`, so a change of these alone (a new image) leaves the CEL as the API server compiled it.
+    params: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -168,7 +173,7 @@ class Generator(SpecOps, MetadataOps):
             beaten = "".join(f" && !{V}chosen{j}" for j in older)
             # As the engine: conflicts are settled among the matching members before recorded ones drop out.
             self.b.var(f"chosen{i}", f"({match}) && !({_cross(ss, cnames, inames)}){beaten}")
-            recorded = f"{entries}.exists(e, {bookkeeping.recorded_test(ss)})"
+            recorded = f"{entries}.exists(e, {bookkeeping.recorded_test(ss, self.quoted_hash(ss))})"
             self.b.var(f"ok{i}", f"{V}chosen{i} && !({recorded})")
             claimed.append(i)
 
@@ -218,7 +223,12 @@ class Generator(SpecOps, MetadataOps):
             ss = self.group[0]
             if (scope := cel.in_scope(ss)) is not None:
                 own.append(("in-a-selected-namespace", scope))
-            own.append(("not-yet-injected", f"!{V}hashEntries.exists(e, {bookkeeping.recorded_test(ss)})"))
+            own.append(
+                (
+                    "not-yet-injected",
+                    f"!{V}hashEntries.exists(e, {bookkeeping.recorded_test(ss, self.quoted_hash(ss))})",
+                )
+            )
             own.append(("no-name-clash-with-the-other-list", f"!({_cross(ss, V + 'cnames', V + 'inames')})"))
         else:
             own.append(("some-member-to-inject", " || ".join(V + f"ok{i}" for i in range(len(self.group)))))
@@ -231,13 +241,23 @@ class Generator(SpecOps, MetadataOps):
         """The group as one part of a policy (injector.policy.bundle)."""
         self.generate_ops()
         common, own = self._gates()
+        patch = " +\n".join(f"({op})" for op in self.b.ops)
+        # The keys it reads are those of this version of its CEL: a kube-apiserver enforces the CEL it
+        # compiled last (a second or more after a write) but reads the parameter object as it is now, so
+        # a version's keys stay in the object until every server has its successor (injector.policysync).
+        version = hashlib.sha256(repr((self.b.variables, own, patch)).encode()).hexdigest()[:12]
+
+        def keyed(text: str) -> str:
+            return text.replace(cel.PARAM_KEY, f"{cel.PARAM_KEY}{version}/")
+
         return GroupParts(
             members=tuple(ss.name for ss in self.group),
             sidecarsets=tuple(self.group),
-            variables=tuple(self.b.variables),
+            variables=tuple((n, keyed(e)) for n, e in self.b.variables),
             common=tuple(common),
-            gates=tuple(own),
-            patch=" +\n".join(f"({op})" for op in self.b.ops),
+            gates=tuple(keyed(g) for g in own),
+            patch=keyed(patch),
+            params=tuple(sorted((f"{version}/{k}", v) for k, v in self.b.params.items())),
         )
 
 

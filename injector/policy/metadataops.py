@@ -13,6 +13,7 @@ from injector.policy import bookkeeping, cel
 from injector.policy.build import NeedsWebhook, Part
 from sidecarsets.spec import names
 from sidecarsets.spec.enums import PatchPolicy
+from sidecarsets.spec.model import SidecarSet
 
 
 class MetadataOps(Part):
@@ -94,12 +95,7 @@ class MetadataOps(Part):
             (names.ANN_HASH, entries, False),
             (names.ANN_HASH_WITHOUT_IMAGE, entries_wi, True),
         ):
-            ours = " + ".join(
-                only_if(
-                    i, cel.strings([bookkeeping.entry_text(ss, timestamp=self.timestamp, without_image=without_image)])
-                )
-                for i, ss in enumerate(g)
-            )
+            ours = " + ".join(only_if(i, f"[{self._entry(ss, without_image)}]") for i, ss in enumerate(g))
             self._annotation(key, f'"{{" + ({keep(found)} + {ours}).sort().join(",") + "}}"')
         listed = (
             f'({cel.string(names.ANN_INJECTED_LIST)} in {anns} ? {anns}[{cel.string(names.ANN_INJECTED_LIST)}] : "")'
@@ -122,6 +118,17 @@ class MetadataOps(Part):
                 names.ANN_DEFAULT_CONTAINER, f"{first_app}[0]", f"!({dc} in {anns}) && size({first_app}) > 0"
             )
         self._annotation(names.ANN_INJECTED_BY, cel.string(names.INJECTED_BY_POLICY))
+
+    def _entry(self, ss: SidecarSet, without_image: bool) -> str:
+        """CEL: the SidecarSet's entry in a hash annotation. What a new image changes in it (its hash,
+        its revision, the time) is read from the parameter object, so the bump rewrites no CEL."""
+        return bookkeeping.entry(
+            ss,
+            without_image=without_image,
+            time=self.b.param("time", json.dumps(self.timestamp)),
+            quoted_hash=self.quoted_hash(ss),
+            revision=self.b.param(f"{ss.name}:revision", bookkeeping.revision_text(ss)),
+        )
 
     def _metadata(self, anns: str, entries: str, entries_wi: str, apps: str) -> None:
         label = cel.string("/metadata/labels/" + cel.pointer(names.POD_INJECTED_LABEL))

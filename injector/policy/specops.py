@@ -63,13 +63,20 @@ class SpecOps(Part):
             )
         return parts
 
-    def _container(self, key: str, sc: SidecarContainer, shared: tuple[str | None, str | None, str | None]) -> str:
-        """CEL for the container as it goes into the pod (engine._sidecar)."""
+    def _container(
+        self, key: str, image_key: str, sc: SidecarContainer, shared: tuple[str | None, str | None, str | None]
+    ) -> str:
+        """CEL for the container as it goes into the pod (engine._sidecar). Its image is read from the
+        parameter object under `image_key`, so a new image rewrites no CEL."""
         mounts, shared_env, devices = shared
         c = sc.fresh_container()
         own_env = [e for e in c.get("env") or [] if e.get("name") != names.ENV_IS_INJECTED]
         own_env.append({"name": names.ENV_IS_INJECTED, "value": "true"})
-        items = [f"{cel.string(k)}: dyn({cel.literal(v)})" for k, v in c.items() if k not in _LISTS]
+        items = [
+            f"{cel.string(k)}: dyn({self.b.param(image_key, v) if k == 'image' and isinstance(v, str) else cel.literal(v)})"
+            for k, v in c.items()
+            if k not in _LISTS
+        ]
         parts = self._transferred(sc, V + "labels", V + "anns")
         if sc.share_volumes and shared_env is not None:
             parts.append(shared_env)
@@ -132,9 +139,11 @@ class SpecOps(Part):
         conts: list[tuple[str, InjectPolicy, str, str]] = []
         for i, ss in enumerate(self.group):
             for k, sc in enumerate(ss.init_containers):
-                inits.append((self.ok(i), sc.inject_policy, sc.name, self._container(f"{i}_i{k}", sc, shared)))
+                c = self._container(f"{i}_i{k}", f"{ss.name}:init-image:{sc.name}", sc, shared)
+                inits.append((self.ok(i), sc.inject_policy, sc.name, c))
             for k, sc in enumerate(ss.containers):
-                conts.append((self.ok(i), sc.inject_policy, sc.name, self._container(f"{i}_c{k}", sc, shared)))
+                c = self._container(f"{i}_c{k}", f"{ss.name}:image:{sc.name}", sc, shared)
+                conts.append((self.ok(i), sc.inject_policy, sc.name, c))
         inits.sort(key=lambda t: t[2])  # the engine sorts injected init containers by name
         self._place("/spec/initContainers", inames, inits, optional=True)
         self._place("/spec/containers", cnames, conts, optional=False)

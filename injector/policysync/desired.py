@@ -1,4 +1,5 @@
-"""The policies and bindings the sync stores: the plan's objects with a generation time and owners.
+"""The policies, bindings and parameter objects the sync stores: the plan's objects with a generation
+time and owners.
 
 The generation time is what a reader of a policy wants to know (when did this version of the
 SidecarSets reach the API server); it must not change when nothing did, or every pass would write
@@ -30,32 +31,38 @@ def objects(
     generated: tuple[Generated, ...],
     *,
     stored: Mapping[str, JsonObj],
+    stored_params: Mapping[str, JsonObj],
     models: Mapping[str, SidecarSet],
     clock: Callable[[], str],
-) -> tuple[dict[str, JsonObj], dict[str, JsonObj]]:
-    """The policies and bindings to store, by name, with their generation time settled."""
+) -> tuple[dict[str, JsonObj], dict[str, JsonObj], dict[str, JsonObj]]:
+    """The policies, bindings and parameter objects to store, by name, with their generation time
+    settled (the parameter object's is the time its pods' bookkeeping entries record)."""
     policies: dict[str, JsonObj] = {}
     bindings: dict[str, JsonObj] = {}
+    params: dict[str, JsonObj] = {}
     for g in generated:
-        text = orjson.dumps(g.policy).decode()
-        source = hashlib.sha256(text.encode()).hexdigest()[:16]
-        annotations = ((stored.get(g.name) or {}).get("metadata") or {}).get("annotations") or {}
-        stamp = annotations.get(ANN_GENERATED_AT) if annotations.get(ANN_SOURCE) == source else None
-        stamp = stamp or clock()
-        policy: JsonObj = orjson.loads(text.replace(STAMP, stamp))
-        meta = policy["metadata"]
-        meta["annotations"] = {
-            **meta["annotations"],
-            ANN_GENERATED_AT: stamp,
-            ANN_SOURCE: source,
-            ANN_DIGESTS: orjson.dumps(g.digests, option=orjson.OPT_SORT_KEYS).decode(),
-        }
+        policy = _stamped(g.policy, stored.get(g.name), clock)
+        policy["metadata"]["annotations"][ANN_DIGESTS] = orjson.dumps(g.digests, option=orjson.OPT_SORT_KEYS).decode()
         owned_by = owners(g, models)
-        meta["ownerReferences"] = owned_by
+        policy["metadata"]["ownerReferences"] = owned_by
         binding = dict(g.binding)
         binding["metadata"] = {**g.binding["metadata"], "ownerReferences": owned_by}
         policies[g.name], bindings[g.name] = policy, binding
-    return policies, bindings
+        params[g.name] = _stamped(g.params, stored_params.get(g.name), clock)
+    return policies, bindings, params
+
+
+def _stamped(generated: JsonObj, stored: JsonObj | None, clock: Callable[[], str]) -> JsonObj:
+    """`generated` with STAMP replaced by a time: the stored object's when it came from the same text."""
+    text = orjson.dumps(generated).decode()
+    source = hashlib.sha256(text.encode()).hexdigest()[:16]
+    annotations = ((stored or {}).get("metadata") or {}).get("annotations") or {}
+    stamp = annotations.get(ANN_GENERATED_AT) if annotations.get(ANN_SOURCE) == source else None
+    stamp = stamp or clock()
+    obj: JsonObj = orjson.loads(text.replace(STAMP, stamp))
+    meta = obj["metadata"]
+    meta["annotations"] = {**(meta.get("annotations") or {}), ANN_GENERATED_AT: stamp, ANN_SOURCE: source}
+    return obj
 
 
 def owners(g: Generated, models: Mapping[str, SidecarSet]) -> list[JsonObj]:

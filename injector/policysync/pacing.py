@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 
 from injector.policy.plan import Path, Route, Why
+from sidecarsets.spec.model import SidecarSet
 
 # The longest a burst holds a policy write back waiting for quiet: SidecarSets created without pause
 # (a tool applying thousands) still get their policies, each arrival meanwhile served by the webhook.
@@ -78,3 +79,15 @@ def routes_so_far(
             )
             out[name] = published.get(name) or waiting
     return out
+
+
+def is_news(planned: SidecarSet | None, now: SidecarSet) -> bool:
+    """A SidecarSet the pass did not plan for: new (or made again), or its spec, labels or annotations
+    changed. A status write (the controller records revisions and counts all the time) changes
+    nothing the webhook would do: widening for it would send policy-served pods to it for nothing."""
+    if planned is None:
+        return True
+    if planned is now:
+        return False
+    before = (planned.uid, planned.generation, planned.labels, planned.annotations)
+    return before != (now.uid, now.generation, now.labels, now.annotations)

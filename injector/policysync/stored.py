@@ -9,7 +9,8 @@ from collections.abc import Mapping
 import orjson
 from prometheus_client import Counter
 
-from injector.policy.generate import ANN_MEMBERS
+from injector.policy import params
+from injector.policy.generate import ANN_MEMBERS, covers
 from injector.policysync.desired import ANN_GENERATED_AT, STAMP
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
@@ -33,6 +34,11 @@ def members(policy: JsonObj) -> list[str]:
     return [m for group in text.split(";") for m in group.split(",") if m]
 
 
+def params_current(want: JsonObj, have: JsonObj | None) -> bool:
+    """The stored parameter object holds exactly the values wanted (a key left over is dropped)."""
+    return covers(want, have) and params.values(want) == params.values(have)
+
+
 def changed_members(stored: JsonObj | None, digests: Mapping[str, str], annotation: str) -> list[str]:
     """The members of the groups whose CEL differs from what the stored policy holds (its group
     digests in `annotation`; all of a new policy's): only their pods need the webhook until the API
@@ -49,10 +55,11 @@ def changed_members(stored: JsonObj | None, digests: Mapping[str, str], annotati
 
 REPAIRS = Counter(
     "sidecarctl_policy_repairs_total",
-    "Our MutatingAdmissionPolicies and bindings written back after someone else changed or deleted them, by kind.",
+    "Our MutatingAdmissionPolicies, bindings and their parameter objects written back after someone else changed or "
+    "deleted them, by kind.",
     ["kind"],
 )
-for _kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
+for _kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", params.PLURAL):
     REPAIRS.labels(_kind)  # from 0, so that the first repair is an increase a rate sees
 
 

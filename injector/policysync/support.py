@@ -6,7 +6,8 @@ not whether they are enforced: with the
 MutatingAdmissionPolicy admission plugin disabled, discovery is unchanged and policies are stored
 and silently ignored, so narrowing the webhook would admit pods without their sidecars. The
 canary settles it: a policy that only mutates ConfigMaps labelled `sidecarctl.io/policy-probe` in
-the manager's namespace, and a dry-run create of one such ConfigMap that must come back mutated.
+the manager's namespace, with a value read from a parameter object of the kind our policies read
+theirs from (`canary_params`), and a dry-run create of one such ConfigMap that must come back mutated.
 A new policy takes up to about a second to be enforced (the API server recompiles its policies on
 a one-second tick), so the probe retries for a few seconds.
 
@@ -27,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from injector.policy import cel, params
 from injector.policy.generate import MANAGED_BY, POLICY_API, covers
 from kuberuntime import api
 from kuberuntime.discovery import Served
@@ -70,12 +72,22 @@ NOT_ENFORCED = (
 )
 
 
+def canary_params(namespace: str) -> JsonObj:
+    """The canary's parameter object: the policies read their images from objects of this kind, so the
+    canary reads one too, and policies are used only once the API server resolves the kind and reads it."""
+    return params.parameter_object(CANARY, namespace, {"served": "true"}, {**MANAGED_BY, PROBE_LABEL: "true"})
+
+
+CANARY_PATCH = f'[JSONPatch{{op: "add", path: "/data", value: {{"served": {cel.param("served")}}}}}]'
+
+
 def canary_policy() -> JsonObj:
     return {
         "apiVersion": POLICY_API,
         "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": CANARY, "labels": {**MANAGED_BY, PROBE_LABEL: "true"}},
         "spec": {
+            "paramKind": params.kind(),
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": {
@@ -87,7 +99,7 @@ def canary_policy() -> JsonObj:
             "mutations": [
                 {
                     "patchType": "JSONPatch",
-                    "jsonPatch": {"expression": '[JSONPatch{op: "add", path: "/data", value: {"served": "true"}}]'},
+                    "jsonPatch": {"expression": CANARY_PATCH},
                 }
             ],
         },
@@ -101,6 +113,7 @@ def canary_binding(namespace: str) -> JsonObj:
         "metadata": {"name": CANARY, "labels": {**MANAGED_BY, PROBE_LABEL: "true"}},
         "spec": {
             "policyName": CANARY,
+            "paramRef": params.reference(CANARY, namespace),
             "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
         },
     }
@@ -115,7 +128,8 @@ async def _put(client: api.Client, path: str, body: JsonObj) -> None:
         await client.create(path, body)
         return
     owners = body["metadata"].get("ownerReferences")
-    if not covers(body["spec"], current.get("spec")) or owners != current["metadata"].get("ownerReferences"):
+    content = {k: v for k, v in body.items() if k != "metadata"}  # a PodTemplate's is `template`, not `spec`
+    if not covers(content, current) or owners != current["metadata"].get("ownerReferences"):
         replacement = {
             **body,
             "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
@@ -185,7 +199,12 @@ class SupportProbe:
 
     async def enforced(self) -> bool:
         owners = await self._owner()
-        for path, body in ((POLICIES, canary_policy()), (BINDINGS, canary_binding(self.namespace))):
+        canary = (
+            (params.path(self.namespace), canary_params(self.namespace)),
+            (POLICIES, canary_policy()),
+            (BINDINGS, canary_binding(self.namespace)),
+        )
+        for path, body in canary:
             if owners:
                 body["metadata"]["ownerReferences"] = owners
             await _put(self.client, path, body)

@@ -5,7 +5,7 @@ pods that was 45-65 s before its first reconcile, while the rollout it took over
 every control process keeps the controller's watches running for its whole life: SidecarSets,
 namespaces, the SidecarSets' ControllerRevisions, the webhook configuration, injected pods as
 projections (sidecarsets.pods.projection, never whole pods) and, while discovery lists the API,
-our MutatingAdmissionPolicies and bindings (`PolicyWatches`). A standby holds
+our MutatingAdmissionPolicies, bindings and parameter objects (`PolicyWatches`). A standby holds
 what the leader holds, and writes nothing.
 
 A term (sidecarctl.manager.term) takes over in two steps. First `catch_up`: each watch is brought
@@ -25,6 +25,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from injector.policy import params
 from injector.policysync import support
 from injector.policysync.narrowing import MWC_PATH
 from injector.policysync.sync import MANAGED_SELECTOR, PolicySync
@@ -106,16 +107,20 @@ async def catch_up(informers: Iterable[Informer[Any]]) -> dict[str, int]:
 
 
 class PolicyWatches:
-    """The watches of our policies and bindings in one served version of the API.
+    """The watches of our policies, bindings and their parameter objects in one served version of the API.
 
     Kept by every replica, leader or not, while discovery lists the API (`WarmCaches.follow`), and
     handed to a term's policy sync by sidecarctl.manager.optionalapis.TermApis."""
 
-    def __init__(self, client: api.ListWatcher, api_: support.PolicyApi, timeout: int) -> None:
+    def __init__(self, client: api.ListWatcher, api_: support.PolicyApi, namespace: str, timeout: int) -> None:
         self.api = api_
         self.informers: list[Informer[JsonObj]] = [
             routed(client, path, name=name, transform=identity, label_selector=MANAGED_SELECTOR)
-            for path, name in ((api_.policies, "policies"), (api_.bindings, "policybindings"))
+            for path, name in (
+                (api_.policies, "policies"),
+                (api_.bindings, "policybindings"),
+                (params.path(namespace), "policyparams"),  # in the manager's namespace (--namespace)
+            )
         ]
         for informer in self.informers:
             informer.watch_timeout = timeout
@@ -128,9 +133,10 @@ class PolicyWatches:
 
     def attach(self, sync: PolicySync | None) -> None:
         """Feed `sync` (None: nobody) from now on, starting with what the watches hold."""
-        policies, bindings = self.informers
+        policies, bindings, params = self.informers
         attach(policies, None if sync is None else sync.on_policy)
         attach(bindings, None if sync is None else sync.on_binding)
+        attach(params, None if sync is None else sync.on_params)
 
     async def close(self) -> None:
         self.stop.set()
@@ -144,6 +150,7 @@ class WarmCaches:
 
     def __init__(self, client: kubeapi.KubeClient, opts: ManagerOptions) -> None:
         self.client = client
+        self.namespace = opts.namespace
         self.watch_timeout = opts.watches.watch_timeout
         self.sidecarsets = routed(client, SS_PATH, name="sidecarsets", transform=identity)
         # Cluster-scoped namespaces are keyed by name in the informer's store: name -> labels.
@@ -211,5 +218,5 @@ class WarmCaches:
         if old is not None:
             await old.close()
         if wanted is not None:
-            self.policy = PolicyWatches(self.client, wanted, self.watch_timeout)
+            self.policy = PolicyWatches(self.client, wanted, self.namespace, self.watch_timeout)
         return True

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from injector.policy import params
 from kuberuntime.kubeconfig import load_config
 from sidecarsets.spec import names
 from sidecarsets.spec.revisions import revision_data, revision_hash, revision_name
@@ -474,12 +475,12 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
 
         set_image(kube, ss_name, "proxy:2")  # two batches of one pod: one Event, then the same one bumped
         eventually(lambda: all_on("proxy:2"), timeout=30, what="pods upgraded in place to proxy:2")
-        # Its policy rewritten (an update) before the next change: a write waits for a quiet second
-        # (--policy-quiet), and changes closer together than that are written once.
+        # Its policy's parameter object rewritten (an update) before the next change: an image alone
+        # changes no CEL (the policy itself is updated by the env change below).
         eventually(
-            lambda: "proxy:2" in str(kube.get_or_none(f"{POLICIES}/{policy_holding(kube, ss_name)}")),
+            lambda: "proxy:2" in str(kube.get_or_none(f"{params.path(MANAGER_NS)}/{policy_holding(kube, ss_name)}")),
             timeout=20,
-            what="the policy rewritten with proxy:2",
+            what="the parameter object rewritten with proxy:2",
         )
         set_image(kube, ss_name, "proxy:1")  # rollback: the first revision is renumbered, not recreated
         eventually(lambda: all_on("proxy:1"), timeout=30, what="pods rolled back to proxy:1")
@@ -540,6 +541,11 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
             lambda: kube.get_or_none(f"{POLICIES}/{holder}") is None and kube.get_or_none(binding_path) is None,
             timeout=20,
             what="the paused SidecarSet's policy deleted (it held nothing else)",
+        )
+        eventually(
+            lambda: kube.get_or_none(f"{params.path(MANAGER_NS)}/{holder}") is None,
+            timeout=20,
+            what="its parameter object deleted, --policy-settle seconds after the policy and binding",
         )
 
         # A NamespacedSidecarSet: watched across namespaces, its status patched, its revision in its namespace.

@@ -279,8 +279,15 @@ def test_another_namespace_moves_every_reference(default_render: dict[Key, Obj])
 def test_crd_values(default_render: dict[Key, Obj]) -> None:
     crd = ("CustomResourceDefinition", "", "sidecarsets.sidecarctl.io")
     tenant_crd = ("CustomResourceDefinition", "", "namespacedsidecarsets.sidecarctl.io")
+    namespace = ("Namespace", "", "sidecarctl-system")
     keep = {"/metadata/annotations": (ABSENT, {"helm.sh/resource-policy": "keep"})}
-    assert changed(["--set", "crds.keep=true"], default_render) == {describe(crd): keep, describe(tenant_crd): keep}
+    # The namespace too: it holds the parameter objects of the kept SidecarSets' policies, which would
+    # refuse their pods without them.
+    assert changed(["--set", "crds.keep=true"], default_render) == {
+        describe(crd): keep,
+        describe(tenant_crd): keep,
+        describe(namespace): keep,
+    }
     assert set(default_render) - set(keyed(helm.helm_template("--set", "crds.install=false"))) == {crd, tenant_crd}
 
 

@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from injector.engine import eligibility
+from injector.policy import params
 from sidecarctl.cli import main as cli
 from sidecarctl.cli import runcmd
 from sidecarsets.spec import names, selectors
@@ -224,6 +225,8 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
             for resource in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
             for verb in ("list", "watch", "get", "create", "update", "delete")
         ),
+        # the API server lets a policy name a paramKind only to whoever may get all of the kind
+        ("", params.PLURAL, "get", ()),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get", (args.validating_config,)),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", (args.validating_config,)),
         # caBundle of the CRD's conversion webhook
@@ -240,6 +243,8 @@ def test_rbac_grants_the_manager_s_calls_and_names_match_its_flags(
         ("", "secrets", "get", (args.secret_name,)),
         ("", "secrets", "update", (args.secret_name,)),
         ("", "configmaps", "create", ()),  # dry-run only: the policy support probe
+        # the policies' parameter objects (injector.policy.params), here only
+        *(("", params.PLURAL, v, ()) for v in ("list", "watch", "get", "create", "update", "delete")),
     }
     assert args.namespace == MANAGER_NS
 

@@ -76,8 +76,10 @@ def test_a_plain_sidecarset_gets_a_policy_and_a_binding() -> None:
     assert group.startswith("[(0 in variables.candidates ? (") and f"({selects} // a-member-selects-the-pod" in group
     assert binding["spec"] == {
         "policyName": P0,
+        "paramRef": {"name": P0, "namespace": NS, "parameterNotFoundAction": "Deny"},
         "matchResources": {"objectSelector": {"matchExpressions": opt_out[:1]}},
-    }, "the binding matches every pod its policy may see"
+    }, "the binding matches every pod its policy may see, and refuses them without its parameter object"
+    assert spec["paramKind"] == {"apiVersion": "v1", "kind": "PodTemplate"}
     # Nothing for the webhook but what a policy declines.
     assert p.webhook_condition.startswith("(false) || (")
     assert p.webhook_condition.endswith(f"({plan.policies_decline([ss('mesh')])})")

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from injector.policy import params as parameters
 from injector.policy.bundle import NAME_PREFIX
 from injector.policy.generate import ANN_MEMBERS
+from injector.policy.params import PLURAL as PARAMS_KIND
 from injector.policy.plan import Mode, Path, Why
 from injector.policysync.adoption import ENFORCED_ROUNDS
 from injector.policysync.desired import ANN_GENERATED_AT
@@ -30,6 +32,7 @@ from tests.kube import builders
 from tests.kube.fakeapi import FakeApiServer
 
 NS = "sidecarctl-system"
+PARAMS = parameters.path(NS)
 P0 = NAME_PREFIX + "0"  # the first policy: one SidecarSet, or a few, fit in it
 MWC = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
 # (pace, quiet, max_quiet): written as soon as the pace allows (the fake clock stands still between
@@ -87,6 +90,7 @@ class Rig:
             (SS_PATH + "/", self.sync.on_sidecarset),
             (POLICIES + "/", self.sync.on_policy),
             (BINDINGS + "/", self.sync.on_binding),
+            (PARAMS + "/", self.sync.on_params),
             (MWC_PATH + "/", self.sync.on_webhook_config),
         ):
             if path.startswith(prefix):
@@ -108,6 +112,9 @@ class Rig:
 
     def binding(self, name: str) -> JsonObj | None:
         return self.api.objects.get(f"{BINDINGS}/{name}")
+
+    def params(self, name: str) -> JsonObj | None:
+        return self.api.objects.get(f"{PARAMS}/{name}")
 
     def conditions(self) -> list[JsonObj]:
         hook = next(h for h in self.api.objects[MWC]["webhooks"] if h["name"] == names.MUTATING_WEBHOOK_NAME)
@@ -182,8 +189,8 @@ def test_a_new_sidecarset_waits_on_the_webhook_for_its_first_revision_then_its_p
     assert rig.ours() is not None and '"web"' in (rig.ours() or "")  # the webhook takes mesh's pods
     rig.api.put(f"{SS_PATH}/mesh", {**ss, "status": {"latestRevision": "mesh-5d8f"}})
     rig.run()
-    policy = rig.policy(P0)
-    assert policy is not None and "mesh-5d8f" in json.dumps(policy), "pods record the revision"
+    values = rig.params(P0)
+    assert values is not None and "mesh-5d8f" in json.dumps(parameters.values(values)), "pods record the revision"
     assert rig.sync.routes["mesh"].path is Path.POLICY
     assert len(rig.api.writes("create", POLICIES)) == 1 and not rig.api.writes("update", POLICIES)
 
@@ -197,9 +204,7 @@ def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
     rig.run()
     narrowed = rig.ours()
     assert narrowed is not None and '"logs"' not in narrowed.split(") || (")[0]
-    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
-    changed["spec"]["containers"][0]["image"] = "proxy:2"
-    rig.api._store(f"{SS_PATH}/mesh", changed)
+    reconfigure(rig, "mesh", "debug")  # a change of its CEL (an image alone changes only values: below)
     rig.run()
     widened = rig.ours()
     assert widened is not None and widened != narrowed
@@ -388,32 +393,93 @@ def repairs(kind: str) -> float:
     return REGISTRY.get_sample_value("sidecarctl_policy_repairs_total", {"kind": kind}) or 0.0
 
 
-def test_an_image_change_rewrites_the_policy_with_a_new_time_and_widens_again() -> None:
-    before = repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")
+def value(params: JsonObj, key: str) -> str:
+    """The value under `key` in a parameter object, whatever version of the CEL reads it (its prefix)."""
+    name = parameters.key_name(key, {})
+    [found] = [v for k, v in parameters.values(params).items() if k.split("/", 1)[1] == name]
+    return str(found)
+
+
+def bump(rig: Rig, name: str, image: str) -> None:
+    """A new image for the SidecarSet's first container: only values of its parameter object change."""
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{name}"])
+    changed["spec"]["containers"][0]["image"] = image
+    changed["metadata"]["generation"] = changed["metadata"].get("generation", 1) + 1
+    rig.api.put(f"{SS_PATH}/{name}", changed)
+
+
+def reconfigure(rig: Rig, name: str, level: str) -> None:
+    """A new env var value for the SidecarSet's first container: its policy's CEL changes."""
+    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{name}"])
+    changed["spec"]["containers"][0]["env"] = [{"name": "LOG_LEVEL", "value": level}]
+    changed["metadata"]["generation"] = changed["metadata"].get("generation", 1) + 1
+    rig.api.put(f"{SS_PATH}/{name}", changed)
+
+
+def test_an_image_change_rewrites_the_parameter_object_only_with_a_new_time_and_no_widening() -> None:
+    before = [repairs(k) for k in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", PARAMS_KIND)]
     rig = Rig()
-    ss = rig.add("mesh")
+    rig.add("mesh")
     rig.run()
     rig.now += 10
     rig.run()
     narrowed = rig.ours()
-    first = rig.policy(P0)
-    assert first is not None
-    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
-    changed["spec"]["containers"][0]["image"] = "proxy:2"
-    changed["metadata"]["generation"] = 2
-    rig.api._store(f"{SS_PATH}/mesh", changed)
+    policy, first = rig.policy(P0), rig.params(P0)
+    assert policy is not None and first is not None
+    assert value(first, "mesh:image:proxy") == "proxy:1"
+    assert "proxy:1" not in json.dumps(policy), "the image is read from the parameter object, not written in CEL"
+    writes = len(rig.api.writes())
+    bump(rig, "mesh", "proxy:2")
     rig.run()
-    second = rig.policy(P0)
-    assert second is not None
-    assert rig.api.writes("update", f"{POLICIES}/{P0}"), "updated in place"
-    assert not rig.api.writes("delete", POLICIES)
+    second = rig.params(P0)
+    assert second is not None and value(second, "mesh:image:proxy") == "proxy:2"
+    assert rig.api.writes()[writes:] == [f"{PARAMS}/{P0}"], "one small object written: no policy, no condition"
+    assert rig.policy(P0) == policy, "the CEL the API server compiled stays"
     assert second["metadata"]["annotations"][ANN_GENERATED_AT] != first["metadata"]["annotations"][ANN_GENERATED_AT]
-    assert "proxy:2" in str(second["spec"]) and "proxy:1" not in str(second["spec"])
-    assert rig.ours() != narrowed
-    assert (repairs("mutatingadmissionpolicies"), repairs("mutatingadmissionpolicybindings")) == before, (
-        "a SidecarSet's own change is not a repair"
+    assert value(second, "time") == json.dumps(second["metadata"]["annotations"][ANN_GENERATED_AT]), (
+        "the pods' bookkeeping entries record when this version reached the API server"
     )
-    del ss
+    assert rig.ours() == narrowed, "nothing to compile, so nothing to widen for"
+    assert [repairs(k) for k in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", PARAMS_KIND)] == (
+        before
+    ), "a SidecarSet's own change is not a repair"
+
+
+def test_the_parameter_object_is_written_before_its_policy_and_put_back_when_deleted() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    writes = rig.api.writes()
+    assert writes.index(PARAMS) < writes.index(POLICIES) < writes.index(BINDINGS)
+    stored = rig.params(P0)
+    assert stored is not None
+    rig.api._store(f"{PARAMS}/{P0}", None)  # someone deletes it: the binding now refuses mesh's pods
+    before = repairs(PARAMS_KIND)
+    rig.run()
+    again = rig.params(P0)
+    assert again is not None
+    assert value(again, "mesh:image:proxy") == value(stored, "mesh:image:proxy")
+    assert set(parameters.values(again)) == set(parameters.values(stored))
+    assert repairs(PARAMS_KIND) == before + 1
+
+
+def test_a_parameter_object_goes_only_settle_seconds_after_its_policy_and_binding() -> None:
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.api._store(f"{SS_PATH}/mesh", None)
+    rig.run()
+    assert rig.policy(P0) is None and rig.binding(P0) is None
+    assert rig.params(P0) is not None, "a kube-apiserver may hold the binding until its next recompile"
+    rig.now += 1.0  # the watches have seen both go: the time starts now
+    rig.run()
+    assert rig.params(P0) is not None
+    rig.now += 1.5
+    rig.run()
+    assert rig.params(P0) is not None
+    rig.now += 0.5
+    rig.run()
+    assert rig.params(P0) is None
 
 
 def test_a_hand_edit_is_put_back_with_the_same_time() -> None:
@@ -471,7 +537,6 @@ def test_deleted_and_paused_sidecarsets_lose_their_policies_the_canary_stays() -
     rig.api._store(f"{SS_PATH}/mesh", paused)
     rig.run()
     assert rig.policy(P0) is None and rig.binding(P0) is None
-    assert rig.policy(P0) is None
     assert rig.policy(CANARY) is not None
     assert rig.sync.routes["mesh"].why is Why.NOT_INJECTING
 
@@ -792,16 +857,13 @@ def test_after_a_slow_write_the_next_waits_pace_times_as_long() -> None:
     rig.run()
     assert rig.policy(P0) is not None
     written_at = rig.now
-    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
-    changed["spec"]["containers"][0]["image"] = "proxy:2"
-    changed["metadata"]["generation"] = 2
-    rig.api.put(f"{SS_PATH}/mesh", changed)
+    reconfigure(rig, "mesh", "debug")
     rig.run()
-    assert "proxy:2" not in str(rig.policy(P0)) and rig.sync.write_at == written_at + 10.0
+    assert "debug" not in str(rig.policy(P0)) and rig.sync.write_at == written_at + 10.0
     assert rig.sync.routes["mesh"].path is Path.POLICY, "the route of the version written is kept meanwhile"
     rig.now += 10.0
     rig.run()
-    assert "proxy:2" in str(rig.policy(P0))
+    assert "debug" in str(rig.policy(P0))
 
 
 def test_while_writes_wait_a_policy_whose_sidecarsets_are_all_gone_is_deleted_at_once() -> None:
@@ -817,13 +879,10 @@ def test_while_writes_wait_a_policy_whose_sidecarsets_are_all_gone_is_deleted_at
     for name in gone:
         rig.api._store(f"{SS_PATH}/{name}", None)
     kept = next(f"s{k:02}" for k in range(61) if f"s{k:02}" not in gone)
-    changed = copy.deepcopy(rig.api.objects[f"{SS_PATH}/{kept}"])
-    changed["spec"]["containers"][0]["image"] = "proxy:2"
-    changed["metadata"]["generation"] = 2
-    rig.api.put(f"{SS_PATH}/{kept}", changed)
+    reconfigure(rig, kept, "debug")
     rig.run()
     assert rig.sync.write_at is not None, "the rewrite of the first policy waits for quiet"
-    assert "proxy:2" not in str(rig.policy(P0))
+    assert "debug" not in str(rig.policy(P0))
     assert rig.policy(second) is None and rig.binding(second) is None, "the orphan went at once"
 
 
@@ -858,3 +917,43 @@ def test_while_a_policy_write_waits_the_sidecarsets_of_those_written_are_publish
     rig.run()
     assert rig.policy(second) is not None
     assert all(r.path is Path.POLICY for r in rig.sync.routes.values())
+
+
+def versions(params: JsonObj | None) -> set[str]:
+    """The versions of the CEL whose keys a parameter object holds."""
+    return {k.split("/", 1)[0] for k in parameters.values(params)}
+
+
+def test_a_new_version_of_the_cel_keeps_the_keys_of_the_one_before_until_it_has_settled() -> None:
+    """A kube-apiserver enforces the CEL it compiled last, a second or more after the write, and reads
+    the parameter object as it is: dropping the old version's keys with the write would make the old
+    CEL fail (and refuse the pods) until then."""
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    (before,) = versions(rig.params(P0))
+    reconfigure(rig, "mesh", "debug")
+    bump(rig, "mesh", "proxy:2")
+    rig.run()
+    stored = rig.params(P0)
+    assert stored is not None and len(versions(stored)) == 2 and before in versions(stored)
+    assert parameters.values(stored)[f"{before}/mesh_image_proxy"] == "proxy:1", "the old version reads what it read"
+    assert value_of_new(stored, before) == "proxy:2"
+    writes = rig.api.writes()
+    assert writes.index(f"{PARAMS}/{P0}") < writes.index(f"{POLICIES}/{P0}"), "the new keys before the CEL reading them"
+    rig.now += 1.0
+    rig.run()
+    assert len(versions(rig.params(P0))) == 2, "kept while the new policy settles"
+    rig.now += 10.0
+    rig.run()
+    after = versions(rig.params(P0))
+    assert before not in after and len(after) == 1, "dropped once the new policy has settled"
+
+
+def value_of_new(params: JsonObj, old: str) -> str:
+    [found] = [
+        v for k, v in parameters.values(params).items() if k.endswith("/mesh_image_proxy") and not k.startswith(old)
+    ]
+    return str(found)
