@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kuberuntime import api, kubeconfig
 from kuberuntime.kubeapi import MAX_RETRY_AFTER, KubeClient
@@ -132,3 +135,53 @@ def test_retries_stop_after_ten_and_never_wait_past_the_timeout() -> None:
     with pytest.raises(api.ApiError, match="shutting down"):
         asyncio.run(_send(slow, timeout=2.0))
     assert len(slow.bodies) == 1, "a 5 s wait does not fit in a 2 s timeout: the error is raised at once"
+
+
+# -- the watch stream ------------------------------------------------------------------------------------
+async def _watched(chunks: list[bytes]) -> list[Any]:
+    """The events `KubeClient.watch` yields from a server that writes `chunks` as they are, then ends."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for chunk in chunks:
+            await resp.write(chunk)
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = KubeClient(ClusterConfig(server=f"http://127.0.0.1:{port}", ssl_context=None))
+    try:
+        return [e async for e in client.watch("/api/v1/pods", resource_version="1")]
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=30),
+    st.lists(st.integers(min_value=1, max_value=5000), max_size=40),
+)
+def test_watch_events_arrive_whole_and_in_order_however_the_stream_is_cut(sizes: list[int], cuts: list[int]) -> None:
+    """Events are split out of the chunks the connection delivers (many per chunk in a WatchList's
+    initial state, or one split over several); blank lines between them are skipped."""
+    events = [
+        {"type": "ADDED", "object": {"metadata": {"name": f"p{i}"}, "data": "x" * n}} for i, n in enumerate(sizes)
+    ]
+    stream = b"".join(json.dumps(e).encode() + (b"\n\n" if i % 3 == 0 else b"\n") for i, e in enumerate(events))
+    chunks, at = [], 0
+    for cut in cuts:
+        if at >= len(stream):
+            break
+        chunks.append(stream[at : at + cut])
+        at += cut
+    chunks.append(stream[at:])
+    assert asyncio.run(_watched(chunks)) == events
