@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from hypothesis import strategies as st
 from kuberuntime import api, kubeconfig
 from kuberuntime.kubeapi import MAX_RETRY_AFTER, KubeClient
 from kuberuntime.kubeconfig import ClusterConfig
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _kubeconfig(tmp_path: Path, user: dict[str, object]) -> str:
@@ -93,9 +97,11 @@ class _Answers:
         return web.json_response(body, status=status, headers=headers)
 
 
-async def _send(answers: _Answers, *, timeout: float = 30.0) -> Any:
+@contextlib.asynccontextmanager
+async def _client_of(handler: Handler, *, timeout: float = 30.0) -> AsyncIterator[KubeClient]:
+    """A KubeClient of a local HTTP server that answers every request with `handler`."""
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answers.handle)
+    app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -103,10 +109,15 @@ async def _send(answers: _Answers, *, timeout: float = 30.0) -> Any:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     client = KubeClient(ClusterConfig(server=f"http://127.0.0.1:{port}", ssl_context=None), timeout=timeout)
     try:
-        return await client.create("/api/v1/namespaces/x/configmaps", {"a": 1})
+        yield client
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def _send(answers: _Answers, *, timeout: float = 30.0) -> Any:
+    async with _client_of(answers.handle, timeout=timeout) as client:
+        return await client.create("/api/v1/namespaces/x/configmaps", {"a": 1})
 
 
 def test_a_503_or_429_with_retry_after_is_sent_again_with_the_same_body() -> None:
@@ -150,19 +161,8 @@ async def _watched(chunks: list[bytes]) -> list[Any]:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    client = KubeClient(ClusterConfig(server=f"http://127.0.0.1:{port}", ssl_context=None))
-    try:
+    async with _client_of(handle) as client:
         return [e async for e in client.watch("/api/v1/pods", resource_version="1")]
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 @settings(max_examples=40, deadline=None)
