@@ -74,6 +74,7 @@ class Plan:
     policies: tuple[Generated, ...] = ()
     routes: dict[str, Route] = field(default_factory=dict)
     webhook_condition: str = "true"  # CEL for the pod webhook's matchCondition
+    awaiting: frozenset[str] = frozenset()  # on the webhook only until their first revision is recorded
 
     def webhook_served(self) -> list[str]:
         return sorted(name for name, route in self.routes.items() if route.path is Path.WEBHOOK)
@@ -308,7 +309,7 @@ def plan(
             routes[name] = Route(Path.POLICY, Why.POLICY_SERVED, f"MutatingAdmissionPolicy {g.name}", g.name)
     webhook_sets = [ss for ss in active if ss.name in on_webhook]
     policy_sets = [ss for ss in active if ss.name not in on_webhook]
-    return Plan(generated, routes, webhook_condition(webhook_sets, policy_sets, mode))
+    return Plan(generated, routes, webhook_condition(webhook_sets, policy_sets, mode), frozenset(waiting))
 
 
 def _generate_groups(

@@ -9,10 +9,11 @@ while the policies were written, and the first policy was rewritten four times a
 arrived (1, 5, 30, then 60 groups: every rewrite compiles all of its groups again).
 
 So a write waits until the SidecarSets have been quiet for `quiet` seconds (a burst is written in
-whole policies, once), but never more than `max_quiet` seconds from the first wait; and after a write
-that took T seconds the next waits `pace` x T, so the API server compiles our policies at most
-1 / (1 + pace) of the time. Meanwhile the webhook serves those SidecarSets' pods: the sync widened it
-for them before anything was written (make before break).
+whole policies, once; one still waiting for its first revision has not arrived yet), but never more
+than `max_quiet` seconds from the first wait; and after a write that took T seconds the next waits
+`pace` x T, so the API server compiles our policies at most 1 / (1 + pace) of the time. Meanwhile
+the webhook serves those SidecarSets' pods: the sync widened it for them before anything was
+written (make before break).
 """
 
 from __future__ import annotations
@@ -43,12 +44,19 @@ class WritePacing:
     def arrived(self) -> None:
         self.last_arrival = self.monotonic()
 
-    def due(self) -> float:
-        """The time the next write may start (now or earlier: at once)."""
+    def due(self, *, awaiting: bool = False) -> float:
+        """The time the next write may start (now or earlier: at once).
+
+        `awaiting`: the plan leaves SidecarSets out until the controller records their first revision.
+        They are still arriving: a burst's first policy was written with 34 of its 60 SidecarSets,
+        the rest waiting for their revisions, then written again with all 60 (two compiles of one
+        policy, 4.5 and 9.1 s). So the write waits for them as for an arrival, and for no longer
+        than `max_quiet`: a revision that never comes holds nothing back for good."""
         now = self.monotonic()
         if self.waiting_since is None:
             self.waiting_since = now
-        quiet_until = min(self.last_arrival + self.quiet, self.waiting_since + self.max_quiet)
+        last_arrival = now if awaiting else self.last_arrival
+        quiet_until = min(last_arrival + self.quiet, self.waiting_since + self.max_quiet)
         return max(self.next_write, quiet_until)
 
     def wrote(self, started: float, ended: float) -> None:

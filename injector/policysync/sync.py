@@ -253,7 +253,7 @@ class PolicySync:
         for g in values_only:
             await self._put_params(params[g.name])
         for i, g in enumerate(changed):
-            if (due := self.pacing.due()) > self.monotonic():
+            if (due := self.pacing.due(awaiting=bool(p.awaiting))) > self.monotonic():
                 self.write_at = due  # the webhook serves the rest meanwhile; planned again then
                 await self._delete_stale(stale_policies, stale_bindings, stale_params, orphans_only=True)
                 return self._publish(routes_so_far(p.routes, self.routes, {w.name for w in changed[i:]}))

@@ -831,6 +831,34 @@ def test_sidecarsets_that_never_stop_arriving_are_written_after_max_quiet() -> N
     assert rig.now == 110.0, "written max_quiet after the first write was held back"
 
 
+def test_a_burst_waits_for_its_members_first_revisions_and_writes_its_policy_once() -> None:
+    """A burst's first policy was written with the SidecarSets whose revision the controller had
+    recorded, then again with the rest (two compiles of one policy): the write waits for them."""
+    rig = Rig(pacing=(1.0, 1.0, 10.0))
+    rig.add("mesh")
+    logs = rig.add("logs", app="logs", status={})
+    rig.now += 1.5  # quiet for longer than `quiet`
+    rig.run()
+    assert rig.policy(P0) is None, "written without logs, whose revision is not recorded yet"
+    assert '"logs"' in (rig.ours() or "") and '"web"' in (rig.ours() or ""), "the webhook serves both meanwhile"
+    rig.now += 2.0
+    rig.api.put(f"{SS_PATH}/logs", {**logs, "status": {"latestRevision": "logs-1"}})  # a status write
+    rig.run()
+    assert _members(rig) == {"mesh", "logs"}, "written at once when the last revision is recorded"
+    assert len(rig.api.writes("create", POLICIES)) == 1 and not rig.api.writes("update", POLICIES)
+
+
+def test_a_revision_that_never_comes_holds_the_others_back_for_max_quiet_only() -> None:
+    rig = Rig(pacing=(1.0, 1.0, 10.0))
+    rig.add("mesh")
+    rig.add("logs", app="logs", status={})  # the controller never records it
+    while rig.policy(P0) is None and rig.now < 200.0:  # each pass at the time the last one asked for
+        rig.now = max(rig.now, rig.sync.write_at or rig.now)
+        rig.run()
+    assert _members(rig) == {"mesh"} and rig.now == 110.0, "written max_quiet after the first hold"
+    assert rig.sync.routes["logs"].why is Why.PENDING
+
+
 def test_a_status_write_is_no_arrival_and_holds_nothing_back() -> None:
     rig = Rig(pacing=(1.0, 1.0, 10.0))
     rig.add("mesh")
