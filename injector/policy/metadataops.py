@@ -25,10 +25,18 @@ class MetadataOps(Part):
 
     def _annotation_ops(self) -> str:
         """One op per annotation on a pod that has some; one op adding them all to a pod with none
-        (most new pods: fewer operations is a cheaper patch for the API server)."""
+        (most new pods: fewer operations is a cheaper patch for the API server).
+
+        Each value is in both branches. One written always and built by CEL (the bookkeeping
+        annotations, a third of a group's text) is a variable, so the API server type-checks it once:
+        it checks an expression in time that grows faster than its length, at every policy write and
+        again to enforce it. A value written only `when` something holds stays in place: bound ahead
+        of the test it would be evaluated where it may fail (the first app of a pod without one)."""
         per_key = []
         entries = []
-        for key, value, when in self.b.annotations:
+        for n, (key, value, when) in enumerate(self.b.annotations):
+            if when is None and not _is_literal(value):
+                value = self.b.var(f"ann{n}", value)
             op = cel.patch_op("add", cel.string("/metadata/annotations/" + cel.pointer(key)), value)
             per_key.append(f"[{op}]" if when is None else f"({when} ? [{op}] : [])")
             k = cel.string(key)
@@ -144,3 +152,11 @@ class MetadataOps(Part):
 
 def _json(value: str) -> str:
     return json.dumps(value)
+
+
+def _is_literal(expr: str) -> bool:
+    """Whether `expr` is a CEL string literal (cel.string): nothing to check twice."""
+    try:
+        return isinstance(json.loads(expr), str)
+    except ValueError:
+        return False

@@ -328,6 +328,17 @@ def test_the_generated_policy_is_json_with_literal_values() -> None:
     assert g.policy["metadata"]["labels"] == generate.MANAGED_BY
 
 
+def test_each_bookkeeping_annotation_is_built_once_in_a_group_and_the_default_container_only_when_asked() -> None:
+    """Both branches (a pod with annotations, one without) write the same values: a value built by
+    CEL is written once, as a variable the API server type-checks once; the first app's name, which
+    a pod may not have, is read only once its test has held."""
+    g = bundle.policy("p", [generate.parts([ss("mesh")], timestamp=TS, manager_namespace=NS)], manager_namespace=NS)
+    (code,) = [e for n, e in variables(g).items() if n.startswith("groups")]
+    assert code.count(".sort().join") == 3, "the two hash annotations and the injected list, each once"
+    assert code.count("g0_ann") >= 6, "each read in both branches"
+    assert code.count("size(g0_firstApp) > 0") == 2 and code.count("dyn(g0_firstApp[0])") == 2, "read behind its test"
+
+
 # -- CEL text -------------------------------------------------------------------------------------
 
 
