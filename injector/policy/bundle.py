@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
-from injector.policy import cel, params, selecting
+from injector.policy import cel, hoisting, params, selecting
 from injector.policy.build import V
 from injector.policy.generate import ANN_MEMBERS, MANAGED_BY, POLICY_API, Generated, GroupParts
 from kuberuntime.jsontypes import JsonObj
@@ -240,7 +240,8 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
 def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -> Generated:
     """The policy, binding and parameter object that inject `groups`."""
     shared: dict[str, str] = {}
-    codes = [_group_code(index, g, shared) for index, g in enumerate(groups)]
+    alike, replaced = hoisting.common([[(n, e) for n, e in g.variables if n not in SHARED] for g in groups])
+    codes = [_group_code(index, g, shared, replaced[index]) for index, g in enumerate(groups)]
     chunk_variables, chosen = _chunked(codes)
     own = [("candidates", candidates(groups)), *chunk_variables]
     gates = _gates(groups, manager_namespace)
@@ -266,7 +267,7 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
         },
         # One expression, not one per gate: each matchCondition is a program evaluation of its own.
         "matchConditions": [{"name": "sidecarctl-gates", "expression": gates}],
-        "variables": [{"name": n, "expression": e} for n, e in (*shared.items(), *own)],
+        "variables": [{"name": n, "expression": e} for n, e in (*shared.items(), *alike, *own)],
         "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch}}],
     }
     members = ";".join(g.key for g in groups)
@@ -294,17 +295,22 @@ def policy(name: str, groups: Sequence[GroupParts], *, manager_namespace: str) -
     )
 
 
-def _group_code(index: int, g: GroupParts, shared: dict[str, str]) -> str:
+def _group_code(index: int, g: GroupParts, shared: dict[str, str], alike: dict[str, str]) -> str:
     """Group `index`'s CEL in the policy: its operations when it is a candidate and its gates hold,
-    else none. Its own variables are folded into it; those every group defines alike go to `shared`."""
+    else none. Its own variables are folded into it, but those it writes as other groups do, which
+    read the policy's (`alike`, injector.policy.hoisting); those every group defines alike go to
+    `shared`."""
     local: list[tuple[str, str]] = []
     for variable, expression in g.variables:
+        if variable in alike:
+            continue
         if variable not in SHARED:
-            local.append((variable, expression))
+            local.append((variable, hoisting.renamed(expression, alike)))
         elif shared.setdefault(variable, expression) != expression:
             raise ValueError(f"variable {variable} is not the same in every group")
     gates = "&& ".join(g.gates)
-    body = fold(local, f"({gates}) ?\n({g.patch}) : []", prefix=f"g{index}_")
+    code = hoisting.renamed(f"({gates}) ?\n({g.patch}) : []", alike)
+    body = fold(local, code, prefix=f"g{index}_")
     return f"({index} in {V}candidates ? ({body}) : [])"
 
 
