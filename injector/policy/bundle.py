@@ -306,11 +306,11 @@ def _group_code(index: int, g: GroupParts, shared: dict[str, str], alike: dict[s
         if variable in alike:
             continue
         if variable not in SHARED:
-            local.append((variable, hoisting.renamed(expression, alike)))
+            local.append((variable, cel.renamed_variables(expression, alike)))
         elif shared.setdefault(variable, expression) != expression:
             raise ValueError(f"variable {variable} is not the same in every group")
     gates = "&& ".join(g.gates)
-    code = hoisting.renamed(f"({gates}) ?\n({g.patch}) : []", alike)
+    code = cel.renamed_variables(f"({gates}) ?\n({g.patch}) : []", alike)
     body = fold(local, code, prefix=f"g{index}_")
     return f"({index} in {V}candidates ? ({body}) : [])"
 

@@ -7,6 +7,7 @@ container's fields mix strings, numbers, lists and objects.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from sidecarsets.spec.model import SidecarSet
 
 VARIABLES = "variables."
+# A read of a policy variable, `variables.NAME`, with NAME the group.
+VARIABLE_READ = re.compile(re.escape(VARIABLES) + r"([A-Za-z_][A-Za-z0-9_]*)\b")
 # A pod's labels and annotations, present or not (outside `variables`: matchConditions cannot read them).
 LABELS = "(has(object.metadata.labels) ? object.metadata.labels : {})"
 ANNOTATIONS = "(has(object.metadata.annotations) ? object.metadata.annotations : {})"
@@ -125,6 +128,11 @@ def as_expressions(sel: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         {"key": k, "operator": "In", "values": [v]} for k, v in (sel.get("matchLabels") or {}).items()
     ]
     return out + [dict(e) for e in sel.get("matchExpressions") or []]
+
+
+def renamed_variables(expr: str, names: Mapping[str, str]) -> str:
+    """`expr` reading, for each variable in `names`, the variable it maps to instead."""
+    return VARIABLE_READ.sub(lambda m: VARIABLES + names.get(m.group(1), m.group(1)), expr) if names else expr
 
 
 def inline_variables(expr: str, variables: Iterable[tuple[str, str]]) -> str:

@@ -17,14 +17,12 @@ short expression costs little to check.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 
-from injector.policy.build import V
+from injector.policy.cel import VARIABLE_READ, renamed_variables
 
 # Shorter pieces stay where they are (a piece a hoisted one reads goes with it, whatever its size).
 MIN_CHARS = 200
-_REF = re.compile(re.escape(V) + r"([A-Za-z_][A-Za-z0-9_]*)\b")
 
 
 def common(groups: Sequence[Sequence[tuple[str, str]]]) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
@@ -37,7 +35,7 @@ def common(groups: Sequence[Sequence[tuple[str, str]]]) -> tuple[list[tuple[str,
     for own in groups:
         named: dict[str, str] = {}
         for name, expression in own:
-            text = renamed(expression, named)
+            text = renamed_variables(expression, named)
             key = "h" + hashlib.sha256(text.encode()).hexdigest()[:16]
             named[name] = key
             texts.setdefault(key, text)
@@ -50,11 +48,6 @@ def common(groups: Sequence[Sequence[tuple[str, str]]]) -> tuple[list[tuple[str,
         key = todo.pop()
         if key not in hoisted:
             hoisted.add(key)
-            todo.extend(m.group(1) for m in _REF.finditer(texts[key]) if m.group(1) in texts)
+            todo.extend(m.group(1) for m in VARIABLE_READ.finditer(texts[key]) if m.group(1) in texts)
     defined = [(k, t) for k, t in texts.items() if k in hoisted]
     return defined, [{name: key for name, key in named.items() if key in hoisted} for named in keys]
-
-
-def renamed(expression: str, names: dict[str, str]) -> str:
-    """`expression` reading the policy variables `names` gives for the group's own variables."""
-    return _REF.sub(lambda m: V + names.get(m.group(1), m.group(1)), expression) if names else expression

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from injector.policy import bundle, generate, hoisting
+from injector.policy import bundle, cel, generate, hoisting
 from injector.policy.build import V
 from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
@@ -25,7 +25,7 @@ def test_a_piece_two_groups_write_alike_is_defined_once_and_each_reads_it() -> N
     assert [e for _, e in defined] == [BIG]
     (name,) = (n for n, _ in defined)
     assert replaced == [{"env": name}, {"env": name}], "the groups' own containers differ: they stay"
-    assert hoisting.renamed(a[1][1], replaced[0]) == f'{{"image": "a", "env": {V}{name}}}'
+    assert cel.renamed_variables(a[1][1], replaced[0]) == f'{{"image": "a", "env": {V}{name}}}'
 
 
 def test_short_pieces_a_single_group_and_pieces_reading_their_group_stay() -> None:
