@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from sidecarsets.spec.model import SidecarSet
 
 VARIABLES = "variables."
-# A read of a policy variable, `variables.NAME`, with NAME the group.
+# A read of a policy variable, `variables.NAME`; the match's first group is NAME.
 VARIABLE_READ = re.compile(re.escape(VARIABLES) + r"([A-Za-z_][A-Za-z0-9_]*)\b")
 # A pod's labels and annotations, present or not (outside `variables`: matchConditions cannot read them).
 LABELS = "(has(object.metadata.labels) ? object.metadata.labels : {})"
