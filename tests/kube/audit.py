@@ -4,22 +4,35 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.kube.controlplane import ControlPlane
 
 
+def audit_lines(path: Path, start: int = 0) -> list[bytes]:
+    """The whole lines (one JSON event each) of the audit log at `path` after byte `start`.
+
+    kube-apiserver appends while the tests read: a size taken as `start` can fall inside a line being
+    written, and the log can end in one. A line cut at `start` was written before it and is skipped;
+    one without its newline yet is left for a later read (a JSON parse of either failed a test)."""
+    with path.open("rb") as f:
+        if start > 0:
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                f.readline()  # the rest of a line written before `start`
+        data = f.read()
+    whole = data[: data.rfind(b"\n") + 1]
+    return [line for line in whole.splitlines() if line.strip()]
+
+
 def audit_events(cp: ControlPlane, start: int) -> list[dict[str, Any]]:
     """The audit log's events written after byte `start`, one per request (ResponseComplete)."""
-    with cp.audit_log.open("rb") as f:
-        f.seek(start)
-        lines = f.read().decode(errors="replace").splitlines()
     out = []
-    for line in lines:
-        if line.strip():
-            event = json.loads(line)
-            if event.get("stage") == "ResponseComplete":
-                out.append(event)
+    for line in audit_lines(cp.audit_log, start):
+        event = json.loads(line)
+        if event.get("stage") == "ResponseComplete":
+            out.append(event)
     return out
 
 

@@ -31,6 +31,7 @@ from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
 from tests.kube import builders
 from tests.kube.adminrest import AdminRest
+from tests.kube.audit import audit_lines
 from tests.kube.client import eventually
 from tests.kube.cluster import PrivateCluster, install_crd
 from tests.kube.controlplane import REPO
@@ -139,16 +140,15 @@ def audit_events(path: Path, *, user: str | None = None) -> list[AuditEvent]:
     """
     stages: dict[str, dict[str, Any]] = {}
     needle = f'"username":"{user}"'.encode() if user else b""
-    with open(path, "rb") as f:
-        for line in f:
-            if needle and needle not in line:
-                continue
-            e = orjson.loads(line)
-            if e.get("stage") not in ("ResponseStarted", "ResponseComplete", "Panic"):
-                continue
-            known = stages.get(e["auditID"])
-            if known is None or known.get("stage") == "ResponseStarted":
-                stages[e["auditID"]] = e
+    for line in audit_lines(path):
+        if needle and needle not in line:
+            continue
+        e = orjson.loads(line)
+        if e.get("stage") not in ("ResponseStarted", "ResponseComplete", "Panic"):
+            continue
+        known = stages.get(e["auditID"])
+        if known is None or known.get("stage") == "ResponseStarted":
+            stages[e["auditID"]] = e
     out: list[AuditEvent] = []
     for e in stages.values():
         ref = e.get("objectRef") or {}
