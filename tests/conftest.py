@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kube import node
+from tests.kube import keptlogs, node
 from tests.kube.ci import IN_CI
 from tests.kube.loop import BackgroundLoop
 
@@ -39,8 +40,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.serial)
 
 
+_STARTED = pytest.StashKey[float]()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A `serial` test among several xdist workers would measure their load, not its own: refuse it."""
+    item.stash[_STARTED] = time.time()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and item.get_closest_marker("serial") is not None:
         pytest.fail(f"marked serial, so it runs alone: run it without -n (or with -n 1), not among {workers} workers")
@@ -66,6 +71,10 @@ def pytest_runtest_makereport(
         report.longrepr = f"{tier} test skipped under CI=true (not allowed): {report.longrepr}"
     if item.get_closest_marker("versions") is not None and (report.when == "call" or report.outcome != "passed"):
         _VERSIONS_OUTCOMES[item.nodeid] = report.outcome
+    if report.failed and tier is not None and _STARTED in item.stash:
+        kept = keptlogs.keep(item.nodeid, item.stash[_STARTED])
+        if kept is not None:
+            report.sections.append(("logs kept", f"the logs this test wrote are kept in {kept}"))
     return report
 
 

@@ -91,6 +91,21 @@ def pods(kube: Kube, namespace: str, app: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda p: p["metadata"]["name"])
 
 
+def pods_digest(kube: Kube, namespace: str) -> str:
+    """One line per pod of `namespace`: when it was created, its containers, labels and annotations;
+    printed when a test fails, to tell a pod admitted without sidecars from a status not written."""
+    lines = []
+    for p in kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+        meta, spec = p["metadata"], p["spec"]
+        containers = [c["name"] for c in spec.get("initContainers") or []] + ["|"]
+        containers += [c["name"] for c in spec["containers"]]
+        lines.append(
+            f"{meta['name']} created {meta.get('creationTimestamp')} containers {containers} "
+            f"labels {meta.get('labels')} annotations {meta.get('annotations')} ready {ready(p)}"
+        )
+    return "\n".join(lines) or f"no pods in {namespace}"
+
+
 def create_ready_pods(kube: Kube, namespace: str, app: str, count: int, **labels: str) -> list[dict[str, Any]]:
     for i in range(count):
         kube.create(f"/api/v1/namespaces/{namespace}/pods", make_pod(f"{app}-{i}", app, **labels))

@@ -42,6 +42,7 @@ from tests.e2e.helpers import (
     image_of,
     make_sidecarset,
     pods,
+    pods_digest,
     ready,
     set_image,
     upgradable,
@@ -50,6 +51,7 @@ from tests.e2e.helpers import (
 )
 from tests.e2e.policysupport import policy_holding
 from tests.kube import builders
+from tests.kube.audit import audit_lines
 from tests.kube.builders import model
 from tests.kube.client import Kube, eventually
 from tests.kube.cluster import PrivateCluster, crd_established
@@ -418,6 +420,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
 
     metrics_port = free_port()
     m = _start(cluster, kubeconfig, port, metrics_port)
+    ns = ""
     try:
         assert kube.get(SECRET_PATH)["data"]["tls.crt"], "self-signed Secret created"
         # /metrics only for callers the API server authenticates and allows `get /metrics`.
@@ -571,7 +574,8 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
         assert {"SidecarUpgrade", "NotUpgradablePods"} <= reasons, reasons
         assert max(e["count"] for e in events if e["reason"] == "SidecarUpgrade") >= 2
     except AssertionError:
-        print(f"manager log:\n{m.log_tail(400)}")
+        print(f"pods:\n{pods_digest(kube, ns)}" if ns else "no namespace yet")
+        print(f"manager log, warnings and the policy sync:\n{m.log_digest()}\nmanager log:\n{m.log_tail(400)}")
         raise
     finally:
         if m.proc.poll() is None:
@@ -590,7 +594,7 @@ def test_the_manager_uses_exactly_the_permissions_config_default_grants(
         _stop(m)
 
     grants = grants_for(rendered, namespace=MANAGER_NS, account=SA)
-    uses, non_resource, denied = uses_from_audit(cp.audit_log.read_text().splitlines(), SA_USER)
+    uses, non_resource, denied = uses_from_audit((line.decode() for line in audit_lines(cp.audit_log)), SA_USER)
     report = table(uses, grants)
     print(f"\nrequests of {SA_USER}:\n{report}")
     assert uses, "no request of the ServiceAccount in the audit log"

@@ -219,6 +219,15 @@ class ManagerProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def log_digest(self, lines: int = 30) -> str:
+        """The log's warnings and errors and the policy sync's lines, the last `lines` of them: printed
+        first when a test fails, since a CI summary keeps the head of a long captured log."""
+        wanted = (" WARNING ", " ERROR ", "injector.policysync")
+        kept = [
+            line for line in self.log_path.read_text(errors="replace").splitlines() if any(w in line for w in wanted)
+        ]
+        return "\n".join(kept[-lines:])
+
 
 def start_process(
     cp: ControlPlane,
