@@ -31,8 +31,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-import orjson
-
 from injector.policy import cel, hoisting, params, selecting
 from injector.policy.build import V
 from injector.policy.generate import ANN_MEMBERS, MANAGED_BY, POLICY_API, Generated, GroupParts
@@ -184,11 +182,6 @@ def anchored(g: GroupParts) -> bool:
     return all(podindex.label_anchors(ss.selector) is not None for ss in g.sidecarsets)
 
 
-def size(parts: GroupParts) -> int:
-    """The bytes the group adds to a policy (its variables, gates and patch), near enough to pack by."""
-    return len(orjson.dumps([parts.variables, parts.gates, parts.patch]))
-
-
 def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tuple[str, list[GroupParts]]]:
     """(policy name, its groups) for `groups`, keeping each where `previous` (SidecarSet -> the policy
     that injects it now) had most of its members, while it fits."""
@@ -202,7 +195,7 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
         held = bins.get(name, ())
         if not held:
             return True
-        if anchored(held[0]) != anchored(g) or len(held) >= MAX_GROUPS or used[name] + size(g) > MAX_BYTES:
+        if anchored(held[0]) != anchored(g) or len(held) >= MAX_GROUPS or used[name] + g.size > MAX_BYTES:
             return False
         # A group that would leave the policy without an object selector (no key they all require)
         # goes elsewhere: every pod would then reach the policy's condition.
@@ -210,7 +203,7 @@ def pack(groups: Sequence[GroupParts], previous: Mapping[str, str]) -> list[tupl
 
     def put(name: str, g: GroupParts) -> None:
         bins.setdefault(name, []).append(g)
-        used[name] = used.get(name, 0) + size(g)
+        used[name] = used.get(name, 0) + g.size
         values[name] = _merged(values.get(name), _values_of(g))
         placed.add(g.key)
 

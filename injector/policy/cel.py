@@ -1,7 +1,7 @@
 """CEL text built from JSON values and label selectors, for the generated policies.
 
-Literals are typed `dyn` throughout: CEL list and map literals must be homogeneous, and a
-container's fields mix strings, numbers, lists and objects.
+Literals are typed `dyn` where their items mix types: CEL list and map literals must be
+homogeneous, and a container's fields mix strings, numbers, lists and objects (`literal`).
 """
 
 from __future__ import annotations
@@ -62,22 +62,48 @@ def strings(values: Iterable[str]) -> str:
 
 
 def literal(value: Any) -> str:
-    """A JSON value as a CEL literal (lists are list(dyn), maps map(string, dyn))."""
+    """A JSON value as a CEL literal (lists are list(dyn), maps map(string, dyn)).
+
+    Inside it, a list or map whose items all have one type (say a container's `resources` or an env
+    entry: strings only) is written without `dyn()` around them: kube-apiserver type-checks a policy
+    in time that grows with the square of its function calls (its checker copies every type binding
+    made so far at each overload it tries), and `dyn()` is a call. The value is the same either way.
+    """
+    return _literal(value, top=True)[0]
+
+
+def _literal(value: Any, *, top: bool = False) -> tuple[str, str | None]:
+    """The literal and its CEL type when the checker gives it exactly that (None: `dyn` it)."""
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return ("true" if value else "false"), "bool"
     if value is None:
-        return "null"
+        return "null", None
     if isinstance(value, int):
-        return str(value)
+        return str(value), "int"
     if isinstance(value, float):
-        return repr(value)
+        return repr(value), "double"
     if isinstance(value, str):
-        return string(value)
+        return string(value), "string"
     if isinstance(value, list):
-        return "[" + ", ".join(f"dyn({literal(x)})" for x in value) + "]"
+        items = [_literal(x) for x in value]
+        kind = _one_type(items, top)
+        texts = [t if kind else f"dyn({t})" for t, _ in items]
+        return "[" + ", ".join(texts) + "]", f"list({kind or 'dyn'})" if items else None
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{string(str(k))}: dyn({literal(x)})" for k, x in value.items()) + "}"
+        entries = {string(str(k)): _literal(x) for k, x in value.items()}
+        kind = _one_type(list(entries.values()), top)
+        texts = [f"{k}: {t if kind else f'dyn({t})'}" for k, (t, _) in entries.items()]
+        return "{" + ", ".join(texts) + "}", f"map(string, {kind or 'dyn'})" if entries else None
     raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _one_type(items: list[tuple[str, str | None]], top: bool) -> str | None:
+    """The type all `items` share, if they share one and the container may be typed by it (not at
+    the top, whose callers combine it with values of other types as list(dyn) or map(string, dyn))."""
+    kinds = {kind for _, kind in items}
+    if top or len(kinds) != 1:
+        return None
+    return next(iter(kinds))
 
 
 def patch_op(op: str, path: str, value: str) -> str:

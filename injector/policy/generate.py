@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import orjson
 
 from injector.engine.selection import precedence
 from injector.policy import bookkeeping, cel
@@ -123,10 +126,16 @@ class GroupParts:
     def key(self) -> str:
         return ",".join(self.members)
 
-    @property
+    # Both read at every pass of the sync (packing, the stored policies' digests): worked out once.
+    @cached_property
     def digest(self) -> str:
         text = repr((self.variables, self.gates, self.patch))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @cached_property
+    def size(self) -> int:
+        """The bytes the group adds to a policy (its variables, gates and patch), near enough to pack by."""
+        return len(orjson.dumps([self.variables, self.gates, self.patch]))
 
 
 def policy_name(group: list[SidecarSet]) -> str:

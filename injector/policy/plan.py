@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from injector.policy import bookkeeping, bundle, cel, generate
 from injector.policy.build import NeedsWebhook
 from injector.policy.generate import Generated, GroupParts, check_servable
+from injector.policy.partscache import PartsCache
 from injector.policy.selecting import MAX_CONDITION_CHARS as MAX_CONDITION_CHARS
 from injector.policy.selecting import MAX_EXACT_CHARS, pods_selected
 from sidecarsets.spec import podindex, selectors
@@ -73,11 +75,25 @@ class Route:
 class Plan:
     policies: tuple[Generated, ...] = ()
     routes: dict[str, Route] = field(default_factory=dict)
-    webhook_condition: str = "true"  # CEL for the pod webhook's matchCondition
     awaiting: frozenset[str] = frozenset()  # on the webhook only until their first revision is recorded
+    mode: Mode = Mode.WEBHOOK  # WEBHOOK also where policies cannot be used: the webhook takes every pod
+    webhook_sets: tuple[SidecarSet, ...] = ()  # the active SidecarSets on the webhook, and on policies
+    policy_sets: tuple[SidecarSet, ...] = ()
 
     def webhook_served(self) -> list[str]:
         return sorted(name for name, route in self.routes.items() if route.path is Path.WEBHOOK)
+
+    @cached_property
+    def webhook_condition(self) -> str:
+        """CEL for the pod webhook's matchCondition, built when first asked: while policies settle a pass
+        asks `condition(settling)` instead, and at 600 SidecarSets either costs tens of milliseconds."""
+        return self.condition()
+
+    def condition(self, settling: Iterable[SidecarSet] = ()) -> str:
+        """The webhook's condition, widened to every pod `settling` selects (`webhook_condition`)."""
+        if self.mode is Mode.WEBHOOK:
+            return "true"
+        return webhook_condition(list(self.webhook_sets), list(self.policy_sets), self.mode, settling)
 
 
 def policy_excludes(sidecarsets: Iterable[SidecarSet]) -> str:
@@ -118,12 +134,27 @@ def policies_decline(sidecarsets: Iterable[SidecarSet]) -> str:
     return " || ".join(terms)
 
 
-def webhook_condition(webhook_sets: list[SidecarSet], policy_sets: list[SidecarSet], mode: Mode) -> str:
+def webhook_condition(
+    webhook_sets: list[SidecarSet], policy_sets: list[SidecarSet], mode: Mode, settling: Iterable[SidecarSet] = ()
+) -> str:
     """The pod webhook's matchCondition: its own SidecarSets' selectors exact while they are cheap to
-    compile (MAX_EXACT_CHARS) and the whole fits (MAX_CONDITION_CHARS), else read by anchors."""
+    compile (MAX_EXACT_CHARS) and the whole fits (MAX_CONDITION_CHARS), else read by anchors.
+
+    `settling`: policy-served SidecarSets whose policy may not be enforced yet (injector.policysync):
+    the webhook takes every pod they select, as if they were its own, all sorted by name. So during a
+    burst a SidecarSet whose revision is recorded, moving from the webhook to its unwritten policy,
+    leaves the text as it was: each change of it is a write of the webhook configuration that
+    kube-apiserver compiles again (about 25 writes a policy when it was widened term by term)."""
+    settling = list(settling)
+    if settling:
+        held = {ss.name for ss in settling}
+        policy_sets = [ss for ss in policy_sets if ss.name not in held]
+        if mode is not Mode.POLICY:
+            own = {ss.name: ss for ss in (*webhook_sets, *settling)}
+            webhook_sets = [own[name] for name in sorted(own)]
     declines = policies_decline(policy_sets)
     if mode is Mode.POLICY:
-        return declines
+        return f"({declines}) || ({pods_selected(settling, approximate=True)})" if settling else declines
     selected = pods_selected(webhook_sets)
     condition = f"({selected}) || ({declines})"
     if len(selected) > MAX_EXACT_CHARS or len(condition) > MAX_CONDITION_CHARS:
@@ -211,35 +242,6 @@ def overlap_groups(sidecarsets: list[SidecarSet]) -> list[list[SidecarSet]]:
     return sorted((sorted(g, key=lambda s: s.name) for g in groups.values()), key=lambda g: g[0].name)
 
 
-class PartsCache:
-    """Generated groups kept between passes: a pass regenerates only the groups whose SidecarSets (the
-    same model objects, which the sync replaces when one changes) or webhook neighbours changed."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[object, ...], tuple[tuple[SidecarSet, ...], GroupParts]] = {}
-        self._used: set[tuple[object, ...]] = set()
-
-    def get(self, key: tuple[object, ...], models: tuple[SidecarSet, ...]) -> GroupParts | None:
-        entry = self._entries.get(key)
-        self._used.add(key)
-        if (
-            entry is None
-            or len(entry[0]) != len(models)
-            or any(a is not b for a, b in zip(entry[0], models, strict=True))
-        ):
-            return None
-        return entry[1]
-
-    def put(self, key: tuple[object, ...], models: tuple[SidecarSet, ...], parts: GroupParts) -> None:
-        self._entries[key] = (models, parts)
-        self._used.add(key)
-
-    def prune(self) -> None:
-        """Forget the groups the last pass did not ask for."""
-        self._entries = {k: v for k, v in self._entries.items() if k in self._used}
-        self._used = set()
-
-
 def plan(
     sidecarsets: Iterable[SidecarSet],
     *,
@@ -263,10 +265,10 @@ def plan(
     routes = {ss.name: idle for ss in sidecarsets}
     if mode is Mode.WEBHOOK:
         routes.update({ss.name: Route(Path.WEBHOOK, Why.WEBHOOK_MODE, "--injection=webhook") for ss in active})
-        return Plan((), routes, "true")
+        return Plan((), routes)
     if unsupported is not None:
         routes.update({ss.name: Route(Path.WEBHOOK, Why.UNSUPPORTED, unsupported) for ss in active})
-        return Plan((), routes, "true")
+        return Plan((), routes)
     on_webhook: dict[str, str] = dict(refused or {})
     for ss in active:
         try:
@@ -294,22 +296,22 @@ def plan(
         if not failed:
             break
         on_webhook.update(failed)
-    cache.prune()
     for ss in active:
         if ss.name in on_webhook:
             why = Why.PENDING if ss.name in waiting else Why.NEEDS_WEBHOOK
             routes[ss.name] = Route(Path.WEBHOOK, why, on_webhook[ss.name])
     oldest_first = sorted(groups, key=lambda g: min((ss.creation_timestamp, ss.name) for ss in g.sidecarsets))
     generated = tuple(
-        bundle.policy(name, packed, manager_namespace=manager_namespace)
+        cache.policy(name, packed, manager_namespace=manager_namespace)
         for name, packed in bundle.pack(oldest_first, previous or {})
     )
+    cache.prune()
     for g in generated:
         for name in g.members:
             routes[name] = Route(Path.POLICY, Why.POLICY_SERVED, f"MutatingAdmissionPolicy {g.name}", g.name)
     webhook_sets = [ss for ss in active if ss.name in on_webhook]
     policy_sets = [ss for ss in active if ss.name not in on_webhook]
-    return Plan(generated, routes, webhook_condition(webhook_sets, policy_sets, mode), frozenset(waiting))
+    return Plan(generated, routes, frozenset(waiting), mode, tuple(webhook_sets), tuple(policy_sets))
 
 
 def _generate_groups(
@@ -353,7 +355,7 @@ def _generate_groups(
                 failed.update({ss.name: f"{e} (with {', '.join(s.name for s in group)})" for ss in group})
                 continue
             cache.put(key, models, parts)
-        size = bundle.size(parts)
+        size = parts.size
         if size > MAX_POLICY_BYTES:
             failed.update({ss.name: f"its policy would be {size} bytes, over {MAX_POLICY_BYTES}" for ss in group})
             continue

@@ -7,12 +7,13 @@ objects' shape, and the CEL text helpers whose output the API server must parse.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import orjson
 import pytest
 
-from injector.policy import bundle, cel, generate, plan, selecting
+from injector.policy import bundle, cel, generate, partscache, plan, selecting
 from injector.policy.plan import Mode, Path, Why
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -342,11 +343,34 @@ def test_each_bookkeeping_annotation_is_built_once_in_a_group_and_the_default_co
 # -- CEL text -------------------------------------------------------------------------------------
 
 
-def test_literals_are_typed_dyn() -> None:
+def test_literals_are_typed_dyn_where_their_items_mix_types() -> None:
     assert cel.literal({"a": [1, "x", None, True]}) == '{"a": dyn([dyn(1), dyn("x"), dyn(null), dyn(true)])}'
+    # The top stays list(dyn) / map(string, dyn) whatever its items: callers add pod fields to it.
+    assert cel.literal(["a", "b"]) == '[dyn("a"), dyn("b")]'
+    assert cel.literal({"cpu": "1"}) == '{"cpu": dyn("1")}'
+    # Empty containers and null have no type of their own (a free type variable, null_type): dyn.
+    assert cel.literal({"a": [[], []]}) == '{"a": dyn([dyn([]), dyn([])])}'
+    assert cel.literal({"a": [None, None]}) == '{"a": dyn([dyn(null), dyn(null)])}'
     assert cel.literal(1.5) == "1.5"
     with pytest.raises(TypeError):
         cel.literal(object())
+
+
+def test_nested_literals_of_one_type_are_written_without_dyn() -> None:
+    """kube-apiserver type-checks in time that grows with the square of the calls, `dyn()` among
+    them: a nested list or map whose items share one type needs none."""
+    resources = {"requests": {"cpu": "50m", "memory": "64Mi"}}
+    assert cel.literal({"resources": resources}) == '{"resources": dyn({"requests": {"cpu": "50m", "memory": "64Mi"}})}'
+    env = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+    assert cel.literal({"env": env}) == '{"env": dyn([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}])}'
+    # One entry of another shape: each entry is dyn again, and inside the odd one its mixed values.
+    mixed = [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]
+    assert cel.literal({"env": mixed}) == (
+        '{"env": dyn([dyn({"name": "A", "value": "1"}), '
+        'dyn({"name": dyn("B"), "valueFrom": dyn({"fieldRef": {"fieldPath": "x"}})})])}'
+    )
+    numbers = cel.literal({"ports": [1, 2], "ratio": [0.5, 1]})
+    assert numbers == '{"ports": dyn([1, 2]), "ratio": dyn([dyn(0.5), dyn(1)])}'
 
 
 def test_json_pointer_segments_are_escaped() -> None:
@@ -655,3 +679,33 @@ def test_overlap_index_prunes_by_every_label_the_query_requires(monkeypatch: pyt
     assert compared == 0
     assert index.sharing(ss("w7-canary", selector={"matchLabels": {"team": "w7", "kind": "w"}})) == [7]
     assert compared == 1
+
+
+# -- the cache between passes ---------------------------------------------------------------------
+
+
+def _with(obj: dict[str, Any], **changes: Any) -> SidecarSet:
+    o = copy.deepcopy(obj)
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        at = o
+        for p in parents:
+            at = at.setdefault(p, {})
+        at[leaf] = value
+    return SidecarSet.from_object(o)
+
+
+def test_a_status_write_regenerates_nothing_and_a_spec_or_revision_change_its_group_and_policy() -> None:
+    objs = {n: builders.sidecarset(n, selector={"matchLabels": {"app": n}}) for n in ("a", "b")}
+    for o in objs.values():
+        o["status"] = {"latestRevision": "r1"}
+    cache = partscache.PartsCache()
+    first = planned(*(SidecarSet.from_object(o) for o in objs.values()), cache=cache)
+    (policy,) = first.policies
+    counted = planned(_with(objs["a"], status__matchedPods=3), SidecarSet.from_object(objs["b"]), cache=cache)
+    assert counted.policies[0] is policy, "a status write: the same policy object, nothing assembled again"
+    for change in ({"status__latestRevision": "r2"}, {"spec__containers": [builders.container("proxy", "proxy:2")]}):
+        again = planned(_with(objs["a"], **change), SidecarSet.from_object(objs["b"]), cache=cache)
+        assert again.policies[0] is not policy and again.policies[0].params != policy.params  # image, revision
+        fresh = planned(_with(objs["a"], **change), SidecarSet.from_object(objs["b"]))
+        assert again.policies[0] == fresh.policies[0], "what a plan without a cache gives"
