@@ -395,9 +395,10 @@ async def _hold_lease(c: common.Cluster) -> None:
     await c.client.update(path, lease)
 
 
-def _wait_paths(c: common.Cluster, settle: float = 3.0) -> None:
+def _wait_paths(c: common.Cluster, settle: float = 4.0) -> None:
     """Until the generated policy injects `app: gen` pods, the webhook `app: hook` ones, the minimal
-    policy its own, and the webhook is narrowed (the manager's settle time)."""
+    policy its own, and the webhook is narrowed (the manager's settle time of 2 s, then its canary
+    barrier, about a second more)."""
     deadline = time.monotonic() + 60
     wants = (("b-inject", "gen", "policy"), ("b-inject", "hook", "webhook"))
     while True:

@@ -29,8 +29,9 @@ kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints
 
 `--shape` picks the selectors (one label, two labels, expressions, mixed: `selector`). `--burst`
 then deletes every SidecarSet and creates the last stage's 2N at once, with the manager leading, and
-measures in windows until every policy-served one is served by its policy (converged): unselected
-pods' rate against their rate just before, and policy-served pods' p99. `--change` then runs 40 s of
+measures in windows until every policy-served one is served by its policy (converged), and
+`--settle-windows` more: unselected pods' rate against their rate just before, policy-served pods'
+p99, and the CPU kube-apiserver, etcd and the manager used in the unselected window. `--change` then runs 40 s of
 pods of one policy-served SidecarSet's team and another's twice, the second time with that
 SidecarSet's image bumped 5 s in: pods created, p99, the slowest create and the CPU of
 kube-apiserver, etcd and the manager in each window, and the size of the policy rewritten.
@@ -332,6 +333,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--burst", action="store_true", help="then all 2N SidecarSets created at once (see above)")
     parser.add_argument("--change", action="store_true", help="then one image bump under load (see above)")
     parser.add_argument(
+        "--settle-windows", type=int, default=2, help="burst windows measured after it converged (the steady state)"
+    )
+    parser.add_argument(
         "--no-stage-figures", action="store_true", help="only create each stage's SidecarSets (before --burst)"
     )
     parser.add_argument(
@@ -443,6 +447,16 @@ def _clear(c: common.Cluster, namespace: str) -> None:
             return
 
 
+def _wait_idle(pid: int, *, below: float = 0.3, timeout: float = 120.0) -> None:
+    """Until the process `pid` uses less than `below` of a core over 2 s (or `timeout` passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = common.process_cpu(pid)
+        time.sleep(2.0)
+        if common.process_cpu(pid) - before < 2.0 * below:
+            return
+
+
 def _converged(c: common.Cluster, n: int) -> int:
     """How many of the policy-served SidecarSets report PolicyInjection True."""
     items = c.run(c.client.get(common.SS_PATH))["items"]
@@ -477,17 +491,31 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
                 if time.monotonic() > deadline:
                     raise RuntimeError("the SidecarSets and their policies were not gone within 300 s")
                 time.sleep(1.0)
-            steady = run_load(kubeconfig_path, NAMESPACES["unselected"], unselected, args.seconds, args.clients)
-            steady_rate = len(steady["latencies"]) / steady["elapsed"]
+            # The rate before: once kube-apiserver is idle again after the deletions (its collector and
+            # our sync's cleanup), the median of three windows (one window right after them read 489
+            # to 817 pods/s on three runs of one day).
+            _wait_idle(c.cp.procs["kube-apiserver"].pid)
+            before = []
+            for _ in range(3):
+                steady = run_load(kubeconfig_path, NAMESPACES["unselected"], unselected, args.seconds, args.clients)
+                before.append(len(steady["latencies"]) / steady["elapsed"])
+            steady_rate = statistics.median(before)
+            print(f"unselected pods/s before the burst: {', '.join(f'{r:.0f}' for r in before)}", flush=True)
             burst = [team_sidecarset(kind, k, args.shape) for k in range(n) for kind in ("p", "w")]
             started = time.monotonic()
             c.run(_create_all(c, burst), timeout=1800)
             created = time.monotonic() - started
             print(f"burst: {2 * n} SidecarSets created in {created:.1f} s", flush=True)
             rows = []
+            rates: list[float] = []  # the unselected pods/s of each window, as measured
             converged_at = None
-            while converged_at is None and time.monotonic() - started < 600:
+            after = 0  # windows measured once converged: does the rate come back, or is it the steady state?
+            tree = manager_pids(leader.proc.pid)
+            pids = {"kube-apiserver": c.cp.procs["kube-apiserver"].pid, "etcd": c.cp.procs["etcd"].pid}
+            while after < args.settle_windows + 1 and time.monotonic() - started < 600:
+                meter, manager0 = common.CpuMeter(pids), manager_cpu(tree)
                 other = run_load(kubeconfig_path, NAMESPACES["unselected"], unselected, args.seconds, args.clients)
+                used = {**meter.used(), "manager": manager_cpu(tree) - manager0}
                 served = run_load(
                     kubeconfig_path, NAMESPACES["policy"], team_pod(f"p{n // 2}"), args.seconds, args.clients
                 )
@@ -495,6 +523,7 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
                 done = _converged(c, n)
                 at = time.monotonic() - started
                 rate = len(other["latencies"]) / other["elapsed"]
+                rates.append(rate)
                 rows.append(
                     (
                         f"{at:.0f}",
@@ -503,11 +532,13 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
                         f"{1000 * common.percentile(lat, 99):.0f}",
                         dict(served["injected_by"]),
                         f"{done}/{n}",
+                        " / ".join(f"{used[k]:.1f}" for k in ("kube-apiserver", "etcd", "manager")),
                     )
                 )
                 print("  burst", *rows[-1], flush=True)
-                if done == n:
+                if done == n and converged_at is None:
                     converged_at = at
+                after += converged_at is not None
             print(
                 common.table(
                     (
@@ -517,6 +548,7 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
                         "p99 ms",
                         "injected by",
                         "policy-served sets converged",
+                        f"CPU s in the unselected window ({args.seconds:.0f} s): kube-apiserver / etcd / manager",
                     ),
                     rows,
                 )
@@ -526,6 +558,13 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
             _clear(c, NAMESPACES["policy"])  # the unselected pods' namespace too
             said = "not within 600 s" if converged_at is None else f"{converged_at:.0f} s after the first create"
             print(f"burst of {2 * n}: converged {said}; policies {_sizes(c)[:2]}", flush=True)
+            # The windows leave their pods (tens of thousands by the end), and kube-apiserver's cost per
+            # create grows with its heap: the windows after convergence show the rate without the burst.
+            settled, during = rates[len(rates) - (after - 1) :], rates[: len(rates) - (after - 1)]
+            if after > 1:
+                low = min(during) / statistics.median(settled)
+                print(f"unselected pods/s once converged: median {statistics.median(settled):.0f}; the burst's lowest"
+                      f" window {min(during):.0f} ({low:.0%} of it)", flush=True)  # fmt: skip
         if args.change:
             _one_change(c, args, n, leader.proc.pid)
     finally:
