@@ -18,6 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from prometheus_client import Counter
+
 from injector.policy import plan as planning
 from injector.policysync.support import V1, PolicyApi, Probe
 from kuberuntime import api
@@ -26,6 +28,15 @@ log = logging.getLogger(__name__)
 
 RECHECK_SECONDS = 600.0
 ENFORCED_ROUNDS = 3
+
+BARRIERS = Counter(
+    "sidecarctl_policy_barriers_total",
+    "The canary's barrier, asked before the webhook is narrowed for policies just written, by outcome: enforced "
+    "(every kube-apiserver enforces them; narrowed) or not_yet (the webhook keeps their pods, asked again later).",
+    ["outcome"],
+)
+for _outcome in ("enforced", "not_yet"):
+    BARRIERS.labels(_outcome)  # from 0, so that the first of each is an increase a rate sees
 
 
 class Adoption:
@@ -106,6 +117,23 @@ class Adoption:
             else:
                 log.warning("not using MutatingAdmissionPolicies, the webhook serves every SidecarSet: %s", why)
         self.unsupported, self.known = why, True
+
+    async def caught_up(self) -> bool:
+        """Whether every kube-apiserver enforces what the sync has written so far (the probe's barrier);
+        asked before the webhook is narrowed for policies just written. Always True while the webhook
+        serves every pod: nothing is narrowed then."""
+        if self.serves_all:
+            return True
+        try:
+            if await self.probe.caught_up():
+                BARRIERS.labels("enforced").inc()
+                return True
+            why = "the canary written after them was not enforced by every kube-apiserver in time"
+        except api.ApiError as e:
+            why = f"the canary could not be written or probed: {e.message or e}"
+        BARRIERS.labels("not_yet").inc()
+        log.warning("the webhook stays widened for the policies just written: %s", why)
+        return False
 
     def _weigh(self, why: str | None) -> str | None:
         """The probe's answer as the sync takes it: after a refusal, the refusal stands until

@@ -52,20 +52,31 @@ class Narrowing:
             self.mwc = new
         return True
 
+    def _hook(self) -> tuple[int, JsonObj] | None:
+        """Our webhook in the configuration as watched, and its index; None while there is none."""
+        hooks = (self.mwc or {}).get("webhooks") or []
+        return next(((i, h) for i, h in enumerate(hooks) if h.get("name") == self.webhook), None)
+
+    def first_narrowing(self, expression: str) -> bool:
+        """Whether writing `expression` would narrow a webhook that takes every pod of an enabled namespace
+        (it has no condition of ours), those of SidecarSets the policy sync has not seen yet among them."""
+        found = self._hook()
+        if found is None or len(expression) > MAX_CONDITION_CHARS:
+            return False
+        return not any(c.get("name") == CONDITION_NAME for c in found[1].get("matchConditions") or [])
+
     async def write(self, expression: str | None) -> bool:
         """Our condition as `expression` (None: none, the webhook serves every pod). False when the
         configuration changed underneath (a conflict): the caller tries again on its next pass."""
-        if self.mwc is None:
+        found = self._hook()
+        if found is None:
             return True
-        hooks = self.mwc.get("webhooks") or []
-        index = next((i for i, h in enumerate(hooks) if h.get("name") == self.webhook), None)
-        if index is None:
-            return True
+        index, hook = found
         if expression is not None and len(expression) > MAX_CONDITION_CHARS:
             log.warning("the webhook's condition would be %d characters; the webhook is not narrowed", len(expression))
             expression = None
         wanted = None if expression is None else {"name": CONDITION_NAME, "expression": expression}
-        conditions = list(hooks[index].get("matchConditions") or [])
+        conditions = list(hook.get("matchConditions") or [])
         others = [c for c in conditions if c.get("name") != CONDITION_NAME]
         new = others + ([wanted] if wanted else [])
         if new == conditions:

@@ -18,12 +18,22 @@ the canary mutates, the probe wants `agreeing` more answers in a row that are mu
 new connection (the `kubernetes` Service spreads connections over every kube-apiserver); a single
 plain answer starts the count again, and a server that never mutates keeps it from ever completing.
 With one old server of three, 20 answers in a row all miss it with probability (2/3)^20, 0.03 %.
+
+The same canary is the sync's barrier before it narrows the webhook (`caught_up`). A kube-apiserver
+enforces what it compiled at its last refresh, from its watches of policies, bindings and parameter
+objects, each of which delivers one resource's changes in the order they were stored. The canary is
+rewritten with a new token in all three (its parameter object's value, its policy's expression, its
+binding's object selector), so a ConfigMap that comes back carrying the token twice was admitted by a
+server whose policies include everything written before the canary: our policies are enforced there.
+A fixed wait after the write was a guess, and under load the refresh came after it: pods created in
+between got neither the webhook (narrowed) nor the policy (not compiled yet), and no sidecar.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -65,6 +75,7 @@ POLICIES = V1.policies
 BINDINGS = V1.bindings
 CANARY = "sidecarctl-canary"
 PROBE_LABEL = "sidecarctl.io/policy-probe"
+TOKEN_LABEL = "sidecarctl.io/policy-probe-token"
 NOT_ENFORCED = (
     "this API server stores MutatingAdmissionPolicies but not every kube-apiserver enforces them "
     "(one of an older minor during a control plane upgrade, or the MutatingAdmissionPolicy admission plugin "
@@ -72,16 +83,25 @@ NOT_ENFORCED = (
 )
 
 
-def canary_params(namespace: str) -> JsonObj:
+def canary_params(namespace: str, token: str) -> JsonObj:
     """The canary's parameter object: the policies read their images from objects of this kind, so the
     canary reads one too, and policies are used only once the API server resolves the kind and reads it."""
-    return params.parameter_object(CANARY, namespace, {"served": "true"}, {**MANAGED_BY, PROBE_LABEL: "true"})
+    values = {"served": "true", "token": token}
+    return params.parameter_object(CANARY, namespace, values, {**MANAGED_BY, PROBE_LABEL: "true"})
 
 
-CANARY_PATCH = f'[JSONPatch{{op: "add", path: "/data", value: {{"served": {cel.param("served")}}}}}]'
+def canary_patch(token: str) -> str:
+    """The canary's mutation: the parameter object's values, and the policy's own token after them."""
+    value = f'{{"served": {cel.param("served")}, "token": {cel.param("token")} + "/" + {cel.string(token)}}}'
+    return f'[JSONPatch{{op: "add", path: "/data", value: {value}}}]'
 
 
-def canary_policy() -> JsonObj:
+def canary_answer(token: str) -> dict[str, str]:
+    """What a dry-run probe ConfigMap carries once the canary of `token` is enforced, all three parts of it."""
+    return {"served": "true", "token": f"{token}/{token}"}
+
+
+def canary_policy(token: str) -> JsonObj:
     return {
         "apiVersion": POLICY_API,
         "kind": "MutatingAdmissionPolicy",
@@ -99,14 +119,14 @@ def canary_policy() -> JsonObj:
             "mutations": [
                 {
                     "patchType": "JSONPatch",
-                    "jsonPatch": {"expression": CANARY_PATCH},
+                    "jsonPatch": {"expression": canary_patch(token)},
                 }
             ],
         },
     }
 
 
-def canary_binding(namespace: str) -> JsonObj:
+def canary_binding(namespace: str, token: str) -> JsonObj:
     return {
         "apiVersion": POLICY_API,
         "kind": "MutatingAdmissionPolicyBinding",
@@ -114,7 +134,10 @@ def canary_binding(namespace: str) -> JsonObj:
         "spec": {
             "policyName": CANARY,
             "paramRef": params.reference(CANARY, namespace),
-            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "objectSelector": {"matchLabels": {TOKEN_LABEL: token}},
+            },
         },
     }
 
@@ -166,6 +189,9 @@ class Probe(Protocol):
     async def check(self) -> str | None:
         """None when the policies discovery lists are enforced, else the reason they cannot be used."""
 
+    async def caught_up(self) -> bool:
+        """True once every kube-apiserver enforces whatever was written before this call."""
+
 
 class SupportProbe:
     """`await probe.check()`: None when the served policies are enforced, else the reason they cannot be used.
@@ -186,6 +212,7 @@ class SupportProbe:
         self.timeout = timeout
         self.interval = interval
         self.agreeing = agreeing
+        self.token = secrets.token_hex(4)  # the canary's, kept until `caught_up` needs a new one
 
     async def _owner(self) -> list[JsonObj]:
         """The manager's Namespace owns the canary: uninstalling (deleting it) removes the pair."""
@@ -198,11 +225,13 @@ class SupportProbe:
         ]
 
     async def enforced(self) -> bool:
+        """Whether every kube-apiserver enforces the canary of the current token (written if not stored)."""
+        token = self.token
         owners = await self._owner()
         canary = (
-            (params.path(self.namespace), canary_params(self.namespace)),
-            (POLICIES, canary_policy()),
-            (BINDINGS, canary_binding(self.namespace)),
+            (params.path(self.namespace), canary_params(self.namespace, token)),
+            (POLICIES, canary_policy(token)),
+            (BINDINGS, canary_binding(self.namespace, token)),
         )
         for path, body in canary:
             if owners:
@@ -211,14 +240,18 @@ class SupportProbe:
         probe = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"generateName": "sidecarctl-policy-probe-", "labels": {PROBE_LABEL: "true"}},
+            "metadata": {
+                "generateName": "sidecarctl-policy-probe-",
+                "labels": {PROBE_LABEL: "true", TOKEN_LABEL: token},
+            },
         }
         path = f"/api/v1/namespaces/{self.namespace}/configmaps"
         deadline = time.monotonic() + self.timeout
         in_a_row = 0
+        answer = canary_answer(token)
         while True:
             got = await self.client.create(path, probe, params={"dryRun": "All"})
-            if (got.get("data") or {}).get("served") == "true":
+            if got.get("data") == answer:
                 in_a_row += 1
                 if in_a_row > self.agreeing:
                     return True
@@ -232,3 +265,7 @@ class SupportProbe:
         if not await self.enforced():
             return NOT_ENFORCED
         return None
+
+    async def caught_up(self) -> bool:
+        self.token = secrets.token_hex(4)
+        return await self.enforced()

@@ -5,16 +5,17 @@ Run by the leader only. Every change (a SidecarSet, one of our policies or bindi
 MutatingWebhookConfiguration) marks the state dirty; one pass then makes the API server match the
 plan, so a hand-edited or deleted policy is put back, and a hand-edited condition too.
 
-Make before break. A policy is enforced only after the API server's next recompile (up to about a second, more for
-a large policy) and nothing says when; the webhook's condition takes effect at once. So a pass that creates or
-changes a policy first widens the webhook to every pod that policy's SidecarSets select, writes the policy, and
-narrows the webhook again only once the policy has had time to be enforced (`settle` seconds, plus five per MB of
-policy). In between, those pods go through the webhook as well; it finds them either injected by the policy at the
-current hash (and leaves them) or not, or at an older hash (and injects the current one), so every pod gets one
-complete set. The same order moves a SidecarSet from a policy to the webhook: the webhook is widened, and the policy
-is deleted only `settle` seconds later, so a kube-apiserver that sees the deletion before the widened condition (each
-follows its own watches) still has one of the two. Until support is known (injector.policysync.support) nothing is
-narrowed: the webhook serves all.
+Make before break. A policy is enforced only after the API server's next recompile (about a second, more for a
+large policy, much more under load); the webhook's condition takes effect at once. So a pass that creates or changes
+a policy first widens the webhook to every pod that policy's SidecarSets select, writes the policy, and narrows the
+webhook again once it can have been compiled (`settle` seconds, plus five per MB of policy) and the canary's barrier
+shows it enforced (support.SupportProbe.caught_up). Meanwhile those pods also go through the webhook; it finds them
+either injected by the policy at the current hash (and leaves them) or not, or at an older hash (and injects the
+current one), so every pod gets one complete set. The same order moves a SidecarSet from a policy to the webhook:
+the webhook is widened, and the policy is deleted only `settle` seconds later, so a kube-apiserver that sees the
+deletion before the widened condition (each follows its own watches) still has one of the two. Until support is
+known (injector.policysync.support) nothing is narrowed: the webhook serves all, and the first narrowing waits
+for the SidecarSet watches to catch up with a quorum read (`catch_up`; why in injector.policysync.widening).
 
 A change of image alone changes only a policy's parameter object (injector.policy.params), not its CEL: it is
 written at once, with no widening and no pace, since the API server compiles nothing for it, and pods created
@@ -23,11 +24,9 @@ as they would from a webhook whose watch is a moment behind. The parameter objec
 and deleted `settle` seconds after its policy and binding are gone.
 
 When policies may be used at all (discovery, the support probe, and how often each is asked) is
-injector.policysync.adoption's.
-
-Whether the API is served at all comes from discovery, which the composition root reads and reads again
-(`set_served`): an API server without it (Kubernetes before 1.36) gets no policy, no watch of policies, and a
-webhook that serves every pod; one upgraded to serve it is probed and used from the next pass.
+injector.policysync.adoption's. Whether the API is served at all comes from discovery, which the composition
+root reads and reads again (`set_served`): an API server without it (Kubernetes before 1.36) gets no policy, no
+watch of policies, and a webhook that serves every pod; one upgraded to serve it is probed and used next pass.
 """
 
 from __future__ import annotations
@@ -42,16 +41,17 @@ import aiohttp
 import orjson
 
 from injector.policy import plan as planning
-from injector.policy import selecting
 from injector.policy.generate import Generated, covers
 from injector.policy.params import path as params_path
+from injector.policy.partscache import PartsCache, plans_alike
 from injector.policysync import desired
 from injector.policysync.adoption import Adoption
 from injector.policysync.narrowing import Narrowing
-from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing, is_news, routes_so_far
+from injector.policysync.pacing import MAX_QUIET_SECONDS, WritePacing, is_news, routes_so_far, spaced
 from injector.policysync.retiring import HandOver, OldKeys, UnusedParams
 from injector.policysync.stored import LastWritten, changed_members, members, name_of, older, params_current, put
 from injector.policysync.support import CANARY, PolicyApi, Probe, SupportProbe
+from injector.policysync.widening import Widening
 from kuberuntime import api
 from kuberuntime.clock import first_of, now_rfc3339
 from kuberuntime.jsontypes import JsonObj
@@ -61,8 +61,7 @@ from sidecarsets.spec.model import ModelError, SidecarSet, object_key
 log = logging.getLogger(__name__)
 
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=sidecarctl"
-# A large policy takes longer to compile: 200 containers (1.2 MB) were enforced 5.8 s after they were
-# stored, 100 (0.8 MB) after 4.3 s, on kube-apiserver 1.37 here. Five seconds per MB on top of `settle`.
+# A large policy compiles longer: 200 containers (1.2 MB) enforced 5.8 s after stored, 100 (0.8 MB) 4.3 s.
 SETTLE_PER_BYTE = 5.0 / 1_000_000
 
 
@@ -83,12 +82,11 @@ class PolicySync:
         unenforced_recheck: float = 30.0,
         on_routes: Callable[[set[str]], None] | None = None,
         may_write: Callable[[], Awaitable[bool]] | None = None,
+        catch_up: Callable[[], Awaitable[object]] | None = None,
         clock: Callable[[], str] = now_rfc3339,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
-        self.mode = mode
-        self.manager_namespace = manager_namespace
+        self.client, self.mode, self.manager_namespace = client, mode, manager_namespace
         self.narrowing = Narrowing(client, config=webhook_config, webhook=webhook_name)
         self.settle = settle
         pace, quiet, max_quiet = pacing  # injector.policysync.pacing: (pace, quiet, max_quiet)
@@ -102,10 +100,11 @@ class PolicySync:
         )
         self.on_routes = on_routes
         self.may_write = may_write
+        self.catch_up = catch_up  # the SidecarSet watches brought up to a quorum read (Widening.with_news)
         self.clock = clock
         self.monotonic = monotonic
         self.models: dict[str, SidecarSet] = {}  # the last version of each SidecarSet that could be read
-        self.cache = planning.PartsCache()  # groups generated by earlier passes
+        self.cache = PartsCache()  # groups generated by earlier passes
         # Our stored policies, bindings and parameter objects, as the watches see them.
         self.policies: dict[str, JsonObj] = {}
         self.bindings: dict[str, JsonObj] = {}
@@ -117,9 +116,10 @@ class PolicySync:
         self.hand_over = HandOver(settle, monotonic)  # policies of SidecarSets moved to the webhook
         self.unused_params = UnusedParams(settle, monotonic)
         self.old_keys = OldKeys(settle, monotonic)
-        self.settling: set[str] = set()  # SidecarSets whose policy was just written: the webhook takes their pods too
+        # SidecarSets whose policy was just written, or new since a pass planned: the webhook takes their pods too
+        self.widening = Widening(self.models, self._set_condition, may_write)
         self.dirty = asyncio.Event()
-        self.news = asyncio.Event()  # a SidecarSet changed: read while a policy is being written
+        self.arrivals = asyncio.Event()  # one created, deleted or changed (not a status write): pass at once
         self.passes = 0
 
     # -- informer handlers ---------------------------------------------------------------------------
@@ -134,10 +134,13 @@ class PolicySync:
             except ModelError as e:  # as the webhook's store: keep serving the last good version
                 log.error("SidecarSet %s is unusable, its policy keeps the previous version: %s", name, e)
         after = self.models.get(name)
+        if before is not None and after is not None and plans_alike(before, after):
+            return  # a status write: the plan is the same (during a burst, thousands of them)
         if after is None or is_news(before, after):
             self.pacing.arrived()
+            self.arrivals.set()
         self.dirty.set()
-        self.news.set()
+        self.widening.news.set()
 
     def _keep(self, into: dict[str, JsonObj], kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
         name = name_of(new or old)
@@ -176,6 +179,8 @@ class PolicySync:
         while not stop.is_set():
             await self.support.check_if_due()
             self.dirty.clear()
+            self.arrivals.clear()
+            started = self.monotonic()
             try:
                 await self.sync_once()
             except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
@@ -188,11 +193,14 @@ class PolicySync:
                 log.exception("policy sync failed; retrying")
                 self.dirty.set()
                 await asyncio.sleep(5.0)
-            timeout = self.support.until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
-            for at in (self.write_at, self.hand_over.at, *self.unused_params.times(), *self.old_keys.times()):
-                if at is not None:
-                    timeout = min(timeout, at - self.monotonic())
-            await first_of(self.dirty.wait(), stop.wait(), timeout=timeout)
+            first = self.support.until_recheck() if self.narrow_at is None else self.narrow_at - self.monotonic()
+            times = (self.write_at, self.hand_over.at, *self.unused_params.times(), *self.old_keys.times())
+            timeout = min([first, *(at - self.monotonic() for at in times if at is not None)])
+            try:
+                await self.widening.between_passes(first_of(self.dirty.wait(), stop.wait(), timeout=timeout))
+            except (api.ApiError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                log.warning("policy sync: widening for a new SidecarSet: %s; the next pass does", api.reason(e))
+            await spaced(self.dirty, self.arrivals, stop, started, self.monotonic)
 
     def plan(self) -> planning.Plan:
         refused = {name: msg for (name, h), msg in self.refused.items() if (m := self.models.get(name)) and m.hash == h}
@@ -212,6 +220,7 @@ class PolicySync:
         """One pass: make the stored policies, bindings and webhook condition match the plan."""
         self.passes += 1
         self.write_at = None
+        self.widening.written = None  # until this pass writes its condition
         if not self.support.known:
             pending = planning.Route(planning.Path.WEBHOOK, planning.Why.PENDING, "detecting policy support")
             self._publish(dict.fromkeys(self.models, pending))
@@ -226,27 +235,28 @@ class PolicySync:
         stale_bindings = [n for n in self.bindings if n not in bindings and n != CANARY]
         held = {*params, CANARY, *self.policies, *self.bindings}
         stale_params = self.unused_params.due(n for n in self.params if n not in held)
-        if not await self._writable():
+        if self.may_write is not None and not await self.may_write():
             return
         now = self.monotonic()
         sizes = {g.name: len(orjson.dumps(policies[g.name])) for g in changed}  # serialized once a pass
         if changed:
-            self.settling |= {
+            self.widening.settling |= {
                 m for g in changed for m in changed_members(self.policies.get(g.name), g.digests, desired.ANN_DIGESTS)
             }
             self.narrow_at = max(self.narrow_at or 0.0, now + self.settle + sum(sizes.values()) * SETTLE_PER_BYTE)
         elif self.narrow_at is not None and now >= self.narrow_at:
-            self.narrow_at = None
-            self.settling.clear()
+            await self._narrow_once_enforced(p, planned)
         params = self.old_keys.kept(params, self.params, settling=self.narrow_at is not None)
         # Only the values a new image changes: no CEL to compile, so no widening and no pace.
         values_only = [g for g in p.policies if g not in changed and not self._params_current(g, params)]
-        condition = p.webhook_condition
-        settling = [ss for name, ss in self.models.items() if name in self.settling]
-        if settling:  # widened: the webhook also takes every pod a not-yet-enforced policy would serve
-            condition = f"({condition}) || ({selecting.pods_selected(settling, approximate=True)})"
+        # Widened while settling: the webhook also takes every pod a not-yet-enforced policy would serve.
+        condition = p.condition([ss for name, ss in self.models.items() if name in self.widening.settling])
         handed = self.hand_over.handed(stale_policies, self.policies, p.routes)  # before any await: watches change it
+        if self.catch_up is not None and not self.support.serves_all and self.narrowing.first_narrowing(condition):
+            await self.catch_up()  # the first narrowing: every SidecarSet stored by now is widened for below
+        condition = self.widening.with_news(condition, planned, new_only=True)
         keep = self.hand_over.keep(handed, await self._set_condition(condition))
+        condition = await self.widening.for_news(condition, planned, new_only=True)
         refused = False
         if not changed:
             self.pacing.idle()
@@ -259,64 +269,29 @@ class PolicySync:
                 return self._publish(routes_so_far(p.routes, self.routes, {w.name for w in changed[i:]}))
             started = self.monotonic()
             objects = (policies[g.name], bindings[g.name], params[g.name])
-            stored, condition = await self._write_widening(g, objects, condition, planned)
+            stored, condition = await self.widening.during(self._write(g, *objects), condition, planned)
             refused |= not stored
-            self.pacing.wrote(started, self.monotonic())
-            self._settle_after_write(sizes[g.name], started)
+            done = self.monotonic()
+            self.pacing.wrote(started, done)
+            # Widened until enforceable: from the write's end, plus as long again as it took (compiled again).
+            self.narrow_at = max(
+                self.narrow_at or 0, done + self.settle + sizes[g.name] * SETTLE_PER_BYTE + done - started
+            )
         await self._delete_stale(stale_policies, stale_bindings, stale_params, keep=keep)
         if refused:
             self.dirty.set()  # plan again with those SidecarSets on the webhook
             return
         self._publish(p.routes)
 
-    def _settle_after_write(self, size: int, started: float) -> None:
-        """Keep the webhook widened until this policy, just written, can be enforced: counted from the
-        end of its write, not the start of the pass (writes of large policies take the API server
-        seconds each, so a pass of several used to narrow as soon as the last write returned), plus
-        as long again as the write took (the API server compiles the same CEL again to enforce it)."""
-        done = self.monotonic()
-        until = done + self.settle + size * SETTLE_PER_BYTE + (done - started)
-        self.narrow_at = max(self.narrow_at or 0.0, until)
-
-    async def _write_widening(
-        self, g: Generated, objects: tuple[JsonObj, JsonObj, JsonObj], condition: str, planned: dict[str, SidecarSet]
-    ) -> tuple[bool, str]:
-        """`_write`, and while it is in flight, widen the webhook for every SidecarSet that arrives.
-
-        Storing a policy of 60 groups takes kube-apiserver 6-19 s of compiling here, and a burst of
-        new SidecarSets makes a pass write several: widening only between two writes left the last
-        of 1,000 new SidecarSets without either path for over a minute. The condition is a different
-        object, so its patch does not wait for the policy's write."""
-        write = asyncio.ensure_future(self._write(g, *objects))
-        try:
-            while True:
-                self.news.clear()  # before looking: an arrival after the look wakes the wait below
-                condition = await self._widen_for_news(condition, planned)
-                if write.done():
-                    return write.result(), condition
-                arrival = asyncio.ensure_future(self.news.wait())
-                try:
-                    await asyncio.wait({write, arrival}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    arrival.cancel()
-                    await asyncio.gather(arrival, return_exceptions=True)
-        finally:
-            if not write.done():  # the widening failed or the pass was cancelled: the write goes with it
-                write.cancel()
-                await asyncio.gather(write, return_exceptions=True)
-
-    async def _widen_for_news(self, condition: str, planned: dict[str, SidecarSet]) -> str:
-        """During and after policy writes (each can take the API server seconds): SidecarSets created
-        or changed since this pass planned go to the webhook now, not after the pass, so a new
-        SidecarSet reaches new pods as fast as the webhook's store whatever the number of policies."""
-        news = [ss for name, ss in self.models.items() if is_news(planned.get(name), ss)]
-        if not news:
-            return condition
-        self.settling |= {ss.name for ss in news}
-        planned.update((ss.name, ss) for ss in news)
-        widened = f"({condition}) || ({selecting.pods_selected(news, approximate=True)})"
-        await self._set_condition(widened)
-        return widened
+    async def _narrow_once_enforced(self, p: planning.Plan, planned: dict[str, SidecarSet]) -> None:
+        """Stop widening for the SidecarSets settling now once the canary's barrier shows every kube-apiserver
+        enforcing what was written (SidecarSets arriving meanwhile are widened for, and settle on); if it does
+        not, the webhook keeps their pods and the barrier is asked again `settle` seconds on."""
+        before = set(self.widening.settling)
+        widened = p.condition([ss for name, ss in self.models.items() if name in before])  # as the pass writes it
+        enforced, _ = await self.widening.during(self.support.caught_up(), widened, planned)
+        self.widening.settling -= before if enforced else set()
+        self.narrow_at = self.monotonic() + self.settle if self.widening.settling else None
 
     async def _delete_stale(
         self,
@@ -327,9 +302,8 @@ class PolicySync:
         orphans_only: bool = False,
         keep: frozenset[str] = frozenset(),
     ) -> None:
-        """`orphans_only` (writes waiting): policies whose SidecarSets are all gone (a mass delete waits on no pace).
-        `keep`: policies handed over to the webhook whose widening has not settled yet. `params`: parameter
-        objects whose policy and binding the watches no longer hold."""
+        """`orphans_only` (writes waiting): only policies whose SidecarSets are all gone (a mass delete has no pace).
+        `keep`: policies handed over to the webhook, not settled yet. `params`: those no policy or binding holds."""
         if orphans_only:
             orphan = {n for n, p in self.policies.items() if not any(m in self.models for m in members(p))}
             policies, bindings = [n for n in policies if n in orphan], [n for n in bindings if n in orphan]
@@ -347,9 +321,6 @@ class PolicySync:
         self.routes = dict(routes)
         if changed and self.on_routes is not None:
             self.on_routes(changed)
-
-    async def _writable(self) -> bool:
-        return self.may_write is None or await self.may_write()
 
     def _params_current(self, g: Generated, params: dict[str, JsonObj]) -> bool:
         return params_current(params[g.name], self.params.get(g.name))

@@ -181,7 +181,9 @@ class InjectionOptions:
         "webhook: the webhook injects every pod; policy: policies only (a SidecarSet a policy cannot serve is refused)",
     )
     policy_settle: float = opt(
-        2.0, "seconds a new or changed policy is given to be enforced before the webhook stops taking its pods"
+        2.0,
+        "seconds a new or changed policy is given to be compiled before the canary's barrier asks whether every "
+        "kube-apiserver enforces it; the webhook stops taking its pods only once one does",
     )
     policy_pace: float = opt(
         1.0,

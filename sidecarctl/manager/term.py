@@ -112,6 +112,7 @@ def _build(w: Wiring, caches: WarmCaches) -> Term:
         may_write=w.may_write,
         probe=support.SupportProbe(w.probe_client, namespace=opts.namespace),
         unenforced_recheck=opts.watches.discovery_interval,
+        catch_up=lambda: warm.catch_up(caches.all_sidecarsets),
     )
     scan = MissedScan(
         w.client,

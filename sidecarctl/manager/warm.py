@@ -180,9 +180,13 @@ class WarmCaches:
             if opts.injection.namespaced_sidecarsets
             else None
         )
-        self.core: list[Informer[Any]] = [
+        # Both kinds of SidecarSet: what the policy sync catches up before it first narrows the webhook.
+        self.all_sidecarsets: list[Informer[Any]] = [
             self.sidecarsets,
             *([self.tenant_sets] if self.tenant_sets is not None else []),
+        ]
+        self.core: list[Informer[Any]] = [
+            *self.all_sidecarsets,
             self.namespaces,
             self.revisions,
             self.webhook_config,

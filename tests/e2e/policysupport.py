@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from injector.policysync.narrowing import CONDITION_NAME
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests.kube.balancer import Balancer
@@ -174,10 +175,12 @@ def private_cluster(
     controller_manager: bool = False,
     apiserver_flags: tuple[str, ...] = (),
     peers: tuple[Path, ...] = (),
+    start: bool = True,
 ) -> Iterator[PolicyCluster]:
     """A control plane of its own (with kube-controller-manager if asked: ReplicaSets, disruption
     budgets; more kube-apiserver flags, more kube-apiservers (PolicyCluster)) and
-    `sidecarctl run --injection=<injection>` leading it."""
+    `sidecarctl run --injection=<injection>` leading it (`start=False`: installed, not started; the
+    caller starts it with `start_manager`)."""
     cluster = PolicyCluster(
         aloop,
         bin_dir,
@@ -189,8 +192,9 @@ def private_cluster(
     )
     try:
         _install(cluster.kube, f"https://127.0.0.1:{cluster.port}")
-        cluster.start_manager()
-        eventually(lambda: bundle_synced(cluster.kube), timeout=20, what="caBundle synced")
+        if start:
+            cluster.start_manager()
+            eventually(lambda: bundle_synced(cluster.kube), timeout=20, what="caBundle synced")
         yield cluster
     finally:
         if cluster.manager is not None:
@@ -283,3 +287,16 @@ def webhook_pod(c: PolicyCluster, ss_name: str, pod: dict[str, Any], *, namespac
         injected["metadata"].pop(key, None)
     injected.pop("status", None)
     return stored_pod(c.kube.create(path, injected, dryRun="All"))
+
+
+def condition_in(mwc: dict[str, Any] | None) -> str | None:
+    """Our matchCondition on the pod webhook of `mwc` (None: none, the webhook serves every pod)."""
+    hook: dict[str, Any] = next(
+        (h for h in (mwc or {}).get("webhooks") or [] if h["name"] == names.MUTATING_WEBHOOK_NAME), {}
+    )
+    return next((c["expression"] for c in hook.get("matchConditions") or [] if c["name"] == CONDITION_NAME), None)
+
+
+def webhook_condition(kube: Kube) -> str | None:
+    """Our matchCondition on the pod webhook as stored."""
+    return condition_in(kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"))

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, create_ready_pods, image_of, pods, ready, set_image, wait_injecting, wait_status
 from tests.kube.client import Kube, eventually
-from tests.kube.managerharness import RunningManager
+from tests.kube.managerharness import ManagerProcess, RunningManager
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Scrape:
         return (name, frozenset(labels.items())) in self.samples
 
 
-def scrape(m: RunningManager) -> Scrape:
+def scrape(m: RunningManager | ManagerProcess) -> Scrape:
     with urllib.request.urlopen(m.probe_url + "/metrics", timeout=5) as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")
@@ -192,6 +192,7 @@ def test_labels_are_label_sets_not_free_text(manager: RunningManager) -> None:
         "sidecarctl_cached_objects": {"informer"},
         "sidecarctl_leader_catch_up_seconds": set(),  # before "sidecarctl_leader": the first prefix that matches wins
         "sidecarctl_policy_repairs_total": {"kind"},
+        "sidecarctl_policy_barriers_total": {"outcome"},
         "sidecarctl_pod_denials_total": {"reason"},
         "sidecarctl_override_refusals_total": {"reason"},
         "sidecarctl_pods_not_upgradable": {"sidecarset"},

@@ -20,7 +20,14 @@ import pytest
 from kuberuntime import api
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, make_sidecarset
-from tests.e2e.policysupport import PolicyCluster, descendants, private_cluster, stored_pod, webhook_pod
+from tests.e2e.policysupport import (
+    PolicyCluster,
+    descendants,
+    private_cluster,
+    stored_pod,
+    webhook_pod,
+)
+from tests.e2e.test_metrics_e2e import scrape
 from tests.kube import builders
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane
@@ -84,7 +91,16 @@ def test_with_every_manager_process_killed_policy_pods_are_injected_and_webhook_
         return (p["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY) == "policy"
 
     eventually(by_policy, timeout=20, what="the policy enforced")
-    time.sleep(3)  # the webhook narrowed (settle 2 s)
+    # The webhook narrowed again: the canary's barrier found the policy enforced (the narrowed condition
+    # is written in the same pass), then half a second for kube-apiserver's watch of the configuration.
+    assert c.manager is not None
+    manager = c.manager
+    eventually(
+        lambda: scrape(manager).value("sidecarctl_policy_barriers_total", outcome="enforced") >= 1,
+        timeout=30,
+        what="the canary's barrier passed",
+    )
+    time.sleep(0.5)
     want = expected_pod(c, "down-mesh", make_pod("pol-x", "pol"))
 
     assert c.manager is not None

@@ -7,6 +7,7 @@ between the two paths.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from injector.policysync.narrowing import CONDITION_NAME
 from injector.policysync.support import BINDINGS, POLICIES
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH, make_pod, status_of, wait_condition
-from tests.e2e.policysupport import policy_holding
+from tests.e2e.policysupport import condition_in, policy_holding, webhook_condition
 from tests.kube import builders
 from tests.kube.client import Kube, eventually
 from tests.kube.managerharness import MANAGER_NS, MWC_PATH, RunningManager
@@ -30,13 +31,6 @@ PODS = "/api/v1/namespaces/{}/pods"
 
 def _names(items: list[dict[str, Any]] | None) -> list[str]:
     return [c["name"] for c in items or []]
-
-
-def webhook_condition(kube: Kube) -> str | None:
-    mwc = kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")
-    hook = next(h for h in mwc["webhooks"] if h["name"] == names.MUTATING_WEBHOOK_NAME)
-    found = [c["expression"] for c in hook.get("matchConditions") or [] if c["name"] == CONDITION_NAME]
-    return found[0] if found else None
 
 
 def injected_by(kube: Kube, ns: str, app: str, by: str, **labels: str) -> dict[str, Any]:
@@ -61,9 +55,19 @@ def inject_calls() -> float:
     )
 
 
-def settled(manager: RunningManager) -> None:
-    """Past the time the manager gives a new policy before it narrows the webhook again."""
-    time.sleep(manager.opts.injection.policy_settle + 0.5)
+def settled(manager: RunningManager, kube: Kube) -> None:
+    """The webhook narrowed again after the policies just written: the sync's `settle` time has passed,
+    the canary's barrier found them enforced, and the narrowed condition is stored; then half a second
+    for kube-apiserver's own watch of the webhook configuration."""
+
+    def narrowed() -> bool:
+        term = manager.manager.control.term
+        if term is None or term.policies.narrow_at is not None or term.policies.widening.settling:
+            return False
+        return condition_in(term.policies.narrowing.mwc) == webhook_condition(kube)
+
+    eventually(narrowed, timeout=30, interval=0.05, what="the webhook narrowed again")
+    time.sleep(0.5)
 
 
 def hot(name: str = "proxy", image: str = "proxy:1") -> dict[str, Any]:
@@ -93,7 +97,7 @@ def test_a_policy_served_sidecarset_is_injected_without_the_webhook(
     assert _names(pod["spec"]["initContainers"]) == ["proxy-init"]
     assert pod["metadata"]["annotations"][names.ANN_INJECTED_LIST] == name
     # Once the policy has settled the webhook is narrowed: the pod never reaches it.
-    settled(manager)
+    settled(manager, kube)
     before = inject_calls()
     stored = kube.create(PODS.format(injected_ns), make_pod("served", "polshop"))
     assert stored["metadata"]["annotations"][names.ANN_INJECTED_BY] == "policy"
@@ -109,7 +113,7 @@ def test_policies_leave_labelled_system_namespaces_alone(
     namespace next to them does."""
     sidecarsets("sysshop")
     injected_by(kube, injected_ns, "sysshop", "policy")
-    settled(manager)
+    settled(manager, kube)
     system = ["kube-public", MANAGER_NS]
     label = {"metadata": {"labels": {names.NS_INJECTION_LABEL: "enabled"}}}
     try:
@@ -134,7 +138,7 @@ def test_a_sidecarset_a_policy_cannot_serve_stays_on_the_webhook(
     assert cond["reason"] == "NeedsWebhook"
     assert "HotUpgrade" in cond["message"], cond
     assert policy_holding(kube, name) is None
-    settled(manager)
+    settled(manager, kube)
     before = inject_calls()
     stored = kube.create(PODS.format(injected_ns), make_pod("hot", "hotshop"))
     assert stored["metadata"]["annotations"][names.ANN_INJECTED_BY] == "webhook"
@@ -170,7 +174,7 @@ def test_moving_between_the_policy_and_the_webhook_leaves_no_pod_uninjected(
             kube.patch(f"{SS_PATH}/{name}", {"spec": {"injectionStrategy": strategy}})
             wait_condition(kube, name, want)
             injected_by(kube, injected_ns, "moving", by)
-            settled(manager)
+            settled(manager, kube)
     finally:
         stop.set()
         creator.join()
@@ -179,6 +183,85 @@ def test_moving_between_the_policy_and_the_webhook_leaves_no_pod_uninjected(
     assert not bad, f"{len(bad)} of {len(seen)} pods not injected during the moves: {bad[:5]}"
     assert {"policy", "webhook"} <= paths, paths
     assert len(seen) > 40, len(seen)
+
+
+def _busy_policy(name: str) -> dict[str, Any]:
+    """Someone else's policy that matches no pod and that kube-apiserver takes seconds to compile (about
+    4 s on the 2-core test machine, idle: 60 mutations of 40 nested macros, 420 KB)."""
+    mutations = []
+    for i in range(60):
+        terms = " || ".join(
+            f'object.spec.containers.map(c, c.name + string(c.ports.size())).exists(n, n == "a{i}-{j}" + '
+            f'string(object.spec.containers.filter(d, d.image.startsWith("z{j}")).size()))'
+            for j in range(40)
+        )
+        value = f'{{"x{i}": ({terms}) ? "a" : "b"}}'
+        expression = f'[JSONPatch{{op: "add", path: "/metadata/annotations", value: {value}}}]'
+        mutations.append({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}})
+    pods = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+    nothing = {"matchLabels": {"busy.example/never": "true"}}
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {"resourceRules": [pods], "objectSelector": nothing},
+            "mutations": mutations,
+        },
+    }
+
+
+def test_a_policy_enforced_late_keeps_the_webhook_until_the_barrier_shows_it_enforced(
+    kube: Kube, injected_ns: str, sidecarsets: Callable[..., dict[str, Any]], manager: RunningManager
+) -> None:
+    """kube-apiserver compiles its policies in one refresh at a time: busy with someone else's large
+    policy, it enforces ours seconds after any fixed settle time. Pods created all along still get their
+    sidecars, because the webhook is narrowed only once the canary's barrier shows ours enforced. With
+    a timer alone (2 s after the write), pods created between the narrowing and the next refresh got
+    neither path and were admitted without sidecars."""
+    busy = f"busy-{secrets.token_hex(3)}"
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": busy},
+        "spec": {"policyName": busy},
+    }
+    kube.create(POLICIES, _busy_policy(busy))  # compiled once here, to validate it (seconds)
+    seen: list[tuple[float, str, bool]] = []
+    stop = threading.Event()
+
+    def create() -> None:
+        while not stop.is_set():
+            p = kube.create(PODS.format(injected_ns), make_pod("probe", "late"), dryRun="All")
+            by = (p["metadata"].get("annotations") or {}).get(names.ANN_INJECTED_BY, "none")
+            seen.append((time.monotonic(), by, _names(p["spec"]["containers"]) == ["proxy", "app"]))
+            time.sleep(0.02)
+
+    creator = threading.Thread(target=create)
+    try:
+        kube.create(BINDINGS, binding)  # bound: kube-apiserver's next refresh compiles it again (seconds)
+        started = time.monotonic()
+        sidecarsets("late")
+        injected_by(kube, injected_ns, "late", "webhook")  # the webhook's store has it (well within a second)
+        creator.start()
+        injected_by(kube, injected_ns, "late", "policy")
+        settled(manager, kube)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        if creator.is_alive():
+            creator.join()
+        kube.delete(f"{BINDINGS}/{busy}")
+        kube.delete(f"{POLICIES}/{busy}")
+    bad = [(round(t - started, 2), by) for t, by, ok in seen if not ok]
+    assert not bad, f"{len(bad)} of {len(seen)} pods without their sidecars (seconds after the SidecarSet): {bad[:8]}"
+    first = next((t for t, by, _ in seen if by == "policy"), None)
+    assert first is not None, f"no pod of {len(seen)} injected by the policy"
+    # The case the test is for: enforced after the time a timer would have narrowed the webhook
+    # (1 s of quiet before the write, then the 2-s settle).
+    assert first - started > 3.5, f"the policy was enforced {first - started:.1f}s after the SidecarSet"
 
 
 def test_hand_edits_of_policies_and_the_webhook_condition_are_put_back(
@@ -204,7 +287,7 @@ def test_hand_edits_of_policies_and_the_webhook_condition_are_put_back(
     kube.delete(path)
     eventually(lambda: kube.get_or_none(path) is not None, timeout=10, what="the deleted policy recreated")
     injected_by(kube, injected_ns, "edited", "policy")
-    settled(manager)
+    settled(manager, kube)
     condition = eventually(lambda: webhook_condition(kube), timeout=10, what="the webhook narrowed")
     mwc_path = f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}"
     mwc = kube.get(mwc_path)
@@ -240,7 +323,7 @@ def test_a_deleted_sidecarset_loses_its_policy_within_a_second(
 
     # The API server stops enforcing it at its next policy refresh (about a second).
     eventually(plain, timeout=5, interval=0.05, what="new pods no longer injected")
-    settled(manager)
+    settled(manager, kube)
     stored = kube.create(PODS.format(injected_ns), make_pod("after", "gone"))
     assert _names(stored["spec"]["containers"]) == ["app"]
 
@@ -255,7 +338,7 @@ def test_an_image_change_while_pods_are_created_gives_each_pod_one_complete_set(
     name = ss["metadata"]["name"]
     wait_condition(kube, name, "True")
     injected_by(kube, injected_ns, "rolling", "policy")
-    settled(manager)
+    settled(manager, kube)
     old_hash = builders.model(kube.get(f"{SS_PATH}/{name}")).hash
     created: list[dict[str, Any]] = []
     start = time.monotonic()
@@ -302,7 +385,7 @@ def test_an_image_change_rewrites_only_the_parameter_object_and_reaches_new_pods
     wait_condition(kube, name, "True")
     holder = eventually(lambda: policy_holding(kube, name), timeout=10, what="the policy holding it")
     injected_by(kube, injected_ns, "bumped", "policy")
-    settled(manager)
+    settled(manager, kube)
     policy_version = kube.get(f"{POLICIES}/{holder}")["metadata"]["resourceVersion"]
     condition = webhook_condition(kube)
     values = params.values(kube.get(f"{params.path(MANAGER_NS)}/{holder}"))

@@ -20,10 +20,16 @@ import pytest
 
 from bench.bench_scale import team_pod, team_sidecarset
 from injector.policy import bundle, selecting
-from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
 from sidecarsets.spec import names
 from tests.e2e.helpers import SS_PATH
-from tests.e2e.policysupport import PolicyCluster, policy_holding, private_cluster, stored_pod, webhook_pod
+from tests.e2e.policysupport import (
+    PolicyCluster,
+    policy_holding,
+    private_cluster,
+    stored_pod,
+    webhook_condition,
+    webhook_pod,
+)
 from tests.kube.client import eventually
 from tests.kube.controlplane import ControlPlane
 from tests.kube.loop import BackgroundLoop
@@ -88,11 +94,6 @@ def revision_recorded(c: PolicyCluster, team: str) -> bool:
     return bool(revision) and f'"controllerRevision":"{revision}"' in recorded
 
 
-def condition(c: PolicyCluster) -> str | None:
-    hook = c.kube.get(f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}")["webhooks"][0]
-    return next((m["expression"] for m in hook.get("matchConditions") or [] if m["name"] == CONDITION_NAME), None)
-
-
 def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_never_call_it(
     cluster: PolicyCluster, shape: str
 ) -> None:
@@ -111,7 +112,7 @@ def test_at_200_sidecarsets_per_path_the_webhook_stays_narrowed_and_policy_pods_
 
     # Make before break: the webhook takes the policies' pods too until they have settled.
     eventually(narrowed, timeout=120, interval=1.0, what="policy-served pods no longer reaching the webhook")
-    text = condition(c)
+    text = webhook_condition(c.kube)
     assert text is not None, "the webhook is narrowed"
     assert len(text) <= selecting.MAX_CONDITION_CHARS
     if shape == "one":

@@ -38,6 +38,7 @@ from cabundle import metrics as cabundle_metrics
 from certwatcher import files as certfiles
 from certwatcher import metrics as cert_metrics
 from injector.http import metrics as injector_metrics
+from injector.policysync import adoption as barrier_metrics
 from injector.policysync import stored as policy_metrics
 from kuberuntime import metrics as runtime_metrics
 from sidecarctl.manager.handoff import ConnectionsCollector, Dispatcher
@@ -50,7 +51,15 @@ MONITORING = CONFIG / "monitoring"
 DASHBOARD = MONITORING / "sidecarctl-dashboard.json"
 CHART_DASHBOARD = CHART / "files" / DASHBOARD.name
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
-METRIC_MODULES = (sidecarset_metrics, injector_metrics, policy_metrics, runtime_metrics, cert_metrics, cabundle_metrics)
+METRIC_MODULES = (
+    sidecarset_metrics,
+    injector_metrics,
+    policy_metrics,
+    barrier_metrics,
+    runtime_metrics,
+    cert_metrics,
+    cabundle_metrics,
+)
 # Served by the supervisor from state only it has (sidecarctl.manager.handoff), not from a module.
 SUPERVISOR_FAMILIES = {"sidecarctl_webhook_worker_connections"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

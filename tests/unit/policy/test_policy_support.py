@@ -4,17 +4,20 @@ PolicyInjection condition in the SidecarSet status."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import re
 from typing import Any
 
 import orjson
 
 from injector.http import admission, decisions
-from injector.policy import servable
+from injector.policy import params, servable
 from injector.policysync.support import (
     BINDINGS,
     CANARY,
     NOT_ENFORCED,
     POLICIES,
+    TOKEN_LABEL,
     V1,
     SupportProbe,
     not_served,
@@ -37,11 +40,34 @@ NS = "sidecarctl-system"
 
 
 class Mutating(FakeApiServer):
-    """A fake whose dry-run ConfigMap creates come back mutated once `enforced` (as the canary makes them)."""
+    """A fake whose dry-run ConfigMap creates come back mutated once `enforced`, as the canary stored when
+    `refreshed` makes them (its parameter object's values, its policy's token, its binding's selector),
+    or as stored now while `refreshed` is None: a kube-apiserver whose last policy refresh was then;
+    `behind` holds objects whose watch has not delivered their newest version."""
 
     def __init__(self, enforced: bool) -> None:
         super().__init__()
         self.enforced = enforced
+        self.refreshed: dict[str, JsonObj] | None = None
+        self.behind: dict[str, JsonObj] = {}  # objects this server still enforces an older version of
+
+    def refresh(self) -> None:
+        self.refreshed = copy.deepcopy(self.objects)
+
+    def mutated(self, body: JsonObj) -> JsonObj:
+        seen = {**(self.objects if self.refreshed is None else self.refreshed), **self.behind}
+        policy, binding = seen.get(f"{POLICIES}/{CANARY}"), seen.get(f"{BINDINGS}/{CANARY}")
+        param = seen.get(f"{params.path(NS)}/{CANARY}")
+        if not self.enforced or policy is None or binding is None or param is None:
+            return dict(body)
+        wanted = binding["spec"]["matchResources"].get("objectSelector", {}).get("matchLabels", {})
+        if any(body["metadata"]["labels"].get(k) != v for k, v in wanted.items()):
+            return dict(body)
+        expression = policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+        own = re.search(r'"/" \+ "([0-9a-f]+)"', expression)
+        values = params.values(param)
+        assert own is not None, expression
+        return {**body, "data": {"served": values["served"], "token": f"{values['token']}/{own.group(1)}"}}
 
     async def get(self, path: str, *, params: Any = None) -> JsonObj:
         named = path.startswith((POLICIES + "/", BINDINGS + "/"))
@@ -52,7 +78,7 @@ class Mutating(FakeApiServer):
     async def create(self, path: str, body: JsonObj, *, params: Any = None) -> JsonObj:
         if path.endswith("/configmaps") and (params or {}).get("dryRun") == "All":
             self.calls.append(("create", path))
-            return {**body, "data": {"served": "true"}} if self.enforced else dict(body)
+            return self.mutated(body)
         return await super().create(path, body, params=params)
 
 
@@ -63,7 +89,8 @@ def probe(api: FakeApiServer) -> str | None:
 def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
     api = Mutating(enforced=True)
     ns = api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
-    assert probe(api) is None
+    same = SupportProbe(api, namespace=NS, timeout=0.3, interval=0.05)
+    assert asyncio.run(same.check()) is None
     assert f"{POLICIES}/{CANARY}" in api.objects and f"{BINDINGS}/{CANARY}" in api.objects
     # Owned by the manager's namespace: uninstalling removes the pair.
     owner = {"apiVersion": "v1", "kind": "Namespace", "name": NS, "uid": ns["metadata"]["uid"]}
@@ -73,9 +100,9 @@ def test_an_enforcing_api_server_is_detected_by_the_canary() -> None:
     assert binding["spec"]["matchResources"]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": NS}
     }
-    # A second probe finds the canary in place and does not rewrite it.
+    # The next probe of the same process finds the canary in place and does not rewrite it.
     writes = len(api.writes())
-    assert probe(api) is None
+    assert asyncio.run(same.check()) is None
     assert [w for w in api.writes()[writes:] if "admissionpolicies" in w or "policybindings" in w] == []
 
 
@@ -91,6 +118,35 @@ class OneOfThree(Mutating):
             self.answers += 1
             self.enforced = self.answers % 3 != 0
         return await super().create(path, body, params=params)
+
+
+def test_the_barrier_holds_until_the_server_enforces_what_was_written_before_it() -> None:
+    """`caught_up` rewrites the canary with a new token: a server whose last refresh predates that
+    rewrite answers with the old token (or none), which is not enough; once it refreshes, it is."""
+    api = Mutating(enforced=True)
+    api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
+    p = SupportProbe(api, namespace=NS, timeout=0.3, interval=0.05)
+    assert asyncio.run(p.check()) is None
+    first = p.token
+    api.refresh()  # the server compiled the canary of the first token, and has not refreshed since
+    assert asyncio.run(p.caught_up()) is False, "an answer from before the rewrite was taken as enforced"
+    assert p.token != first
+    stored = api.objects[f"{BINDINGS}/{CANARY}"]["spec"]["matchResources"]["objectSelector"]
+    assert stored == {"matchLabels": {TOKEN_LABEL: p.token}}
+    # Each part of the canary proves its own watch caught up: a server that has two of them at the new
+    # token and one at the old does not count.
+    for part in (f"{POLICIES}/{CANARY}", f"{BINDINGS}/{CANARY}", f"{params.path(NS)}/{CANARY}"):
+
+        def one_part_behind(path: str, old: JsonObj | None, new: JsonObj | None, part: str = part) -> None:
+            if path == part and old is not None:
+                api.behind[part] = old
+
+        api.listeners.append(one_part_behind)
+        assert asyncio.run(p.caught_up()) is False, f"{part} of the old token was taken as enforced"
+        api.listeners.remove(one_part_behind)
+        api.behind.clear()
+    api.refreshed = None
+    assert asyncio.run(p.caught_up()) is True
 
 
 def test_one_kube_apiserver_that_does_not_enforce_keeps_policies_off() -> None:

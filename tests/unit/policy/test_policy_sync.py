@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from injector.policy.bundle import NAME_PREFIX
 from injector.policy.generate import ANN_MEMBERS
 from injector.policy.params import PLURAL as PARAMS_KIND
 from injector.policy.plan import Mode, Path, Why
+from injector.policysync import pacing
 from injector.policysync.adoption import ENFORCED_ROUNDS
 from injector.policysync.desired import ANN_GENERATED_AT
 from injector.policysync.narrowing import CONDITION_NAME, MWC_PATH
@@ -41,15 +43,30 @@ NO_QUIET = (1.0, 0.0, 10.0)
 
 
 class ScriptedProbe:
-    """Answers in turn, None (enforced) or why not; the last answer again once they run out."""
+    """Answers in turn, None (enforced) or why not; the last answer again once they run out. Its barrier
+    (`caught_up`) answers `barrier`, True until a test says otherwise."""
 
     def __init__(self, *answers: str | None) -> None:
         self.answers = list(answers)
         self.calls = 0
+        self.barrier = True
+        self.barriers = 0
+        # What happens while the barrier is asked, and what is looked at before it answers.
+        self.during: Callable[[], object] | None = None
+        self.before_answer: Callable[[], object] | None = None
 
     async def check(self) -> str | None:
         self.calls += 1
         return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    async def caught_up(self) -> bool:
+        self.barriers += 1
+        if self.during is not None:
+            self.during()
+        await asyncio.sleep(0.01)  # the canary's writes and dry-runs: the sync's loop runs meanwhile
+        if self.before_answer is not None:
+            self.before_answer()
+        return self.barrier
 
 
 class Rig:
@@ -153,6 +170,51 @@ def test_a_new_sidecarset_widens_the_webhook_writes_its_policy_then_narrows() ->
     assert rig.api.objects[MWC]["webhooks"][0]["matchConditions"] == [{"name": "theirs", "expression": "true"}]
 
 
+def test_the_webhook_stays_widened_until_the_barrier_shows_the_policy_enforced() -> None:
+    """Past `settle`, a kube-apiserver that has not refreshed its policies yet (the canary written after
+    the policy is not enforced) keeps the webhook widened, and the barrier is asked again a `settle` later."""
+    rig = Rig()
+    probe = rig.sync.support.probe
+    assert isinstance(probe, ScriptedProbe)
+    rig.add("mesh")
+    rig.run()
+    widened = rig.ours()
+    assert rig.policy(P0) is not None and widened is not None and '"web"' in widened
+    probe.barrier = False
+    rig.now += 2.5
+    rig.run()
+    assert probe.barriers == 1 and rig.ours() == widened, "narrowed before the policy was shown enforced"
+    rig.now += 1.0
+    rig.run()
+    assert probe.barriers == 1, "asked again before `settle` seconds had passed"
+    probe.barrier = True
+    rig.now += 1.5
+    rig.run()
+    assert probe.barriers == 2 and rig.ours() != widened
+    rig.now += 10.0
+    rig.run()
+    assert probe.barriers == 2, "asked with nothing written since the last narrowing"
+
+
+def test_a_sidecarset_created_while_the_barrier_is_asked_is_widened_for_at_once_and_settles_on() -> None:
+    """The barrier takes about a second (a refresh of kube-apiserver's policies): a SidecarSet created
+    meanwhile reaches the webhook then, not after the pass, and stays widened for once the others narrow."""
+    rig = Rig()
+    probe = rig.sync.support.probe
+    assert isinstance(probe, ScriptedProbe)
+    rig.add("mesh")
+    rig.run()
+    seen: list[str | None] = []
+    probe.during = lambda: rig.add("late", app="shop")
+    probe.before_answer = lambda: seen.append(rig.ours())
+    rig.now += 2.5
+    rig.run()
+    assert probe.barriers == 1
+    assert '"shop"' in (seen[0] or ""), "the late SidecarSet's pods waited for the barrier to reach the webhook"
+    assert rig.sync.widening.settling == {"late"} and rig.sync.narrow_at is not None
+    assert '"shop"' in (rig.ours() or ""), "narrowed for the late SidecarSet with the others"
+
+
 def test_the_webhook_stays_widened_after_a_slow_policy_write_for_as_long_again_as_the_write_took() -> None:
     rig = Rig()
     rig.add("mesh")
@@ -209,8 +271,8 @@ def test_a_change_to_one_group_widens_the_webhook_for_that_group_only() -> None:
     widened = rig.ours()
     assert widened is not None and widened != narrowed
     # The one policy holding both is rewritten; only mesh's pods go through the webhook meanwhile.
-    extra = widened[len(narrowed) :]
-    assert '"web"' in extra and '"logs"' not in extra, extra
+    selected = widened.split(") || (")[0]
+    assert '"web"' in selected and '"logs"' not in selected, selected
 
 
 def test_a_sidecarset_created_while_a_policy_is_written_widens_the_webhook_before_the_next_write() -> None:
@@ -236,7 +298,7 @@ def test_a_sidecarset_created_while_a_policy_is_written_widens_the_webhook_befor
     widened = rig.ours()
     assert widened is not None and '"late"' in widened
     # The late SidecarSet stays on the webhook until its own policy is written and settles.
-    assert "late" in rig.sync.settling
+    assert "late" in rig.sync.widening.settling
     rig.api.listeners.remove(create_late)
     before = len(rig.api.writes("update", POLICIES))
     rig.run()
@@ -299,7 +361,7 @@ def test_a_sidecarset_created_while_a_policy_write_is_in_flight_widens_the_webho
 
     asyncio.run(go())
     assert rig.policy(P0) is not None
-    assert "late" in rig.sync.settling  # on the webhook until its own policy is written and settles
+    assert "late" in rig.sync.widening.settling  # on the webhook until its own policy is written and settles
 
 
 def test_a_status_write_during_a_policy_write_does_not_widen_the_webhook(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,7 +393,7 @@ def test_a_status_write_during_a_policy_write_does_not_widen_the_webhook(monkeyp
 
     asyncio.run(go())
     assert condition_writes < len(rig.api.writes("patch", MWC))  # the pass did widen for "fresh"
-    assert "logs" not in rig.sync.settling and "fresh" in rig.sync.settling
+    assert "logs" not in rig.sync.widening.settling and "fresh" in rig.sync.widening.settling
 
 
 def test_a_written_policy_is_remembered_before_the_watch_delivers_it() -> None:
@@ -418,11 +480,7 @@ def reconfigure(rig: Rig, name: str, level: str) -> None:
 
 def test_an_image_change_rewrites_the_parameter_object_only_with_a_new_time_and_no_widening() -> None:
     before = [repairs(k) for k in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings", PARAMS_KIND)]
-    rig = Rig()
-    rig.add("mesh")
-    rig.run()
-    rig.now += 10
-    rig.run()
+    rig = narrowed_rig()
     narrowed = rig.ours()
     policy, first = rig.policy(P0), rig.params(P0)
     assert policy is not None and first is not None
@@ -612,6 +670,121 @@ def test_an_unreadable_sidecarset_keeps_its_last_good_policy() -> None:
     assert rig.policy(P0) == kept
 
 
+def test_the_first_narrowing_waits_for_the_sidecarset_watches_and_widens_for_what_they_bring() -> None:
+    """Until the first narrowing the webhook took every pod, so it injected the pods of a SidecarSet
+    stored a moment before the pass that the pass has not planned. The condition is written only once
+    the SidecarSet watches have caught up with a quorum read, and takes that SidecarSet's pods too."""
+    rig = Rig()
+    rig.add("mesh")
+    caught_up: list[str | None] = []
+
+    async def catch_up() -> None:
+        caught_up.append(rig.ours())  # what the webhook carried then: nothing of ours yet
+        if len(caught_up) == 1:
+            rig.add("late", app="late")  # the watch delivers a SidecarSet stored before the quorum read
+
+    rig.sync.catch_up = catch_up
+    rig.run()
+    assert caught_up == [None]
+    first = rig.api.writes().index(MWC)
+    written = rig.api.writes("patch", MWC)
+    assert written and first < rig.api.writes().index(POLICIES)
+    widened = rig.ours()
+    assert widened is not None and '"late"' in widened and '"web"' in widened
+    assert {"mesh", "late"} <= rig.sync.widening.settling
+    rig.now += 10
+    rig.run()
+    assert len(caught_up) == 1, "caught up again with our condition on the webhook"
+
+
+def test_a_sidecarset_stored_while_the_condition_is_written_is_widened_for_before_the_pass_ends() -> None:
+    """A pass that writes no policy still widens at once for a SidecarSet that arrives while its condition
+    is written (the first narrowing at adoption, say), not a pass later."""
+    rig = Rig()
+    late: list[JsonObj] = []
+
+    def create_late(path: str, old: JsonObj | None, new: JsonObj | None) -> None:
+        if path == MWC and not late:
+            late.append(rig.add("late", app="late"))
+
+    rig.api.listeners.append(create_late)
+    passes = rig.sync.passes
+    rig.run()
+    assert late and rig.sync.passes == passes + 1
+    widened = rig.ours()
+    assert widened is not None and '"late"' in widened
+    assert rig.policy(P0) is None  # planned on the next pass; the webhook has its pods meanwhile
+
+
+def between_passes(rig: Rig, meanwhile: Callable[[], object]) -> str | None:
+    """The sync's wait between two passes, during which `meanwhile` happens; our condition at its end."""
+    seen: list[str | None] = []
+
+    async def wait() -> None:
+        meanwhile()
+        await asyncio.sleep(0.01)
+        seen.append(rig.ours())
+
+    asyncio.run(rig.sync.widening.between_passes(wait()))
+    return seen[0]
+
+
+def narrowed_rig(probe: ScriptedProbe | None = None) -> Rig:
+    """The SidecarSet `mesh` served by its policy, the webhook narrowed again (`probe`: the one asked)."""
+    rig = Rig()
+    if probe is not None:
+        rig.sync.support.probe = probe
+    rig.add("mesh")
+    rig.run()
+    rig.now += 10
+    rig.run()
+    assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
+    return rig
+
+
+def test_a_sidecarset_arriving_between_passes_is_widened_for_before_the_next_pass() -> None:
+    """An arrival starts a pass at once, but the pass plans before it writes; the webhook takes the new
+    SidecarSet's pods from the moment the sync hears of it, against the condition the last pass wrote."""
+    rig = narrowed_rig()
+    before = rig.ours()
+    seen = between_passes(rig, lambda: rig.add("late", app="late"))
+    assert before is not None and '"late"' not in before
+    assert seen is not None and '"late"' in seen and seen.startswith(f"({before}) || (")
+    assert "late" in rig.sync.widening.settling
+    rig.run()  # the next pass plans it: still on the webhook until its policy settles
+    assert '"late"' in (rig.ours() or "")
+
+
+def test_a_replica_that_lost_the_lease_widens_nothing_between_passes() -> None:
+    rig = narrowed_rig()
+    before = rig.ours()
+    asked: list[bool] = []
+
+    async def may_write() -> bool:  # the Lease names another holder now
+        asked.append(False)
+        return False
+
+    rig.sync.widening.may_write = may_write
+    assert between_passes(rig, lambda: rig.add("late", app="late")) == before and asked
+
+
+def test_an_image_bump_between_passes_widens_nothing() -> None:
+    """Between passes only a SidecarSet the last pass did not plan at all is widened for: a changed one
+    is served by the version planned until the next pass (an image alone never widens the webhook)."""
+    rig = narrowed_rig()
+    narrowed = rig.ours()
+    writes = len(rig.api.writes("patch", MWC))
+    assert between_passes(rig, lambda: bump(rig, "mesh", "proxy:2")) == narrowed
+    assert len(rig.api.writes("patch", MWC)) == writes
+
+
+def test_between_passes_nothing_is_widened_before_a_pass_has_written_its_condition() -> None:
+    rig = Rig()
+    rig.add("mesh")  # no pass yet: support unknown, the webhook serves every pod
+    assert between_passes(rig, lambda: rig.add("late", app="late")) is None
+    assert rig.api.writes() == []
+
+
 def test_nothing_is_planned_until_support_is_known() -> None:
     rig = Rig()
     rig.add("mesh")
@@ -633,10 +806,17 @@ def test_the_condition_grows_too_long_then_the_webhook_is_not_narrowed(
 
     monkeypatch.setattr(narrowing, "MAX_CONDITION_CHARS", 50)
     rig = Rig(mode=mode)
+    caught_up: list[str] = []
+
+    async def catch_up() -> None:
+        caught_up.append("read")
+
+    rig.sync.catch_up = catch_up
     rig.add("mesh")
     rig.run()
     assert rig.ours() is None
     assert rig.policy(P0) is not None
+    assert not caught_up, "a condition too long to write narrows nothing: no quorum read for it"
 
 
 def test_a_server_without_the_policy_api_gets_no_policy_and_no_probe() -> None:
@@ -719,14 +899,7 @@ def test_a_refusal_outlives_discovery_dropping_and_listing_the_api_again() -> No
 
 def _served_by_policy_until_the_next_probe() -> Rig:
     """The SidecarSet `mesh` served by its policy (the webhook narrowed); the next probe will refuse."""
-    rig = Rig()
-    rig.sync.support.probe = ScriptedProbe(None, "not every kube-apiserver enforces them")
-    rig.add("mesh")
-    rig.run()
-    rig.now += 10
-    rig.run()
-    assert rig.ours() is not None and rig.sync.routes["mesh"].path is Path.POLICY
-    return rig
+    return narrowed_rig(ScriptedProbe(None, "not every kube-apiserver enforces them"))
 
 
 def test_leaving_policies_widens_the_webhook_first_and_deletes_them_once_it_has_settled() -> None:
@@ -869,6 +1042,60 @@ def test_a_status_write_is_no_arrival_and_holds_nothing_back() -> None:
     rig.api.put(f"{SS_PATH}/mesh", mesh)
     rig.run()
     assert _members(rig) == {"mesh"}
+
+
+def test_a_status_write_plans_nothing_and_a_first_revision_plans_again() -> None:
+    """During a burst the controller writes thousands of statuses (counts, conditions): each used to
+    cost a whole pass, the policies' CEL assembled again. A recorded revision changes the plan."""
+    rig = Rig()
+    rig.add("mesh")
+    rig.run()
+    rig.sync.dirty.clear()
+    mesh = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+    mesh["status"] = {**mesh["status"], "matchedPods": 3, "conditions": [{"type": "Ready", "status": "True"}]}
+    rig.api.put(f"{SS_PATH}/mesh", mesh)
+    assert rig.sync.models["mesh"].status["matchedPods"] == 3  # kept, and no pass asked for
+    assert not rig.sync.dirty.is_set() and not rig.sync.widening.news.is_set()
+    mesh = copy.deepcopy(mesh)
+    mesh["status"]["latestRevision"] = "mesh-2"
+    rig.api.put(f"{SS_PATH}/mesh", mesh)
+    assert rig.sync.dirty.is_set()
+
+
+def test_passes_no_arrival_asks_for_are_spaced_and_an_arrival_is_planned_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recorded revisions and our own writes' events wait for PASS_SPACING_SECONDS after the last
+    pass; a new SidecarSet does not (the webhook must widen for it at once)."""
+    monkeypatch.setattr(pacing, "PASS_SPACING_SECONDS", 60.0)  # far longer than the test runs
+    rig = Rig()
+    rig.add("mesh")
+
+    async def until(check: Any) -> None:
+        for _ in range(500):  # a loop with real waits: up to 5 s on a loaded machine
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("never happened")
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.create_task(rig.sync.run(stop))
+        await until(lambda: rig.sync.passes == 1 and rig.policy(P0) is not None)
+        for revision in range(2, 7):  # each changes the plan (a pod records the revision), none arrives
+            mesh = copy.deepcopy(rig.api.objects[f"{SS_PATH}/mesh"])
+            mesh["status"] = {"latestRevision": f"mesh-{revision}"}
+            rig.api.put(f"{SS_PATH}/mesh", mesh)
+        await asyncio.sleep(0.3)
+        assert rig.sync.passes == 1 and rig.sync.dirty.is_set(), "held back: no arrival"
+        rig.add("logs", app="logs")
+        await until(lambda: rig.sync.passes == 2)
+        condition = rig.ours()
+        assert condition is not None and '"logs"' in condition
+        stop.set()
+        await loop
+
+    asyncio.run(go())
 
 
 def test_after_a_slow_write_the_next_waits_pace_times_as_long() -> None:
