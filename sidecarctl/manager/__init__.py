@@ -14,8 +14,16 @@ from importlib import metadata as _metadata
 
 def version() -> str:
     """pyproject.toml's version, as the installed distribution records it (the one place it is
-    written): `sidecarctl --version` prints it, and the control process's User-Agent carries it."""
+    written): `sidecarctl --version` prints it, and every process's User-Agent carries it."""
     try:
         return _metadata.version("sidecarctl")
     except _metadata.PackageNotFoundError:  # run from a checkout that was never installed
         return "0+unknown"
+
+
+def user_agent(process: str, identity: str) -> str:
+    """`sidecarctl/<version> (<process>; <identity>)`, the User-Agent of one process of one replica
+    (`control`, `webhook-0`, ...). Every replica reads and writes as the same ServiceAccount, so
+    without them an audit log cannot tell a leader's last writes (still arriving as it dies) from
+    the first ones of the replica that took over, nor which admission worker's watch fell behind."""
+    return f"sidecarctl/{version()} ({process}; {identity})"

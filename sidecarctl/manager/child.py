@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             from sidecarctl.manager.handoff import WorkerChannel
             from sidecarctl.manager.webhook import WebhookRole
 
-            role = WebhookRole(opts, cert_dir, source=WorkerChannel(args.channel))
+            role = WebhookRole(opts, cert_dir, source=WorkerChannel(args.channel), name=args.name)
         reporter = asyncio.create_task(_report(run_dir / f"{args.name}.status", role.readiness, stop))
         try:
             await role.run(stop)

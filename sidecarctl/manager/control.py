@@ -34,7 +34,7 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER, LEADER_CATCH_UP
 from selfsigned.issuer import SelfSignedConfig, SelfSignedIssuer
-from sidecarctl.manager import optionalapis, version
+from sidecarctl.manager import optionalapis, user_agent
 from sidecarctl.manager import term as term_mod
 from sidecarctl.manager.options import ManagerOptions
 from sidecarctl.manager.warm import WarmCaches
@@ -63,18 +63,11 @@ def _bundle_owners(opts: ManagerOptions) -> tuple[WebhookConfigRef, ...]:
     return tuple(refs)
 
 
-def user_agent(identity: str) -> str:
-    """`sidecarctl/<version> (control; <identity>)`. Every replica writes as the same ServiceAccount, so
-    without its Lease identity in the User-Agent an audit log cannot tell a leader's last writes (still
-    arriving as it dies) from the first ones of the replica that took over."""
-    return f"sidecarctl/{version()} (control; {identity})"
-
-
 class ControlRole:
     def __init__(self, opts: ManagerOptions, cert_dir: Path, *, client: kubeapi.KubeClient | None = None) -> None:
         self.opts = opts
         self.cert_dir = cert_dir
-        agent = user_agent(opts.leader.effective_identity)
+        agent = user_agent("control", opts.leader.effective_identity)
         self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig), user_agent=agent)
         # The policy canary asks on new connections: every kube-apiserver behind the Service answers.
         self.probe_client = kubeapi.KubeClient(self.client.config, fresh_connections=True, user_agent=agent)

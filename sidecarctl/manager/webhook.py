@@ -30,6 +30,7 @@ from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
+from sidecarctl.manager import user_agent
 from sidecarctl.manager.listeners import listen
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller.controller import NSS_PATH, SS_PATH
@@ -51,9 +52,11 @@ class WebhookRole:
         *,
         client: kubeapi.KubeClient | None = None,
         source: ConnectionSource | None = None,
+        name: str = "webhook",
     ) -> None:
         self.opts = opts
-        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
+        agent = user_agent(name, opts.leader.effective_identity)  # `name`: the child's, webhook-0, ...
+        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig), user_agent=agent)
         self.store = TemplateStore()
         self.informers: list[Informer[Any]] = [
             Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=self.store.on_sidecarset),

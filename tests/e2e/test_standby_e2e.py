@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.common import injected
-from sidecarctl.manager.control import user_agent
+from sidecarctl.manager import user_agent
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
 from tests.kube import builders
@@ -217,7 +217,7 @@ def sent_by(events: list[AuditEvent], identity: str) -> list[AuditEvent]:
     identity). Both replicas are the same ServiceAccount, and the time of receipt cannot tell them
     apart: the killed leader's last requests, already sent, reach the API server tens of
     milliseconds after the kill began (and fail with 504 as its connections drop, or land)."""
-    agent = user_agent(identity)
+    agent = user_agent("control", identity)
     return [e for e in events if e.user_agent == agent]
 
 

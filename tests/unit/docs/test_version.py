@@ -11,7 +11,7 @@ import yaml
 
 from sidecarctl.cli.main import main
 from sidecarctl.manager import version
-from sidecarctl.manager.control import user_agent
+from sidecarctl.manager import user_agent
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -23,7 +23,8 @@ def pyproject_version() -> str:
 
 def test_the_installed_package_reports_pyproject_version() -> None:
     assert version() == pyproject_version()
-    assert user_agent("replica-1") == f"sidecarctl/{pyproject_version()} (control; replica-1)"
+    assert user_agent("control", "replica-1") == f"sidecarctl/{pyproject_version()} (control; replica-1)"
+    assert user_agent("webhook-0", "replica-1") == f"sidecarctl/{pyproject_version()} (webhook-0; replica-1)"
 
 
 def test_sidecarctl_version_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
