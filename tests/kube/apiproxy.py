@@ -11,10 +11,12 @@ the proxy's `http://127.0.0.1:PORT`) to make the network misbehave in ways a rea
   half-dead TCP path or a stuck proxy behaves. Streams opened later pass normally.
 - `delay_lists(resource, seconds)`: each *list* (or WatchList) of that resource is answered `seconds` late, as a
   busy API server answers a process that has just started.
-- `expire(resource)`: the watch streams of that resource open right now end, and as many of the
-  watches that resume them are answered 410 Gone, as a kube-apiserver whose watch cache started
-  after the client's resourceVersion answers (one restarted during a control plane upgrade): each
-  client reads the whole state again.
+- `expire(resource)` (a coroutine, on the proxy's loop): as a kube-apiserver whose watch cache has
+  just started (one restarted during a control plane upgrade), every watch of that resource that
+  resumes from a resourceVersion older than a write made now is answered 410 Gone until
+  `unexpire(resource)`, and the streams open now end: every client reads the whole state again,
+  whether its stream was open at that moment or between two watches. `gone_to` lists the
+  User-Agent of each watch answered 410 (the manager's name its process, sidecarctl.manager.user_agent).
 
 Requests go upstream with the proxy's own credentials (the admin client certificate), or, when the
 manager sends an `Authorization` header (a ServiceAccount token kubeconfig), with that header and
@@ -67,8 +69,12 @@ class WatchStream:
     forwarded_at: float = 0.0  # monotonic time of the last chunk forwarded
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
-    # (when to forward, bytes; None: the end), filled from upstream; `expire` adds the end behind what it holds
+    # (when to forward, bytes; None: the end), filled from upstream; `end` adds the end behind what it holds
     queue: asyncio.Queue[tuple[float, bytes | None]] = field(default_factory=asyncio.Queue)
+
+    def end(self) -> None:
+        """End the stream once what it holds is forwarded (the client sees a normal end and resumes)."""
+        self.queue.put_nowait((time.monotonic(), None))
 
 
 class ApiProxy:
@@ -81,8 +87,8 @@ class ApiProxy:
         self.delays: dict[str, float] = {}
         self.list_delays: dict[str, float] = {}
         self.delayed_lists = 0
-        self.gone: dict[str, int] = {}  # resource -> resumed watches still to answer 410 (`expire`)
-        self.gone_answered = 0
+        self.expired: dict[str, int] = {}  # resource -> watches resuming from below this revision get 410
+        self.gone_to: list[str] = []  # the User-Agent of each watch answered 410
         self.streams: list[WatchStream] = []
         self.requests = 0
         self._runner: web.AppRunner | None = None
@@ -110,16 +116,37 @@ class ApiProxy:
                 hit += 1
         return hit
 
-    def expire(self, resource: str) -> int:
-        """End every open (not stalled) watch stream of `resource` and answer as many resumed watches
-        of it 410 Gone; returns how many streams there were."""
+    async def expire(self, resource: str) -> int:
+        """See the module's docstring; returns how many streams were open."""
         if resource not in RESOURCES:
             raise ValueError(f"unknown resource {resource!r}")
+        self.expired[resource] = await self._new_revision()
+        # No await from here on: a stream opened from now on is checked as it opens (`_stream`).
         streams = [s for s in self.open_streams(resource) if not s.stalled.is_set()]
-        self.gone[resource] = self.gone.get(resource, 0) + len(streams)
         for s in streams:
-            s.queue.put_nowait((time.monotonic(), None))
+            s.end()
         return len(streams)
+
+    def unexpire(self, resource: str) -> None:
+        self.expired.pop(resource, None)
+
+    async def _new_revision(self) -> int:
+        """The resourceVersion of a write made now (a ConfigMap created): newer than any a client has
+        seen, and no newer than what a read begun after it returns."""
+        assert self._cert is not None
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "apiproxy-expire-"}}
+        async with self._cert.post(f"{self.cp.url}/api/v1/namespaces/default/configmaps", json=body) as r:
+            r.raise_for_status()
+            return int((await r.json())["metadata"]["resourceVersion"])
+
+    def _expired(self, request: web.Request, resource: str) -> bool:
+        """A watch resuming from a resourceVersion older than `expire`'s write (not a WatchList, which
+        reads the state anew)."""
+        below = self.expired.get(resource)
+        rv = request.query.get("resourceVersion", "")
+        if below is None or request.query.get("sendInitialEvents") == "true" or not rv.isdigit():
+            return False
+        return 0 < int(rv) < below
 
     def open_streams(self, resource: str) -> list[WatchStream]:
         return [s for s in self.streams if s.resource == resource and not s.closed]
@@ -138,7 +165,12 @@ class ApiProxy:
         self._token = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=bare, limit=0))
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        # handler_cancellation: a request whose client has gone is cancelled at once, so a watch stream
+        # its client closed (a WatchList read to the end of its first state) is closed here too, not
+        # left open, and counted by `stall` and `expire`, until it next forwards something.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         return self
@@ -196,9 +228,8 @@ class ApiProxy:
         body = await request.read()
         await self._hold_list(request)
         resource = self._resource(request)
-        if resource is not None and self.gone.get(resource) and request.query.get("sendInitialEvents") != "true":
-            self.gone[resource] -= 1
-            self.gone_answered += 1
+        if resource is not None and self._expired(request, resource):
+            self.gone_to.append(request.headers.get("User-Agent", ""))
             status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410}
             return web.json_response({**status, "message": "too old resource version (proxy: expire)"}, status=410)
         upstream = await session.request(
@@ -228,6 +259,8 @@ class ApiProxy:
             return out
         stream = WatchStream(resource, request.path_qs)
         self.streams.append(stream)
+        if self._expired(request, resource):  # forwarded before an `expire` that began meanwhile
+            stream.end()
         queue = stream.queue
 
         def when() -> float:  # under the delay in force when the bytes came from upstream
