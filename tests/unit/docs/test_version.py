@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from sidecarctl.cli.main import main
-from sidecarctl.manager import version
-from sidecarctl.manager import user_agent
+from sidecarctl.manager import user_agent, version
 
 REPO = Path(__file__).resolve().parents[3]
 
