@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tests.kube.controlplane import ControlPlane
 
 
-def audit_lines(path: Path, start: int = 0) -> list[bytes]:
-    """The whole lines (one JSON event each) of the audit log at `path` after byte `start`.
+def audit_lines(path: Path, start: int = 0) -> Iterator[bytes]:
+    """The whole lines (one JSON event each) of the audit log at `path` after byte `start`, read one at
+    a time (a reliability run's log reaches hundreds of megabytes).
 
     kube-apiserver appends while the tests read: a size taken as `start` can fall inside a line being
     written, and the log can end in one. A line cut at `start` was written before it and is skipped;
@@ -21,9 +23,9 @@ def audit_lines(path: Path, start: int = 0) -> list[bytes]:
             f.seek(start - 1)
             if f.read(1) != b"\n":
                 f.readline()  # the rest of a line written before `start`
-        data = f.read()
-    whole = data[: data.rfind(b"\n") + 1]
-    return [line for line in whole.splitlines() if line.strip()]
+        for line in f:
+            if line.endswith(b"\n") and line.strip():
+                yield line.rstrip(b"\n")
 
 
 def audit_events(cp: ControlPlane, start: int) -> list[dict[str, Any]]:
