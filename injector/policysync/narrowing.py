@@ -26,6 +26,12 @@ CONDITION_NAME = "sidecarctl-needs-webhook"
 MAX_CONDITION_CHARS = selecting.MAX_CONDITION_CHARS
 
 
+def fits(expression: str) -> bool:
+    """Whether a condition this long is written (MAX_CONDITION_CHARS); a longer one narrows nothing:
+    the webhook keeps every pod of an enabled namespace."""
+    return len(expression) <= MAX_CONDITION_CHARS
+
+
 class Narrowing:
     """`on_webhook_config` is the configuration's informer handler; `write` sets or removes our condition."""
 
@@ -61,7 +67,7 @@ class Narrowing:
         """Whether writing `expression` would narrow a webhook that takes every pod of an enabled namespace
         (it has no condition of ours), those of SidecarSets the policy sync has not seen yet among them."""
         found = self._hook()
-        if found is None or len(expression) > MAX_CONDITION_CHARS:
+        if found is None or not fits(expression):
             return False
         return not any(c.get("name") == CONDITION_NAME for c in found[1].get("matchConditions") or [])
 
@@ -72,7 +78,7 @@ class Narrowing:
         if found is None:
             return True
         index, hook = found
-        if expression is not None and len(expression) > MAX_CONDITION_CHARS:
+        if expression is not None and not fits(expression):
             log.warning("the webhook's condition would be %d characters; the webhook is not narrowed", len(expression))
             expression = None
         wanted = None if expression is None else {"name": CONDITION_NAME, "expression": expression}
