@@ -250,7 +250,7 @@ class PolicySync:
         # Only the values a new image changes: no CEL to compile, so no widening and no pace.
         values_only = [g for g in p.policies if g not in changed and not self._params_current(g, params)]
         # Widened while settling: the webhook also takes every pod a not-yet-enforced policy would serve.
-        condition = p.condition([ss for name, ss in self.models.items() if name in self.widening.settling])
+        condition = self._widened(p, self.widening.settling)
         handed = self.hand_over.handed(stale_policies, self.policies, p.routes)  # before any await: watches change it
         if self.catch_up is not None and not self.support.serves_all and self.narrowing.first_narrowing(condition):
             await self.catch_up()  # the first narrowing: every SidecarSet stored by now is widened for below
@@ -283,12 +283,16 @@ class PolicySync:
             return
         self._publish(p.routes)
 
+    def _widened(self, p: planning.Plan, settling: set[str]) -> str:
+        """The webhook's condition of plan `p`, widened to every pod the SidecarSets named `settling` select."""
+        return p.condition([ss for name, ss in self.models.items() if name in settling])
+
     async def _narrow_once_enforced(self, p: planning.Plan, planned: dict[str, SidecarSet]) -> None:
         """Stop widening for the SidecarSets settling now once the canary's barrier shows every kube-apiserver
         enforcing what was written (SidecarSets arriving meanwhile are widened for, and settle on); if it does
         not, the webhook keeps their pods and the barrier is asked again `settle` seconds on."""
         before = set(self.widening.settling)
-        widened = p.condition([ss for name, ss in self.models.items() if name in before])  # as the pass writes it
+        widened = self._widened(p, before)  # as the pass writes it
         enforced, _ = await self.widening.during(self.support.caught_up(), widened, planned)
         self.widening.settling -= before if enforced else set()
         self.narrow_at = self.monotonic() + self.settle if self.widening.settling else None
