@@ -25,7 +25,8 @@ policy-served one injected by its policy and of the last webhook-served one by t
 time from the last create to that is printed. While measuring, the manager is a follower (the
 Lease is held elsewhere), as in bench_policy: the controller would track every injected pod and
 load the 2 cores unevenly; what is measured is admission. `--profile DIR` saves a CPU profile of
-kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints its top entries.
+kube-apiserver (its /debug/pprof) for each kind of pod at each stage, and prints its top entries;
+with `--burst`, also of the burst's first two windows and its last (`apiserver-burst-<window>.pprof`).
 
 `--shape` picks the selectors (one label, two labels, expressions, mixed: `selector`). `--burst`
 then deletes every SidecarSet and creates the last stage's 2N at once, with the manager leading, and
@@ -506,7 +507,7 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
             c.run(_create_all(c, burst), timeout=1800)
             created = time.monotonic() - started
             print(f"burst: {2 * n} SidecarSets created in {created:.1f} s", flush=True)
-            rows = []
+            rows: list[tuple[object, ...]] = []
             rates: list[float] = []  # the unselected pods/s of each window, as measured
             converged_at = None
             after = 0  # windows measured once converged: does the rate come back, or is it the steady state?
@@ -514,8 +515,15 @@ def _after_stages(c: common.Cluster, args: argparse.Namespace, cert_dir: Path, p
             pids = {"kube-apiserver": c.cp.procs["kube-apiserver"].pid, "etcd": c.cp.procs["etcd"].pid}
             while after < args.settle_windows + 1 and time.monotonic() - started < 600:
                 meter, manager0 = common.CpuMeter(pids), manager_cpu(tree)
+                # kube-apiserver's CPU profile of the first two windows and of the last (converged).
+                profiler: Future[None] | None = None
+                if args.profile is not None and (len(rows) < 2 or after == args.settle_windows):
+                    out = args.profile / f"apiserver-burst-{len(rows)}.pprof"
+                    profiler = PROFILER.submit(_profile, c.cp, args.seconds, out)
                 other = run_load(kubeconfig_path, NAMESPACES["unselected"], unselected, args.seconds, args.clients)
                 used = {**meter.used(), "manager": manager_cpu(tree) - manager0}
+                if profiler is not None:
+                    profiler.result()
                 served = run_load(
                     kubeconfig_path, NAMESPACES["policy"], team_pod(f"p{n // 2}"), args.seconds, args.clients
                 )
