@@ -8,8 +8,10 @@ the injected shape (bench/bench_controller.py's: the real engine's output, Runni
 one namespace. Then, in turn and `--rounds` times so that drift shows, a fresh child process runs
 the controller's pod informer (`sidecarctl.manager.warm.pod_informer`, the manager's own) until it
 has synced, once asking for the state as a WatchList
-(`sendInitialEvents=true`) and once as the paged LIST it falls back to (pages of 100, as the
-manager's pod watch asks). For each: wall time to synced, the child's CPU, its peak RSS
+(`sendInitialEvents=true`), once as the paged LIST it falls back to (pages of 100, as the
+manager's pod watch asks), both with the manager's client (which decodes pods without their
+managedFields), and once streamed again with every pod decoded whole, as the client did before.
+For each: wall time to synced, the child's CPU, its peak RSS
 (`VmHWM`: what the allocator took at the worst moment, which Python keeps; not `ru_maxrss`, which
 Linux carries over from the benchmark's own process through fork and exec), and
 kube-apiserver's CPU and peak RSS over the read (sampled every 50 ms).
@@ -48,6 +50,7 @@ from bench import common
 from bench.bench_controller import APP, NAMESPACE, SS_NAME
 from kuberuntime import api, kubeapi
 from kuberuntime.kubeconfig import load_config
+from sidecarctl.manager import api_client
 from sidecarctl.manager.warm import pod_informer
 from sidecarsets.spec import names
 from sidecarsets.spec.model import SidecarSet
@@ -55,7 +58,11 @@ from tests.kube.managerharness import ManagerProcess, start_process, wait_ready,
 from tests.kube.measure import Metrics, RssSampler, descendants, rss
 
 MIB = 1024 * 1024
-MODES = {"stream": "WatchList (sendInitialEvents)", "pages": "paged LIST, 100 a page"}
+MODES = {
+    "stream": "WatchList (sendInitialEvents)",
+    "pages": "paged LIST, 100 a page",
+    "whole": "WatchList, managedFields decoded",
+}
 TAKEOVERS = {"warm": "warm standby", "cold": "cold start at the kill"}
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{names.DEFAULT_MANAGER_NAMESPACE}/leases/sidecarctl-controller"
 
@@ -70,9 +77,11 @@ def high_water() -> int:
 
 async def child(kubeconfig: str, mode: str, pods: int) -> dict[str, Any]:
     """One read of the state in this process: the manager's pod informer until synced."""
-    client = kubeapi.KubeClient(load_config(kubeconfig))
+    config = load_config(kubeconfig)
+    # The manager's client decodes pods without their managedFields; "whole" reads them as it did before.
+    client = kubeapi.KubeClient(config) if mode == "whole" else api_client(config)
     await client.get(f"/api/v1/namespaces/{NAMESPACE}")  # TLS session and pool up before the baseline
-    informer = pod_informer(client, watch_list=mode == "stream")
+    informer = pod_informer(client, watch_list=mode != "pages")
     base = high_water()
     stop = asyncio.Event()
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -88,7 +97,7 @@ async def child(kubeconfig: str, mode: str, pods: int) -> dict[str, Any]:
     if len(informer.store) != pods:
         raise RuntimeError(f"{mode}: the informer holds {len(informer.store)} pods, expected {pods}")
     streamed = informer.watch_list
-    if (mode == "stream") != streamed:
+    if (mode != "pages") != streamed:
         raise RuntimeError(f"{mode}: the state was {'streamed' if streamed else 'listed'}")
     return {"wall": wall, "cpu": cpu, "peak": peak, "base": base}
 
@@ -249,6 +258,7 @@ def report(results: dict[str, list[dict[str, Any]]], pods: int) -> None:
         values = [r[key] / scale for r in results[mode]]
         return f"{statistics.median(values):.{digits}f} ({' / '.join(f'{v:.{digits}f}' for v in values)})"
 
+    modes = [mode for mode in MODES if results[mode]]
     rows = []
     for label, key, scale, digits, unit in (
         ("time to synced", "wall", 1.0, 1, "s"),
@@ -257,18 +267,11 @@ def report(results: dict[str, list[dict[str, Any]]], pods: int) -> None:
         ("kube-apiserver CPU", "apiserver_cpu", 1.0, 1, "s"),
         ("kube-apiserver peak RSS", "apiserver_peak", MIB, 0, "MiB"),
     ):
-        ratio = med("pages", key) / med("stream", key) if med("stream", key) else float("nan")
-        rows.append(
-            [
-                f"{label} ({unit})",
-                each("stream", key, scale, digits),
-                each("pages", key, scale, digits),
-                f"{ratio:.2f}x",
-            ]
-        )
+        ratios = [f"{med(m, key) / med('stream', key):.2f}x" if med("stream", key) else "-" for m in modes[1:]]
+        rows.append([f"{label} ({unit})", *(each(m, key, scale, digits) for m in modes), *ratios])
     print()
     print(f"{pods:,} injected pods; median (each round)")
-    print(common.table(["measure", MODES["stream"], MODES["pages"], "pages / stream"], rows))
+    print(common.table(["measure", *(MODES[m] for m in modes), *(f"{m} / stream" for m in modes[1:])], rows))
     before = statistics.median(r["apiserver_before"] for rs in results.values() for r in rs)
     print(f"kube-apiserver RSS before each read: {before / MIB:.0f} MiB (median)")
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 
 from kuberuntime.api import PATCH_TYPES, PatchType, error_from_status
-from kuberuntime.jsontypes import JsonObj
+from kuberuntime.jsontypes import JsonObj, loads_without_managed_fields
 from kuberuntime.kubeconfig import ClusterConfig
 
 STALL_MARGIN = 10  # seconds past a watch's timeoutSeconds after which silence means a stalled stream
@@ -43,10 +43,14 @@ class KubeClient:
         timeout: float = 30.0,
         user_agent: str = "sidecarctl",
         fresh_connections: bool = False,
+        drop_managed_fields: Collection[str] = (),
     ) -> None:
         """`fresh_connections`: one TCP connection per request, so that behind a load balancer (the
-        `kubernetes` Service) requests land on any kube-apiserver, not the one a kept connection reached."""
+        `kubernetes` Service) requests land on any kube-apiserver, not the one a kept connection reached.
+        `drop_managed_fields`: resources (plural names, such as "pods") whose objects this client decodes
+        without their managedFields, in answers and in watch events (kuberuntime.jsontypes: why)."""
         self.config = config
+        self._lean = frozenset(drop_managed_fields)
         self.timeout = timeout
         self._user_agent = user_agent
         self._fresh = fresh_connections
@@ -100,8 +104,9 @@ class KubeClient:
                 timeout=aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.001)),
             ) as resp:
                 raw = await resp.read()
+                decode = self._decoder(path) if resp.status < 400 else orjson.loads
                 try:
-                    parsed = orjson.loads(raw) if raw else None
+                    parsed = decode(raw) if raw else None
                 except orjson.JSONDecodeError:
                     parsed = raw.decode(errors="replace")
                 if resp.status < 400:
@@ -183,6 +188,7 @@ class KubeClient:
                 raise error_from_status(resp.status, parsed)
             if opened is not None:
                 opened()
+            decode = self._decoder(path)
             buf = b""
             async for chunk in resp.content.iter_any():
                 buf += chunk
@@ -190,11 +196,24 @@ class KubeClient:
                     line, buf = buf.split(b"\n", 1)
                     if not line.strip():
                         continue
-                    event: JsonObj = orjson.loads(line)
+                    event: JsonObj = decode(line)
                     if event.get("type") == "ERROR":
                         status = event.get("object") or {}
                         raise error_from_status(int(status.get("code") or 500), status)
                     yield event
+
+    def _decoder(self, path: str) -> Callable[[bytes], Any]:
+        return loads_without_managed_fields if self._lean and resource_of(path) in self._lean else orjson.loads
+
+
+def resource_of(path: str) -> str:
+    """The resource an API path names: "pods" for /api/v1/pods, /api/v1/namespaces/n/pods/p and its
+    subresources; "namespaces" for /api/v1/namespaces/n."""
+    parts = path.strip("/").split("/")
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        return rest[2]
+    return rest[0] if rest else ""
 
 
 def _retry_after(status: int, header: str | None) -> float | None:

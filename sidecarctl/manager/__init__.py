@@ -11,6 +11,9 @@ as the tests and the demo start it. May import every product package except `sid
 
 from importlib import metadata as _metadata
 
+from kuberuntime.kubeapi import KubeClient
+from kuberuntime.kubeconfig import ClusterConfig
+
 
 def version() -> str:
     """pyproject.toml's version, as the installed distribution records it (the one place it is
@@ -27,3 +30,10 @@ def user_agent(process: str, identity: str) -> str:
     without them an audit log cannot tell a leader's last writes (still arriving as it dies) from
     the first ones of the replica that took over, nor which admission worker's watch fell behind."""
     return f"sidecarctl/{version()} ({process}; {identity})"
+
+
+def api_client(config: ClusterConfig, *, agent: str = "sidecarctl", fresh_connections: bool = False) -> KubeClient:
+    """The API client of a manager process. It decodes pods without their managedFields: half of an
+    injected pod's JSON as the API server sends it and most of the cost of decoding it
+    (kuberuntime.jsontypes), and no process of the manager reads them."""
+    return KubeClient(config, user_agent=agent, fresh_connections=fresh_connections, drop_managed_fields=("pods",))

@@ -34,7 +34,7 @@ from kuberuntime.events import EventRecorder
 from kuberuntime.leader import LeaderElector
 from kuberuntime.metrics import IS_LEADER, LEADER_CATCH_UP
 from selfsigned.issuer import SelfSignedConfig, SelfSignedIssuer
-from sidecarctl.manager import optionalapis, user_agent
+from sidecarctl.manager import api_client, optionalapis, user_agent
 from sidecarctl.manager import term as term_mod
 from sidecarctl.manager.options import ManagerOptions
 from sidecarctl.manager.warm import WarmCaches
@@ -68,9 +68,9 @@ class ControlRole:
         self.opts = opts
         self.cert_dir = cert_dir
         agent = user_agent("control", opts.leader.effective_identity)
-        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig), user_agent=agent)
+        self.client = client or api_client(kubeconfig.load_config(opts.kubeconfig), agent=agent)
         # The policy canary asks on new connections: every kube-apiserver behind the Service answers.
-        self.probe_client = kubeapi.KubeClient(self.client.config, fresh_connections=True, user_agent=agent)
+        self.probe_client = api_client(self.client.config, fresh_connections=True, agent=agent)
         # Events about cluster-scoped SidecarSets live in `default`, where `kubectl describe` looks.
         self.recorder = EventRecorder(self.client)
         self.issuer: SelfSignedIssuer | None = None

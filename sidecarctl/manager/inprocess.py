@@ -16,6 +16,7 @@ from typing import Any
 from cabundle.syncer import CABundleSyncer
 from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.informer import Informer
+from sidecarctl.manager import api_client
 from sidecarctl.manager.control import ControlRole
 from sidecarctl.manager.healthport import create_probe_app, serve_plain, tls_self_check
 from sidecarctl.manager.options import ManagerOptions
@@ -38,7 +39,7 @@ class Manager:
     def __init__(self, opts: ManagerOptions, *, client: kubeapi.KubeClient | None = None) -> None:
         self.opts = opts
         self.cert_dir = cert_dir_of(opts)
-        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig))
+        self.client = client or api_client(kubeconfig.load_config(opts.kubeconfig))
         self.control = ControlRole(opts, self.cert_dir, client=self.client)
         self.webhook = WebhookRole(opts, self.cert_dir, client=self.client)
 

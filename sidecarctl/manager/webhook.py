@@ -30,7 +30,7 @@ from kuberuntime import kubeapi, kubeconfig
 from kuberuntime.clock import first_of
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
-from sidecarctl.manager import user_agent
+from sidecarctl.manager import api_client, user_agent
 from sidecarctl.manager.listeners import listen
 from sidecarctl.manager.options import ManagerOptions
 from sidecarsets.controller.controller import NSS_PATH, SS_PATH
@@ -56,7 +56,7 @@ class WebhookRole:
     ) -> None:
         self.opts = opts
         agent = user_agent(name, opts.leader.effective_identity)  # `name`: the child's, webhook-0, ...
-        self.client = client or kubeapi.KubeClient(kubeconfig.load_config(opts.kubeconfig), user_agent=agent)
+        self.client = client or api_client(kubeconfig.load_config(opts.kubeconfig), agent=agent)
         self.store = TemplateStore()
         self.informers: list[Informer[Any]] = [
             Informer(self.client, SS_PATH, name="sidecarsets", transform=_identity, handler=self.store.on_sidecarset),

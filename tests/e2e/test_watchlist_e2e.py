@@ -84,10 +84,13 @@ def with_pods(kube: Kube, aloop: BackgroundLoop, client: kubeapi.KubeClient) -> 
 
 def read_and_follow(aloop: BackgroundLoop, client: kubeapi.KubeClient, kube: Kube, ns: str) -> Informer[JsonObj]:
     """The informer's first state of the namespace's selected pods, then one change it must get by
-    its watch (a label on `p-000`), and one delete."""
+    its watch (a label on `p-000`), and one delete. It reads as the manager does, without the pods'
+    managedFields: each pod it holds is the API server's without them, which checks on every minor
+    that kube-apiserver still ends the metadata with them (kuberuntime.jsontypes)."""
     seen: list[tuple[str, str]] = []
+    lean = kubeapi.KubeClient(client.config, drop_managed_fields=("pods",))
     informer: Informer[JsonObj] = Informer(
-        client,
+        lean,
         f"/api/v1/namespaces/{ns}/pods",
         name="pods",
         transform=lambda obj: obj,
@@ -110,9 +113,15 @@ def read_and_follow(aloop: BackgroundLoop, client: kubeapi.KubeClient, kube: Kub
         )
         assert informer.store[f"{ns}/p-000"]["metadata"]["labels"]["changed"] == "1"
         assert f"{ns}/p-001" not in informer.store
+        for name in ("p-000", "p-002", f"p-{PODS - 1:03d}"):  # p-000 as its watch event brought it
+            whole = kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+            assert whole["metadata"].pop("managedFields"), f"{name}: kube-apiserver sent no managedFields"
+            held = informer.store[f"{ns}/{name}"]
+            assert {**held, "kind": "Pod", "apiVersion": "v1"} == whole  # a listed item has neither
     finally:
         aloop.loop.call_soon_threadsafe(stop.set)
         task.result(timeout=10)
+        aloop.run(lean.close())
     return informer
 
 

@@ -185,3 +185,39 @@ def test_watch_events_arrive_whole_and_in_order_however_the_stream_is_cut(sizes:
         at += cut
     chunks.append(stream[at:])
     assert asyncio.run(_watched(chunks)) == events
+
+
+# -- managedFields ---------------------------------------------------------------------------------------
+def test_a_client_drops_managed_fields_only_of_the_resources_it_was_given() -> None:
+    """Pods' answers and watch events lose their managedFields; a ConfigMap keeps them, and so does an
+    error's body."""
+    meta = {"name": "p", "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]}
+    obj = {"kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch"):
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            await resp.write(json.dumps({"type": "ADDED", "object": obj}, separators=(",", ":")).encode() + b"\n")
+            await resp.write_eof()
+            return resp
+        return web.Response(body=json.dumps(obj, separators=(",", ":")), content_type="application/json")
+
+    async def main() -> list[Any]:
+        async with _client_of(handle) as plain:
+            lean = KubeClient(plain.config, drop_managed_fields=("pods",))
+            try:
+                return [
+                    await lean.get("/api/v1/namespaces/x/pods/p"),
+                    [e["object"] async for e in lean.watch("/api/v1/pods", resource_version="1")],
+                    await lean.get("/api/v1/namespaces/x/configmaps/p"),
+                    await plain.get("/api/v1/namespaces/x/pods/p"),
+                ]
+            finally:
+                await lean.close()
+
+    pod, watched, config_map, plain_pod = asyncio.run(main())
+    assert "managedFields" not in pod["metadata"] and pod["spec"] == {"containers": []}
+    assert watched == [pod]
+    assert config_map["metadata"]["managedFields"] == meta["managedFields"]
+    assert plain_pod == obj
