@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from bench.bench_policy import manager_cpu, run_load
+from injector.policysync.support import BINDINGS, POLICIES, PROBE_LABEL
 from kuberuntime import api
 from kuberuntime.jsontypes import JsonObj
 from sidecarsets.spec import names
@@ -90,8 +91,6 @@ SS_NAME = "istio-proxy"
 SIDECAR = "istio-proxy"
 IMAGES = ("docker.io/istio/proxyv2:1.22.0", "docker.io/istio/proxyv2:1.22.1")
 NS_LABELS = {names.NS_INJECTION_LABEL: names.NS_INJECTION_ENABLED}
-POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
-BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
 MIB = 1024 * 1024
 
 
@@ -282,8 +281,12 @@ class SidecarctlSide(Side):
         for path in (f"{MWC_PATH}/{names.MUTATING_WEBHOOK_CONFIG}", f"{VWC_PATH}/{names.VALIDATING_WEBHOOK_CONFIG}"):
             with contextlib.suppress(api.NotFound):
                 await self.c.client.delete(path)
+        # The canary's pair stays: with no binding naming PodTemplates for a second, kube-apiserver stops
+        # that kind's parameter informer for good (kubernetes/kubernetes#130887) and the next round's
+        # manager, finding its canary read from a stale copy, would serve every pod by its webhook.
+        keep_canary = f"app.kubernetes.io/managed-by=sidecarctl,!{PROBE_LABEL}"
         for path in (BINDINGS, POLICIES):
-            await self.c.client.delete(path, params={"labelSelector": "app.kubernetes.io/managed-by=sidecarctl"})
+            await self.c.client.delete(path, params={"labelSelector": keep_canary})
 
     def start(self, *, port: int, identity: str, shared: bool) -> Replica:
         from tests.kube.managerharness import start_process

@@ -36,7 +36,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from injector.policy import cel, params
 from injector.policy.generate import MANAGED_BY, POLICY_API, covers
@@ -81,6 +81,16 @@ NOT_ENFORCED = (
     "(one of an older minor during a control plane upgrade, or the MutatingAdmissionPolicy admission plugin "
     "disabled)"
 )
+# The policy and binding of the canary's token are enforced, but with an old copy of its parameter object,
+# still after the probe's timeout. kube-apiserver stops the informer of a built-in paramKind (PodTemplate,
+# here) for good, per process, once no binding names that kind for a second, and goes on reading the copy it
+# held then: after every policy of the manager was deleted (an uninstall) and written again. Policies would
+# inject from stale PodTemplates there, so the webhook serves every pod until that kube-apiserver restarts.
+STALE_PARAMETERS = (
+    "kube-apiserver enforces the canary policy with an old copy of its parameter object (a PodTemplate): "
+    "its informer of PodTemplates has stopped, as one does once no policy binding names that kind "
+    "(kubernetes/kubernetes#130887, after the manager's policies were all deleted); restart kube-apiserver"
+)
 
 
 def canary_params(namespace: str, token: str) -> JsonObj:
@@ -94,6 +104,14 @@ def canary_patch(token: str) -> str:
     """The canary's mutation: the parameter object's values, and the policy's own token after them."""
     value = f'{{"served": {cel.param("served")}, "token": {cel.param("token")} + "/" + {cel.string(token)}}}'
     return f'[JSONPatch{{op: "add", path: "/data", value: {value}}}]'
+
+
+def _stale_parameters(data: Any, token: str) -> bool:
+    """Whether a probe's answer came from the canary policy of `token` reading another token's parameters."""
+    if not isinstance(data, dict) or data.get("served") != "true":
+        return False
+    read, _, own = str(data.get("token") or "").partition("/")
+    return own == token and read != token
 
 
 def canary_answer(token: str) -> dict[str, str]:
@@ -213,6 +231,7 @@ class SupportProbe:
         self.interval = interval
         self.agreeing = agreeing
         self.token = secrets.token_hex(4)  # the canary's, kept until `caught_up` needs a new one
+        self.why_not = NOT_ENFORCED  # why the last probe that timed out did not count, from its last answer
 
     async def _owner(self) -> list[JsonObj]:
         """The manager's Namespace owns the canary: uninstalling (deleting it) removes the pair."""
@@ -258,12 +277,13 @@ class SupportProbe:
                 continue
             in_a_row = 0
             if time.monotonic() >= deadline:
+                self.why_not = STALE_PARAMETERS if _stale_parameters(got.get("data"), token) else NOT_ENFORCED
                 return False
             await asyncio.sleep(self.interval)
 
     async def check(self) -> str | None:
         if not await self.enforced():
-            return NOT_ENFORCED
+            return self.why_not
         return None
 
     async def caught_up(self) -> bool:

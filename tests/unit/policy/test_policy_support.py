@@ -17,6 +17,7 @@ from injector.policysync.support import (
     CANARY,
     NOT_ENFORCED,
     POLICIES,
+    STALE_PARAMETERS,
     TOKEN_LABEL,
     V1,
     SupportProbe,
@@ -156,6 +157,22 @@ def test_one_kube_apiserver_that_does_not_enforce_keeps_policies_off() -> None:
     api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
     assert probe(api) == NOT_ENFORCED
     assert api.answers > 6, "a plain answer starts the count again: it kept asking until its time was up"
+
+
+def test_a_server_that_reads_an_old_copy_of_the_parameter_object_is_named_for_it() -> None:
+    """A kube-apiserver whose informer of the canary's parameter kind stopped (once no binding named it,
+    kubernetes/kubernetes#130887) enforces a new manager's canary policy and binding with the parameter
+    object as it was: not trusted, and said so, not taken for an old minor."""
+    api = Mutating(enforced=True)
+    api.put(f"/api/v1/namespaces/{NS}", {"metadata": {"name": NS}})
+    assert probe(api) is None
+    param = f"{params.path(NS)}/{CANARY}"
+    api.behind[param] = copy.deepcopy(api.objects[param])  # frozen at the first manager's token
+    assert probe(api) == STALE_PARAMETERS
+    api.behind = {f"{POLICIES}/{CANARY}": copy.deepcopy(api.objects[f"{POLICIES}/{CANARY}"])}
+    assert probe(api) == NOT_ENFORCED, "an old policy with the new parameters is not the stopped informer"
+    api.behind.clear()
+    assert probe(api) is None
 
 
 def test_a_server_that_stores_but_ignores_policies_is_not_trusted() -> None:
