@@ -47,7 +47,7 @@ class KubeClient:
     ) -> None:
         """`fresh_connections`: one TCP connection per request, so that behind a load balancer (the
         `kubernetes` Service) requests land on any kube-apiserver, not the one a kept connection reached.
-        `drop_managed_fields`: resources (plural names, such as "pods") whose objects this client decodes
+        `drop_managed_fields`: core-group resources (plural names, such as "pods") whose objects this client decodes
         without their managedFields, in answers and in watch events (kuberuntime.jsontypes: why)."""
         self.config = config
         self._lean = frozenset(drop_managed_fields)
@@ -203,17 +203,28 @@ class KubeClient:
                     yield event
 
     def _decoder(self, path: str) -> Callable[[bytes], Any]:
-        return loads_without_managed_fields if self._lean and resource_of(path) in self._lean else orjson.loads
+        return loads_without_managed_fields if self._lean and core_resource_of(path) in self._lean else orjson.loads
 
 
-def resource_of(path: str) -> str:
-    """The resource an API path names: "pods" for /api/v1/pods, /api/v1/namespaces/n/pods/p and its
-    subresources; "namespaces" for /api/v1/namespaces/n."""
+# Subresources a pod answers with itself (pods/status, ...); any other answer (a log, a proxy's, an
+# eviction's Status) is not an object of the resource and is decoded as it comes.
+OBJECT_SUBRESOURCES = frozenset({"status", "resize", "ephemeralcontainers"})
+
+
+def core_resource_of(path: str) -> str:
+    """The core-group (/api/v1) resource whose object or list a path answers with: "pods" for
+    /api/v1/pods, /api/v1/namespaces/n/pods, its pods and their status, resize and ephemeralcontainers;
+    "namespaces" for /api/v1/namespaces/n; "" for another API group (which may name a kind alike) and
+    for any other subresource (a pod's log or proxy answers with what its container sends)."""
     parts = path.strip("/").split("/")
-    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if parts[:2] != ["api", "v1"]:
+        return ""
+    rest = parts[2:]
     if len(rest) >= 3 and rest[0] == "namespaces":
-        return rest[2]
-    return rest[0] if rest else ""
+        rest = rest[2:]
+    if not rest or len(rest) > 3 or (len(rest) == 3 and rest[2] not in OBJECT_SUBRESOURCES):
+        return ""
+    return rest[0]
 
 
 def _retry_after(status: int, header: str | None) -> float | None:

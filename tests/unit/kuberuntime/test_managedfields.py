@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kuberuntime import jsontypes
-from kuberuntime.kubeapi import resource_of
+from kuberuntime.kubeapi import core_resource_of
 
 # Text a cut looking for `]},"spec":` might trip on, were it read inside strings.
 TRICKY = ['"', "\\", ']},"spec":', '],"', '"metadata":', "}", "]", '\\"', "{", "\n", "é", '"managedFields":[']
@@ -117,12 +117,23 @@ def test_a_cut_that_does_not_parse_falls_back_to_the_whole_text_and_bad_json_sti
         raise AssertionError("invalid JSON decoded")
 
 
-def test_the_resource_of_a_path() -> None:
-    assert resource_of("/api/v1/pods") == "pods"
-    assert resource_of("/api/v1/namespaces/ns/pods") == "pods"
-    assert resource_of("/api/v1/namespaces/ns/pods/p/status") == "pods"
-    assert resource_of("/api/v1/namespaces/ns") == "namespaces"
-    assert resource_of("/api/v1/namespaces") == "namespaces"
-    assert resource_of("/apis/apps.kruise.io/v1alpha1/sidecarsets/s") == "sidecarsets"
-    assert resource_of("/apis/coordination.k8s.io/v1/namespaces/x/leases/l") == "leases"
-    assert resource_of("/version") == ""
+def test_only_paths_that_answer_with_core_objects_name_their_resource() -> None:
+    """A pod's log or proxy answers with what its container sends, and another API group may have a
+    kind of the same name stored as schemaless JSON: neither may lose a field called managedFields."""
+    assert core_resource_of("/api/v1/pods") == "pods"
+    assert core_resource_of("/api/v1/namespaces/ns/pods") == "pods"
+    assert core_resource_of("/api/v1/namespaces/ns/pods/p") == "pods"
+    assert core_resource_of("/api/v1/namespaces/ns/pods/p/status") == "pods"
+    assert core_resource_of("/api/v1/namespaces/ns/pods/p/resize") == "pods"
+    assert core_resource_of("/api/v1/namespaces/ns") == "namespaces"
+    assert core_resource_of("/api/v1/namespaces") == "namespaces"
+    assert core_resource_of("/api/v1/namespaces/pods") == "namespaces"  # a namespace called pods
+    for elsewhere in (
+        "/api/v1/namespaces/ns/pods/p/log",
+        "/api/v1/namespaces/ns/pods/p/proxy/metrics",
+        "/api/v1/namespaces/ns/pods/p/eviction",
+        "/apis/x.io/v1/pods",
+        "/apis/metrics.k8s.io/v1beta1/namespaces/ns/pods/p",
+        "/version",
+    ):
+        assert core_resource_of(elsewhere) == "", elsewhere
