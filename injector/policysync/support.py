@@ -231,7 +231,6 @@ class SupportProbe:
         self.interval = interval
         self.agreeing = agreeing
         self.token = secrets.token_hex(4)  # the canary's, kept until `caught_up` needs a new one
-        self.why_not = NOT_ENFORCED  # why the last probe that timed out did not count, from its last answer
 
     async def _owner(self) -> list[JsonObj]:
         """The manager's Namespace owns the canary: uninstalling (deleting it) removes the pair."""
@@ -243,8 +242,9 @@ class SupportProbe:
             for ns in listing.get("items") or []
         ]
 
-    async def enforced(self) -> bool:
-        """Whether every kube-apiserver enforces the canary of the current token (written if not stored)."""
+    async def refusal(self) -> str | None:
+        """None once every kube-apiserver enforces the canary of the current token (written if not
+        stored), else why not, from the last answer before the timeout."""
         token = self.token
         owners = await self._owner()
         canary = (
@@ -273,19 +273,16 @@ class SupportProbe:
             if got.get("data") == answer:
                 in_a_row += 1
                 if in_a_row > self.agreeing:
-                    return True
+                    return None
                 continue
             in_a_row = 0
             if time.monotonic() >= deadline:
-                self.why_not = STALE_PARAMETERS if _stale_parameters(got.get("data"), token) else NOT_ENFORCED
-                return False
+                return STALE_PARAMETERS if _stale_parameters(got.get("data"), token) else NOT_ENFORCED
             await asyncio.sleep(self.interval)
 
     async def check(self) -> str | None:
-        if not await self.enforced():
-            return self.why_not
-        return None
+        return await self.refusal()
 
     async def caught_up(self) -> bool:
         self.token = secrets.token_hex(4)
-        return await self.enforced()
+        return await self.refusal() is None

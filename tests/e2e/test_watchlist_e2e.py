@@ -27,6 +27,7 @@ import pytest
 from kuberuntime import api, initialstate, kubeapi
 from kuberuntime.informer import Informer
 from kuberuntime.jsontypes import JsonObj
+from sidecarctl.manager import api_client
 from tests.kube import builders
 from tests.kube.audit import audit_events
 from tests.kube.client import Kube, eventually
@@ -88,7 +89,7 @@ def read_and_follow(aloop: BackgroundLoop, client: kubeapi.KubeClient, kube: Kub
     managedFields: each pod it holds is the API server's without them, which checks on every minor
     that kube-apiserver still ends the metadata with them (kuberuntime.jsontypes)."""
     seen: list[tuple[str, str]] = []
-    lean = kubeapi.KubeClient(client.config, drop_managed_fields=("pods",))
+    lean = api_client(client.config)
     informer: Informer[JsonObj] = Informer(
         lean,
         f"/api/v1/namespaces/{ns}/pods",
